@@ -1,0 +1,344 @@
+"""The ``agentobs`` command line.
+
+Every command takes ``--db PATH`` (default ``$AGENTOBS_DB`` or ./agentobs.duckdb) and ``--config``.
+Errors print one line and exit non-zero; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from . import __version__
+from .config import Settings, load_settings, settings_markdown
+from .errors import AgentobsError
+
+err_console = Console(stderr=True)
+console = Console()
+
+
+class Ctx:
+    def __init__(self, db: str | None, config: str | None, debug: bool):
+        self._db = db
+        self.config = config
+        self.debug = debug
+        self._settings: Settings | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = load_settings(self.config)
+        return self._settings
+
+    @property
+    def db(self) -> str:
+        return self._db or self.settings.db
+
+
+def common(f):
+    """--db, --config and --debug on every command (also accepted before the command name)."""
+
+    @click.option("--db", "db", envvar="AGENTOBS_DB", default=None, help="DuckDB file (default ./agentobs.duckdb).")
+    @click.option("--config", "config", envvar="AGENTOBS_CONFIG", default=None, help="Settings file (TOML).")
+    @click.option("--debug", is_flag=True, default=False, help="Show tracebacks.")
+    @click.pass_context
+    @functools.wraps(f)
+    def wrapper(click_ctx, db, config, debug, *args, **kwargs):
+        parent = click_ctx.find_object(Ctx)
+        ctx = Ctx(db or (parent._db if parent else None), config or (parent.config if parent else None),
+                  debug or (parent.debug if parent else False))
+        click_ctx.obj = ctx
+        return f(ctx, *args, **kwargs)
+
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.option("--db", default=None, envvar="AGENTOBS_DB", help="DuckDB file (default ./agentobs.duckdb).")
+@click.option("--config", default=None, envvar="AGENTOBS_CONFIG", help="Settings file (TOML).")
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@click.version_option(__version__, prog_name="agentobs")
+@click.pass_context
+def cli(click_ctx, db, config, debug):
+    """agentobs — per-session observability for LLM inference fleets serving agents."""
+    click_ctx.obj = Ctx(db, config, debug)
+
+
+def _open(ctx: Ctx, read_only: bool = False):
+    from .store.db import connect
+
+    return connect(ctx.db, read_only=read_only)
+
+
+def _writer(con, ctx: Ctx):
+    from .store.writer import Writer
+
+    return Writer(con, batch_rows=ctx.settings.writer_batch_rows, flush_s=ctx.settings.writer_flush_s)
+
+
+def _progress(total: int, label: str):
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    p = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                 console=err_console, transient=True, disable=not err_console.is_terminal)
+    task = p.add_task(label, total=total)
+    return p, (lambda n: p.advance(task, n))
+
+
+def _summary(res, what: str) -> None:
+    dup = f", {res.duplicates:,} already present" if res.duplicates else ""
+    line = (f"{what}: {res.files} file(s), {res.accepted:,} accepted ({res.inserted:,} new{dup}), "
+            f"{res.rejected:,} rejected")
+    err_console.print(line)
+    for e in res.errors[:20]:
+        err_console.print(f"  [red]error[/red] {e}", highlight=False)
+    if len(res.errors) > 20:
+        err_console.print(f"  … {len(res.errors) - 20} more errors")
+    for w in res.warnings[:10]:
+        err_console.print(f"  [yellow]warning[/yellow] {w}", highlight=False)
+    if len(res.warnings) > 10:
+        err_console.print(f"  … {len(res.warnings) - 10} more warnings")
+
+
+def _exit_for(res) -> None:
+    if res.accepted == 0 and (res.rejected or res.errors):
+        raise SystemExit(1)
+
+
+# -- import ----------------------------------------------------------------------------------------
+@cli.group(name="import")
+def import_():
+    """Import telemetry files into the store (idempotent: re-importing adds nothing)."""
+
+
+@import_.command("otlp")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@common
+def import_otlp_cmd(ctx: Ctx, paths):
+    """OTLP traces: OTLP/JSON (one document or JSON lines, as the Collector file exporter writes)
+    or protobuf (single or length-prefixed); .gz transparently; directories recursively."""
+    from .collect.files import OTLP_SUFFIXES, expand, import_otlp
+
+    files = expand(paths, OTLP_SUFFIXES)
+    total = sum(f.stat().st_size for f in files)
+    con = _open(ctx)
+    with _writer(con, ctx) as w:
+        p, adv = _progress(total, "otlp")
+        with p:
+            res = import_otlp(paths, w, ctx.settings, progress=adv)
+    _summary(res, "spans")
+    _exit_for(res)
+
+
+@import_.command("prom")
+@click.argument("path", type=click.Path(exists=True))
+@click.option("--instance", required=True, help="Engine instance, host:port (as server.address:server.port on spans).")
+@click.option("--at", default=None, help="Snapshot time (epoch seconds or ISO-8601); a directory's files are timed by their names.")
+@common
+def import_prom_cmd(ctx: Ctx, path, instance, at):
+    """Prometheus text snapshots of an engine's /metrics (a file, or a directory of <epoch>.prom files)."""
+    from .collect.files import expand, import_prom, parse_at
+
+    files = expand([path], (".prom", ".txt", ".metrics"))
+    con = _open(ctx)
+    with _writer(con, ctx) as w:
+        p, adv = _progress(sum(f.stat().st_size for f in files), "prom")
+        with p:
+            res = import_prom([path], instance, w, at=parse_at(at), progress=adv)
+    _summary(res, "samples")
+    _exit_for(res)
+
+
+@import_.command("server-info")
+@click.argument("path", type=click.Path(exists=True, dir_okay=False))
+@click.option("--instance", required=True, help="Engine instance, host:port.")
+@click.option("--at", default=None, help="Capture time (epoch seconds or ISO-8601); default: the file's mtime.")
+@common
+def import_server_info_cmd(ctx: Ctx, path, instance, at):
+    """SGLang GET /server_info JSON (secrets redacted before storing)."""
+    from .collect.files import import_server_info, parse_at
+
+    con = _open(ctx)
+    with _writer(con, ctx) as w:
+        res = import_server_info(path, instance, w, at=parse_at(at))
+    _summary(res, "config keys")
+
+
+@import_.command("kv-events")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--instance", default=None, help="Instance for lines that do not name one.")
+@common
+def import_kv_cmd(ctx: Ctx, paths, instance):
+    """KV-cache event captures (JSON lines of vLLM KVEventBatch payloads; see docs/cli.md)."""
+    from .collect.files import import_kv_events
+
+    con = _open(ctx)
+    with _writer(con, ctx) as w:
+        res = import_kv_events(paths, w, instance)
+    _summary(res, "kv events")
+    _exit_for(res)
+
+
+# -- sql -------------------------------------------------------------------------------------------
+@cli.command("sql")
+@click.argument("query")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json", "parquet"]), default="table")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result to a file (atomically).")
+@click.option("--max-rows", type=int, default=None, help="Row cap (default: setting sql_row_cap).")
+@click.option("--timeout", type=float, default=None, help="Time limit in seconds (default: setting sql_timeout_s).")
+@common
+def sql_cmd(ctx: Ctx, query, fmt, out, max_rows, timeout):
+    """Run one read-only SELECT over the store (no writes, no file or network access)."""
+    from .output import atomic_write, render
+    from .sql import run_query
+
+    if fmt == "parquet" and not out:
+        raise click.UsageError("--format parquet needs --out FILE")
+    res = run_query(query, ctx.db, row_cap=max_rows or ctx.settings.sql_row_cap,
+                    timeout_s=timeout or ctx.settings.sql_timeout_s)
+    data = render(res.table, fmt, console=console if not out else Console(file=open(out, "w")))  # noqa: SIM115
+    if data is not None:
+        if out:
+            atomic_write(out, data)
+        else:
+            sys.stdout.buffer.write(data)
+            sys.stdout.flush()
+    note = res.notice()
+    err_console.print(f"{res.table.num_rows:,} rows in {res.elapsed_s * 1000:.0f} ms" + (f" — [bold yellow]{note}[/]" if note else ""))
+
+
+# -- quick views ------------------------------------------------------------------------------------
+SESSIONS_SQL = """
+SELECT s.session_id, s.task_type, s.calls, s.retries, s.instances,
+       strftime(s.first_start_ts, '%Y-%m-%d %H:%M:%S') AS first_start,
+       round(s.span_s, 1) AS span_s,
+       s.prompt_tokens, s.cached_tokens,
+       round(s.cached_tokens / nullif(s.prompt_tokens, 0), 3) AS hit_rate,
+       s.output_tokens, s.errors
+FROM sessions s
+ORDER BY s.first_start_ts DESC
+LIMIT ?
+"""
+
+CALLS_SQL = """
+SELECT c.call_id, strftime(c.start_ts, '%H:%M:%S.%g') AS start, c.attempt, c.branch, c.instance, c.model,
+       round(c.ttft_s, 3) AS ttft_s, round(c.e2e_s, 3) AS e2e_s,
+       round(g.gap_s, 3) AS gap_before_s,
+       c.prompt_tokens, c.cached_tokens, c.output_tokens, c.status, c.source
+FROM llm_calls c
+LEFT JOIN turn_gaps g ON g.call_id = c.call_id
+WHERE c.session_id = ?
+ORDER BY c.start_s
+"""
+
+
+@cli.command("sessions")
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@common
+def sessions_cmd(ctx: Ctx, limit, fmt):
+    """Sessions, newest first: calls, tokens, prefix-cache hit rate (ΣC/ΣP)."""
+    con = _open(ctx, read_only=True)
+    table = con.sql(SESSIONS_SQL, params=[limit]).to_arrow_table()
+    _emit(table, fmt, f"sessions (newest {limit})")
+
+
+@cli.command("calls")
+@click.option("--session", "session_id", required=True, help="Session id.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@common
+def calls_cmd(ctx: Ctx, session_id, fmt):
+    """The model calls of one session, in order, with the idle gap before each."""
+    con = _open(ctx, read_only=True)
+    table = con.sql(CALLS_SQL, params=[session_id]).to_arrow_table()
+    if table.num_rows == 0:
+        similar = con.execute(
+            "SELECT session_id FROM sessions ORDER BY jaro_winkler_similarity(session_id, ?) DESC LIMIT 1", [session_id]
+        ).fetchone()
+        hint = f" (did you mean {similar[0]!r}?)" if similar else ""
+        raise AgentobsError(f"no calls for session {session_id!r}{hint}")
+    _emit(table, fmt, f"session {session_id}")
+
+
+def _emit(table, fmt, title):
+    from .output import render
+
+    data = render(table, fmt, title=title, console=console)
+    if data is not None:
+        sys.stdout.buffer.write(data)
+
+
+@cli.command("settings")
+@common
+def settings_cmd(ctx: Ctx):
+    """Show every setting with its default and meaning (the same table as docs/settings.md)."""
+    console.print(f"settings source: {ctx.settings.source}")
+    console.print(settings_markdown(), markup=False, highlight=False)
+
+
+# -- demo ------------------------------------------------------------------------------------------
+def sample_dir() -> Path:
+    """sample_data/ of a checkout, else the copy shipped inside the package."""
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent / "sample_data", here / "_sample_data"):
+        if cand.exists():
+            return cand
+    raise AgentobsError("sample_data/ not found (neither in the checkout nor in the installed package)")
+
+
+@cli.command("demo")
+@common
+def demo_cmd(ctx: Ctx):
+    """Build the store from the bundled sample data and show the sessions."""
+    from .collect.files import import_otlp, import_prom, import_server_info
+
+    root = sample_dir() / "fixtures"
+    con = _open(ctx)
+    with _writer(con, ctx) as w:
+        res = import_otlp([root / "otlp"], w, ctx.settings)
+        _summary(res, "spans")
+        for prom_file, instance in ((root / "vllm_metrics.prom", "10.42.7.31:8000"), (root / "sglang_metrics.prom", "10.42.7.40:30000")):
+            r = import_prom([prom_file], instance, w, at=1791969725.0)
+            _summary(r, f"samples ({instance})")
+        r = import_server_info(root / "sglang_server_info.json", "10.42.7.40:30000", w, at=1791969725.0)
+        _summary(r, "config keys (10.42.7.40:30000)")
+    con.close()
+    con = _open(ctx, read_only=True)
+    _emit(con.sql(SESSIONS_SQL, params=[50]).to_arrow_table(), "table", "sessions")
+    sid = con.execute("SELECT session_id FROM sessions ORDER BY calls DESC LIMIT 1").fetchone()
+    if sid:
+        _emit(con.sql(CALLS_SQL, params=[sid[0]]).to_arrow_table(), "table", f"session {sid[0]}")
+    err_console.print(f"store: {ctx.db} — try `agentobs sql \"SELECT * FROM llm_calls\" --db {ctx.db}`")
+
+
+def main(argv: list[str] | None = None) -> None:
+    debug = "--debug" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="agentobs", standalone_mode=False)
+    except click.exceptions.Abort:
+        err_console.print("aborted")
+        raise SystemExit(130) from None
+    except click.ClickException as e:
+        e.show()
+        raise SystemExit(e.exit_code) from None
+    except AgentobsError as e:
+        if debug:
+            raise
+        err_console.print(f"[red]error:[/red] {e}", highlight=False)
+        raise SystemExit(e.exit_code) from None
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - one line unless --debug
+        if debug:
+            raise
+        err_console.print(f"[red]internal error:[/red] {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+                          highlight=False)
+        raise SystemExit(70) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Attribute normalization: the aliases of DESIGN.md resolved into promoted span columns.
+
+One function, ``promote``, turns a decoded span (name, kind, scope, resource and attribute dicts,
+events) into the typed columns of the ``spans`` table. First match wins in every alias list.
+Problems that do not make the span unusable (a token count that is not a number) are returned as
+warnings and the value is stored as unknown (NULL), never as 0.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..config import Settings
+
+CALL_OPS = {"chat", "text_completion", "generate_content", "completion", "responses"}
+AGENT_OPS = {"invoke_agent", "create_agent", "invoke_workflow"}
+CHUNK_EVENT = "gen_ai.content.completion.chunk"
+
+INPUT_KEYS = (
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.prompt_tokens",
+    "llm.usage.prompt_tokens",
+    "llm.token_count.prompt",
+)
+CACHED_KEYS = (
+    "gen_ai.usage.cache_read.input_tokens",
+    "gen_ai.usage.cache_read_input_tokens",
+    "gen_ai.usage.prompt_tokens_details.cached_tokens",
+    "llm.token_count.prompt_details.cache_read",
+    "gen_ai.usage.text.cache_read.input_tokens",
+)
+CACHE_WRITE_KEYS = (
+    "gen_ai.usage.cache_write.input_tokens",
+    "gen_ai.usage.cache_creation.input_tokens",
+    "gen_ai.usage.cache_creation_input_tokens",
+)
+OUTPUT_KEYS = (
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.completion_tokens",
+    "llm.usage.completion_tokens",
+    "llm.token_count.completion",
+)
+TTFT_KEYS = (
+    "gen_ai.response.time_to_first_chunk",
+    "gen_ai.latency.time_to_first_token",
+    "gen_ai.server.time_to_first_token",
+)
+ANTHROPIC_STYLE_PROVIDERS = {"anthropic", "aws.bedrock.anthropic"}
+
+COLUMNS = (
+    "role", "op", "session_id", "task_id", "task_type", "tenant", "agent_name", "attempt", "branch",
+    "model", "provider", "engine", "instance", "response_id", "request_id", "input_tokens",
+    "cached_tokens", "output_tokens", "system_tokens", "tool_def_tokens", "ttft_s", "queue_s",
+    "prefill_s", "decode_s", "finish_reason", "error_type", "tool_name", "itl_ms", "block_hashes",
+)
+
+
+def _first_str(attrs: dict[str, Any], keys: Sequence[str]) -> str | None:
+    for k in keys:
+        v = attrs.get(k)
+        if isinstance(v, list):  # http.request.header.* values are string arrays
+            v = v[0] if v else None
+        if v is None or v == "":
+            continue
+        return str(v)
+    return None
+
+
+def _num(attrs: dict[str, Any], keys: Sequence[str], warnings: list[str], as_int: bool):
+    for k in keys:
+        if k not in attrs:
+            continue
+        v = attrs[k]
+        if isinstance(v, bool) or v is None:
+            warnings.append(f"attribute {k} must be a number, got {v!r}; stored as unknown")
+            return None
+        if isinstance(v, (int, float)):
+            return int(v) if as_int else float(v)
+        if isinstance(v, str):
+            try:
+                f = float(v)
+            except ValueError:
+                warnings.append(f"attribute {k} must be a number, got {v!r}; stored as unknown")
+                return None
+            return int(f) if as_int else f
+        warnings.append(f"attribute {k} must be a number, got {type(v).__name__}; stored as unknown")
+        return None
+    return None
+
+
+def _litellm_usage(attrs: dict[str, Any]) -> dict[str, Any]:
+    """LiteLLM's legacy callback stringifies usage into ``metadata.usage_object``."""
+    raw = attrs.get("metadata.usage_object")
+    if not isinstance(raw, str):
+        return {}
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        try:  # python repr of a dict
+            import ast
+
+            obj = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def _finish_reason(v: Any) -> str | None:
+    if isinstance(v, list):
+        return str(v[0]) if v else None
+    if isinstance(v, str):
+        s = v.strip()
+        if s.startswith("["):  # LiteLLM sends a JSON string
+            try:
+                arr = json.loads(s)
+                return str(arr[0]) if arr else None
+            except ValueError:
+                return s
+        return s or None
+    return None
+
+
+def classify(name: str, kind: int, scope: str, attrs: dict[str, Any]) -> tuple[str, str | None]:
+    """(role, op) of a span."""
+    op = attrs.get("gen_ai.operation.name")
+    op = str(op) if op is not None else None
+    scope_l = (scope or "").lower()
+    if name == "llm_request" or scope_l.startswith(("vllm", "sglang")) or (
+        kind == 2 and "gen_ai.latency.e2e" in attrs
+    ):
+        return "engine", op or "engine"
+    if op is None:
+        if name.startswith("chat ") or name == "litellm_request":
+            op = "chat"
+        elif "llm.request.type" in attrs:
+            op = str(attrs["llm.request.type"])
+        elif name.startswith("execute_tool"):
+            op = "execute_tool"
+        elif name.startswith("invoke_agent"):
+            op = "invoke_agent"
+    if op in CALL_OPS:
+        return "gateway", op
+    if op in AGENT_OPS:
+        return "agent", op
+    if op == "execute_tool":
+        return "tool", op
+    return "other", op
+
+
+def _engine_of(role: str, scope: str, name: str, provider: str | None, service: str | None) -> str | None:
+    s = (scope or "").lower() + " " + (service or "").lower()
+    if "sglang" in s:
+        return "sglang"
+    if role == "engine" and ("vllm" in s or name == "llm_request"):
+        return "vllm"
+    if provider in ("vllm", "sglang"):
+        return provider
+    return None
+
+
+def promote(
+    name: str,
+    kind: int,
+    start_ns: int,
+    scope: str,
+    service: str | None,
+    resource: dict[str, Any],
+    attrs: dict[str, Any],
+    events: list[dict[str, Any]],
+    settings: Settings,
+) -> tuple[dict[str, Any], list[str]]:
+    warnings: list[str] = []
+    role, op = classify(name, kind, scope, attrs)
+    out: dict[str, Any] = {"role": role, "op": op}
+    merged = attrs if not resource else {**resource, **attrs}
+    out["session_id"] = _first_str(merged, settings.session_keys)
+    out["task_id"] = _first_str(merged, settings.task_keys)
+    out["task_type"] = _first_str(merged, settings.task_type_keys)
+    out["tenant"] = _first_str(merged, settings.tenant_keys)
+    out["agent_name"] = _first_str(attrs, ("gen_ai.agent.name",))
+    attempt = _num(attrs, ("agentobs.attempt", "gen_ai.request.attempt"), warnings, True)
+    out["attempt"] = attempt
+    out["branch"] = _first_str(attrs, ("agentobs.branch",))
+    out["model"] = _first_str(attrs, ("gen_ai.response.model", "gen_ai.request.model", "llm.request.model"))
+    provider = _first_str(attrs, ("gen_ai.provider.name", "gen_ai.system"))
+    out["provider"] = provider
+    out["engine"] = _engine_of(role, scope, name, provider, service)
+    addr = _first_str(merged, ("server.address", "agentobs.instance"))
+    port = merged.get("server.port")
+    if addr is not None and port not in (None, "") and ":" not in addr.split("]")[-1]:
+        addr = f"{addr}:{port}"
+    out["instance"] = addr
+    out["response_id"] = _first_str(attrs, ("gen_ai.response.id",))
+    out["request_id"] = _first_str(attrs, ("gen_ai.request.id",))
+
+    usage = _litellm_usage(attrs)
+    p = _num(attrs, INPUT_KEYS, warnings, True)
+    c = _num(attrs, CACHED_KEYS, warnings, True)
+    o = _num(attrs, OUTPUT_KEYS, warnings, True)
+    if usage:
+        if p is None and isinstance(usage.get("prompt_tokens"), int):
+            p = usage["prompt_tokens"]
+        if o is None and isinstance(usage.get("completion_tokens"), int):
+            o = usage["completion_tokens"]
+        if c is None:
+            details = usage.get("prompt_tokens_details") or {}
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                c = details["cached_tokens"]
+            elif isinstance(usage.get("cache_read_input_tokens"), int):
+                c = usage["cache_read_input_tokens"]
+    if p is not None and c is not None:
+        excludes = provider in ANTHROPIC_STYLE_PROVIDERS or attrs.get("agentobs.usage.input_excludes_cache") is True
+        if excludes:
+            # Anthropic reports input_tokens without cache reads/writes: P must include C.
+            w = _num(attrs, CACHE_WRITE_KEYS, warnings, True) or 0
+            p = p + c + w
+        elif c > p:
+            warnings.append(
+                f"cached tokens ({c}) exceed input tokens ({p}); treated as input that excludes cache (P := P + C)"
+            )
+            p = p + c
+    out["input_tokens"], out["cached_tokens"], out["output_tokens"] = p, c, o
+    out["system_tokens"] = _num(attrs, ("agentobs.prompt.system_tokens",), warnings, True)
+    out["tool_def_tokens"] = _num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True)
+
+    ttft = _num(attrs, TTFT_KEYS, warnings, False)
+    chunk_times = [e["time_ns"] for e in events if e.get("name") == CHUNK_EVENT and e.get("time_ns")]
+    if ttft is None and chunk_times:
+        ttft = (min(chunk_times) - start_ns) / 1e9
+    out["ttft_s"] = ttft
+    out["queue_s"] = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
+    out["prefill_s"] = _num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings, False)
+    out["decode_s"] = _num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings, False)
+    out["finish_reason"] = _finish_reason(attrs.get("gen_ai.response.finish_reasons"))
+    out["error_type"] = _first_str(attrs, ("error.type",))
+    out["tool_name"] = _first_str(attrs, ("gen_ai.tool.name",))
+
+    itl = attrs.get("agentobs.itl_ms")
+    if isinstance(itl, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in itl):
+        out["itl_ms"] = [float(x) for x in itl]
+    elif itl is not None:
+        warnings.append("attribute agentobs.itl_ms must be an array of numbers; ignored")
+        out["itl_ms"] = None
+    elif len(chunk_times) >= 2:
+        ts = sorted(chunk_times)
+        out["itl_ms"] = [(b - a) / 1e6 for a, b in zip(ts, ts[1:], strict=False)]
+    else:
+        out["itl_ms"] = None
+    bh = attrs.get("agentobs.prompt.block_hashes")
+    out["block_hashes"] = [str(x) for x in bh] if isinstance(bh, list) else None
+    return out, warnings

@@ -1,0 +1,392 @@
+"""OTLP trace decoding: protobuf and OTLP/JSON into rows of the ``spans`` table.
+
+Used by the file importer and the live receiver alike. Decoding never raises on bad spans: each
+bad span is rejected with a message naming where it was (``resourceSpans[0].scopeSpans[1].spans[3]``)
+and the valid rest is kept. Only a payload that cannot be parsed at all raises ``InputError``.
+
+OTLP/JSON follows the OTLP rules (hex trace/span ids, int64 as decimal strings, enums as ints);
+base64 ids (the plain protobuf JSON mapping, which some exporters use) are accepted too.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+from google.protobuf.message import DecodeError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from ..config import Settings
+from ..errors import InputError
+from .normalize import COLUMNS, promote
+
+SPAN_SCHEMA = pa.schema(
+    [
+        ("trace_id", pa.string()),
+        ("span_id", pa.string()),
+        ("parent_span_id", pa.string()),
+        ("name", pa.string()),
+        ("kind", pa.int8()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("status_code", pa.int8()),
+        ("status_message", pa.string()),
+        ("service_name", pa.string()),
+        ("scope_name", pa.string()),
+        ("resource", pa.string()),
+        ("attributes", pa.string()),
+        ("events", pa.string()),
+        ("role", pa.string()),
+        ("op", pa.string()),
+        ("session_id", pa.string()),
+        ("task_id", pa.string()),
+        ("task_type", pa.string()),
+        ("tenant", pa.string()),
+        ("agent_name", pa.string()),
+        ("attempt", pa.int32()),
+        ("branch", pa.string()),
+        ("model", pa.string()),
+        ("provider", pa.string()),
+        ("engine", pa.string()),
+        ("instance", pa.string()),
+        ("response_id", pa.string()),
+        ("request_id", pa.string()),
+        ("input_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("output_tokens", pa.int64()),
+        ("system_tokens", pa.int64()),
+        ("tool_def_tokens", pa.int64()),
+        ("ttft_s", pa.float64()),
+        ("queue_s", pa.float64()),
+        ("prefill_s", pa.float64()),
+        ("decode_s", pa.float64()),
+        ("finish_reason", pa.string()),
+        ("error_type", pa.string()),
+        ("tool_name", pa.string()),
+        ("itl_ms", pa.list_(pa.float64())),
+        ("block_hashes", pa.list_(pa.string())),
+        ("ingest_source", pa.string()),
+    ]
+)
+_BASE = ("trace_id", "span_id", "parent_span_id", "name", "kind", "start_ns", "end_ns", "status_code",
+         "status_message", "service_name", "scope_name", "resource", "attributes", "events")
+assert set(_BASE) | set(COLUMNS) | {"ingest_source"} == set(SPAN_SCHEMA.names)
+
+MAX_ATTR_BYTES = 64 * 1024  # longer string values are truncated (message contents can be huge)
+_json_enc = msgspec.json.Encoder()
+
+
+@dataclass
+class Decoded:
+    """Spans decoded from one payload, with what was rejected and why."""
+
+    columns: dict[str, list] = field(default_factory=lambda: {n: [] for n in SPAN_SCHEMA.names})
+    accepted: int = 0
+    rejected: int = 0
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def table(self) -> pa.Table:
+        return pa.table(self.columns, schema=SPAN_SCHEMA)
+
+    def extend(self, other: Decoded) -> None:
+        for k, v in other.columns.items():
+            self.columns[k].extend(v)
+        self.accepted += other.accepted
+        self.rejected += other.rejected
+        self.errors.extend(other.errors)
+        self.warnings.extend(other.warnings)
+
+
+# -- ids ---------------------------------------------------------------------------------------
+def _id_from_json(v: Any, nbytes: int, what: str) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"{what} must be a hex string, got {type(v).__name__}")
+    if len(v) == nbytes * 2:
+        try:
+            bytes.fromhex(v)
+            h = v.lower()
+        except ValueError:
+            raise ValueError(f"{what} {v!r} is not hex") from None
+    else:
+        try:
+            raw = base64.b64decode(v, validate=True)
+        except (binascii.Error, ValueError):
+            raw = b""
+        if len(raw) != nbytes:
+            raise ValueError(f"{what} {v!r} must be {nbytes * 2} hex characters")
+        h = raw.hex()
+    if h == "0" * (nbytes * 2):
+        raise ValueError(f"{what} is all zeros (invalid)")
+    return h
+
+
+def _id_from_bytes(b: bytes, nbytes: int, what: str) -> str:
+    if len(b) != nbytes:
+        raise ValueError(f"{what} must be {nbytes} bytes, got {len(b)}")
+    h = b.hex()
+    if h == "0" * (nbytes * 2):
+        raise ValueError(f"{what} is all zeros (invalid)")
+    return h
+
+
+# -- attribute values --------------------------------------------------------------------------
+def _json_any(v: Any) -> Any:
+    if not isinstance(v, dict) or not v:
+        return None
+    if "stringValue" in v:
+        s = v["stringValue"]
+        return s[:MAX_ATTR_BYTES] if isinstance(s, str) and len(s) > MAX_ATTR_BYTES else s
+    if "intValue" in v:
+        iv = v["intValue"]
+        try:
+            return int(iv)
+        except (TypeError, ValueError):
+            raise ValueError(f"intValue {iv!r} is not an integer") from None
+    if "doubleValue" in v:
+        dv = v["doubleValue"]
+        if isinstance(dv, str):  # "NaN", "Infinity" per proto3 JSON
+            return float(dv)
+        return dv
+    if "boolValue" in v:
+        return bool(v["boolValue"])
+    if "arrayValue" in v:
+        return [_json_any(x) for x in (v["arrayValue"] or {}).get("values", []) or []]
+    if "kvlistValue" in v:
+        return {kv.get("key"): _json_any(kv.get("value")) for kv in (v["kvlistValue"] or {}).get("values", []) or []}
+    if "bytesValue" in v:
+        return v["bytesValue"]
+    return None
+
+
+def _json_attrs(lst: Any, where: str) -> dict[str, Any]:
+    if lst is None:
+        return {}
+    if not isinstance(lst, list):
+        raise ValueError(f"{where}.attributes must be a list")
+    out = {}
+    for kv in lst:
+        if not isinstance(kv, dict) or not isinstance(kv.get("key"), str):
+            raise ValueError(f"{where}.attributes has an entry without a string key: {str(kv)[:80]}")
+        out[kv["key"]] = _json_any(kv.get("value"))
+    return out
+
+
+def _pb_any(v) -> Any:
+    which = v.WhichOneof("value")
+    if which is None:
+        return None
+    if which == "string_value":
+        s = v.string_value
+        return s[:MAX_ATTR_BYTES] if len(s) > MAX_ATTR_BYTES else s
+    if which == "int_value":
+        return v.int_value
+    if which == "double_value":
+        return v.double_value
+    if which == "bool_value":
+        return v.bool_value
+    if which == "array_value":
+        return [_pb_any(x) for x in v.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: _pb_any(kv.value) for kv in v.kvlist_value.values}
+    if which == "bytes_value":
+        return base64.b64encode(v.bytes_value).decode()
+    return None
+
+
+def _pb_attrs(lst) -> dict[str, Any]:
+    return {kv.key: _pb_any(kv.value) for kv in lst}
+
+
+def _to_int(v: Any, what: str) -> int:
+    if isinstance(v, bool) or v is None:
+        raise ValueError(f"{what} missing")
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} {v!r} is not an integer") from None
+
+
+# -- shared row assembly -----------------------------------------------------------------------
+def _add(
+    out: Decoded,
+    settings: Settings,
+    source: str,
+    where: str,
+    trace_id: str,
+    span_id: str,
+    parent: str | None,
+    name: str,
+    kind: int,
+    start_ns: int,
+    end_ns: int,
+    status_code: int,
+    status_message: str | None,
+    service: str | None,
+    scope: str,
+    resource: dict,
+    attrs: dict,
+    events: list[dict],
+) -> None:
+    if end_ns and end_ns < start_ns:
+        raise ValueError(f"endTimeUnixNano {end_ns} is before startTimeUnixNano {start_ns}")
+    if start_ns <= 0:
+        raise ValueError("startTimeUnixNano missing or zero")
+    promoted, warns = promote(name, kind, start_ns, scope, service, resource, attrs, events, settings)
+    c = out.columns
+    c["trace_id"].append(trace_id)
+    c["span_id"].append(span_id)
+    c["parent_span_id"].append(parent)
+    c["name"].append(name)
+    c["kind"].append(kind)
+    c["start_ns"].append(start_ns)
+    c["end_ns"].append(end_ns or start_ns)
+    c["status_code"].append(status_code)
+    c["status_message"].append(status_message or None)
+    c["service_name"].append(service)
+    c["scope_name"].append(scope)
+    c["resource"].append(_json_enc.encode(resource).decode())
+    c["attributes"].append(_json_enc.encode(attrs).decode())
+    c["events"].append(_json_enc.encode(events).decode() if events else None)
+    for k in COLUMNS:
+        c[k].append(promoted[k])
+    c["ingest_source"].append(source)
+    out.accepted += 1
+    for w in warns:
+        out.warnings.append(f"{where} (span {span_id}): {w}")
+
+
+def decode_protobuf(data: bytes, settings: Settings, source: str = "otlp", where: str = "payload") -> Decoded:
+    try:
+        req = ExportTraceServiceRequest.FromString(data)
+    except DecodeError as e:
+        raise InputError(f"not an OTLP ExportTraceServiceRequest protobuf ({e})", where) from None
+    return decode_request(req, settings, source, where)
+
+
+def decode_request(req: ExportTraceServiceRequest, settings: Settings, source: str = "otlp",
+                   where: str = "payload") -> Decoded:
+    out = Decoded()
+    for ri, rs in enumerate(req.resource_spans):
+        resource = _pb_attrs(rs.resource.attributes)
+        service = resource.get("service.name")
+        for si, ss in enumerate(rs.scope_spans):
+            scope = ss.scope.name
+            for pi, sp in enumerate(ss.spans):
+                w = f"{where}: resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]"
+                try:
+                    tid = _id_from_bytes(sp.trace_id, 16, "traceId")
+                    sid = _id_from_bytes(sp.span_id, 8, "spanId")
+                    parent = _id_from_bytes(sp.parent_span_id, 8, "parentSpanId") if sp.parent_span_id else None
+                    events = [
+                        {"name": e.name, "time_ns": e.time_unix_nano, **({"attributes": _pb_attrs(e.attributes)} if e.attributes else {})}
+                        for e in sp.events
+                    ]
+                    _add(out, settings, source, w, tid, sid, parent, sp.name, int(sp.kind),
+                         int(sp.start_time_unix_nano), int(sp.end_time_unix_nano), int(sp.status.code),
+                         sp.status.message, service, scope, resource, _pb_attrs(sp.attributes), events)
+                except ValueError as e:
+                    out.rejected += 1
+                    out.errors.append(f"{w}: {e}")
+    return out
+
+
+def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: str = "payload") -> Decoded:
+    """Decode one OTLP/JSON ExportTraceServiceRequest already parsed into Python objects."""
+    if not isinstance(doc, dict):
+        raise InputError(f"expected a JSON object with resourceSpans, got {type(doc).__name__}", where)
+    if "resourceSpans" not in doc:
+        keys = ", ".join(list(doc)[:5]) or "nothing"
+        raise InputError(f"not an OTLP trace export: no 'resourceSpans' key (found: {keys})", where)
+    rss = doc["resourceSpans"]
+    if not isinstance(rss, list):
+        raise InputError("'resourceSpans' must be a list", where)
+    out = Decoded()
+    for ri, rs in enumerate(rss):
+        rw = f"{where}: resourceSpans[{ri}]"
+        try:
+            if not isinstance(rs, dict):
+                raise ValueError("must be an object")
+            resource = _json_attrs((rs.get("resource") or {}).get("attributes"), "resource")
+            scope_spans = rs.get("scopeSpans", rs.get("instrumentationLibrarySpans", []))
+            if not isinstance(scope_spans, list):
+                raise ValueError("scopeSpans must be a list")
+        except (ValueError, AttributeError) as e:
+            n = _count_spans(rs)
+            out.rejected += n
+            out.errors.append(f"{rw}: {e} ({n} spans rejected)")
+            continue
+        service = resource.get("service.name")
+        for si, ss in enumerate(scope_spans):
+            sw = f"{rw}.scopeSpans[{si}]"
+            if not isinstance(ss, dict) or not isinstance(ss.get("spans", []), list):
+                out.errors.append(f"{sw}: must be an object with a 'spans' list")
+                out.rejected += 1
+                continue
+            scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}).get("name", "") or ""
+            for pi, sp in enumerate(ss.get("spans", [])):
+                w = f"{sw}.spans[{pi}]"
+                try:
+                    if not isinstance(sp, dict):
+                        raise ValueError("span must be an object")
+                    tid = _id_from_json(sp.get("traceId"), 16, "traceId")
+                    sid = _id_from_json(sp.get("spanId"), 8, "spanId")
+                    p = sp.get("parentSpanId")
+                    parent = _id_from_json(p, 8, "parentSpanId") if p else None
+                    name = sp.get("name", "")
+                    if not isinstance(name, str):
+                        raise ValueError("name must be a string")
+                    kind = sp.get("kind", 0)
+                    if isinstance(kind, str):  # tolerate enum names
+                        kind = {"SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
+                                "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}.get(kind, 0)
+                    status = sp.get("status") or {}
+                    code = status.get("code", 0)
+                    if isinstance(code, str):
+                        code = {"STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}.get(code, 0)
+                    events = []
+                    for ei, e in enumerate(sp.get("events") or []):
+                        if not isinstance(e, dict):
+                            raise ValueError(f"events[{ei}] must be an object")
+                        ev = {"name": e.get("name", ""), "time_ns": _to_int(e.get("timeUnixNano", 0), f"events[{ei}].timeUnixNano")}
+                        if e.get("attributes"):
+                            ev["attributes"] = _json_attrs(e["attributes"], f"events[{ei}]")
+                        events.append(ev)
+                    _add(out, settings, source, w, tid, sid, parent, name, int(kind),
+                         _to_int(sp.get("startTimeUnixNano"), "startTimeUnixNano"),
+                         _to_int(sp.get("endTimeUnixNano", 0), "endTimeUnixNano"), int(code),
+                         status.get("message"), service, scope, resource,
+                         _json_attrs(sp.get("attributes"), "span"), events)
+                except (ValueError, TypeError, AttributeError) as e:
+                    out.rejected += 1
+                    out.errors.append(f"{w}: {e}")
+    return out
+
+
+def _count_spans(rs: Any) -> int:
+    try:
+        return sum(len(ss.get("spans", [])) for ss in rs.get("scopeSpans", []))
+    except Exception:  # noqa: BLE001 - only used to report a count
+        return 1
+
+
+def parse_json_bytes(data: bytes | str, where: str) -> Any:
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        pass
+    try:  # the stdlib parser gives line and column
+        return json.loads(data)
+    except json.JSONDecodeError as e:
+        raise InputError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", where) from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"not UTF-8 text at byte {e.start}", where) from None
+
+
+def decode_json(data: bytes | str, settings: Settings, source: str = "otlp", where: str = "payload") -> Decoded:
+    return decode_json_obj(parse_json_bytes(data, where), settings, source, where)

@@ -1,0 +1,139 @@
+"""Prometheus text exposition → ``metric_samples`` rows, plus engine config from
+``vllm:cache_config_info``. Parsing is prometheus_client's own text parser.
+
+Metric names are stored in the engines' colon form: SGLang behind Prometheus 3 exposes
+``sglang_foo`` for ``sglang:foo`` (and vLLM likewise ``vllm_foo``); both map to the colon name so one
+query works on either. ``*_created`` samples are dropped: counter resets are detected downstream as
+a decrease of a counter (see docs/schema.md, "Counter resets").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from prometheus_client.parser import text_string_to_metric_families
+
+from ..errors import InputError
+
+SAMPLE_SCHEMA = pa.schema(
+    [
+        ("ts", pa.timestamp("us")),
+        ("instance", pa.string()),
+        ("metric", pa.string()),
+        ("labels", pa.map_(pa.string(), pa.string())),
+        ("labels_key", pa.string()),
+        ("value", pa.float64()),
+        ("engine", pa.string()),
+    ]
+)
+CONFIG_SCHEMA = pa.schema(
+    [
+        ("instance", pa.string()),
+        ("ts", pa.timestamp("us")),
+        ("engine", pa.string()),
+        ("key", pa.string()),
+        ("value", pa.string()),
+        ("source", pa.string()),
+    ]
+)
+_ESCAPED = re.compile(r"^(vllm|sglang)_(?=[a-z])")
+SECRET_RE = re.compile(r"(api_key|apikey|token|secret|password|passwd|credential|auth)", re.I)
+# keys that contain "token" but are not secrets
+NOT_SECRET = re.compile(r"(tokens|tokenizer|token_usage|_token_|token_ids|tokens_buckets)", re.I)
+
+
+def canonical_name(name: str) -> str:
+    return _ESCAPED.sub(lambda m: m.group(1) + ":", name, count=1)
+
+
+def engine_of_metric(name: str) -> str | None:
+    if name.startswith("vllm:"):
+        return "vllm"
+    if name.startswith("sglang:"):
+        return "sglang"
+    return None
+
+
+def is_secret_key(key: str) -> bool:
+    return bool(SECRET_RE.search(key)) and not NOT_SECRET.search(key)
+
+
+@dataclass
+class Scrape:
+    samples: pa.Table
+    config: pa.Table
+    engine: str | None
+    n_samples: int
+    errors: list[str] = field(default_factory=list)
+
+
+def to_utc(ts: float | dt.datetime) -> dt.datetime:
+    if isinstance(ts, dt.datetime):
+        return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
+    return dt.datetime.fromtimestamp(ts, dt.UTC).replace(tzinfo=None)
+
+
+def parse_text(text: str, instance: str, at: float | dt.datetime, where: str = "scrape",
+               source: str = "prometheus") -> Scrape:
+    """Parse one exposition. Raises InputError naming the line when the text cannot be parsed."""
+    ts = to_utc(at)
+    cols: dict[str, list] = {n: [] for n in SAMPLE_SCHEMA.names}
+    engines: dict[str, int] = {}
+    cfg_rows: list[tuple[str, str]] = []
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError, IndexError) as e:
+        raise InputError(f"invalid Prometheus text: {e}{_locate(text, e)}", where) from None
+    for fam in families:
+        for s in fam.samples:
+            name = canonical_name(s.name)
+            if name.endswith("_created"):
+                continue
+            eng = engine_of_metric(name)
+            if eng:
+                engines[eng] = engines.get(eng, 0) + 1
+            labels = dict(s.labels)
+            if name == "vllm:cache_config_info":
+                cfg_rows.extend((k, v) for k, v in labels.items())
+            key = ",".join(f"{k}={labels[k]}" for k in sorted(labels))
+            cols["ts"].append(ts)
+            cols["instance"].append(instance)
+            cols["metric"].append(name)
+            cols["labels"].append(list(labels.items()))
+            cols["labels_key"].append(key)
+            cols["value"].append(float(s.value))
+            cols["engine"].append(eng)
+    engine = max(engines, key=engines.get) if engines else None
+    samples = pa.table(cols, schema=SAMPLE_SCHEMA)
+    config = config_table(instance, ts, engine or "vllm", cfg_rows, source) if cfg_rows else empty_config()
+    return Scrape(samples=samples, config=config, engine=engine, n_samples=samples.num_rows)
+
+
+def _locate(text: str, err: Exception) -> str:
+    msg = str(err)
+    for i, line in enumerate(text.splitlines(), 1):
+        if line and line in msg:
+            return f" (line {i})"
+    return ""
+
+
+def empty_config() -> pa.Table:
+    return pa.table({n: [] for n in CONFIG_SCHEMA.names}, schema=CONFIG_SCHEMA)
+
+
+def config_table(instance: str, ts: dt.datetime, engine: str, items: list[tuple[str, str]], source: str) -> pa.Table:
+    rows = [(k, "<redacted>" if is_secret_key(k) and v not in ("None", "null", "") else v) for k, v in items]
+    return pa.table(
+        {
+            "instance": [instance] * len(rows),
+            "ts": [ts] * len(rows),
+            "engine": [engine] * len(rows),
+            "key": [k for k, _ in rows],
+            "value": [v for _, v in rows],
+            "source": [source] * len(rows),
+        },
+        schema=CONFIG_SCHEMA,
+    )

@@ -1,0 +1,161 @@
+"""Settings, declared once as data.
+
+Every setting has a name, a default, a type and a help line. The same table drives the TOML
+loader, ``agentobs settings`` and docs/settings.md (a test fails when the docs miss one).
+
+Precedence (last wins): defaults < settings file < environment (``AGENTOBS_<NAME>``) < CLI flags.
+The settings file is ``--config PATH``, else ``$AGENTOBS_CONFIG``, else ``./agentobs.toml`` if present.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    help: str
+    type: type = str
+
+
+SESSION_KEYS = [
+    "gen_ai.conversation.id",
+    "session.id",
+    "langfuse.session.id",
+    "traceloop.association.properties.session_id",
+    "metadata.session_id",
+    "litellm_session_id",
+    "litellm.session_id",
+    "gen_ai.session.id",
+    "http.request.header.x-session-id",
+    "http.request.header.agent-session-id",
+    "http.request.header.x-claude-code-session-id",
+    "http.request.header.x-litellm-session-id",
+    "http.request.header.session-id",
+]
+
+TASK_KEYS = ["app.task.id", "agentobs.task.id", "gen_ai.task.id", "traceloop.workflow.name"]
+TASK_TYPE_KEYS = ["agentobs.task.type", "app.task.type", "gen_ai.agent.name"]
+TENANT_KEYS = [
+    "agentobs.tenant",
+    "enduser.id",
+    "user.id",
+    "litellm.team.alias",
+    "litellm.team.id",
+    "metadata.user_api_key_team_alias",
+    "metadata.user_api_key_team_id",
+    "metadata.user_api_key_user_id",
+    "litellm.metadata.user_api_key_user_id",
+]
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("db", "agentobs.duckdb", "Path of the DuckDB file (also --db and $AGENTOBS_DB)."),
+    Setting("session_keys", SESSION_KEYS, "Span attributes holding the session id, first match wins.", list),
+    Setting("task_keys", TASK_KEYS, "Span attributes holding the task id; else the root trace id.", list),
+    Setting("task_type_keys", TASK_TYPE_KEYS, "Span attributes holding the task type.", list),
+    Setting("tenant_keys", TENANT_KEYS, "Span attributes holding the tenant (team/user).", list),
+    Setting("default_block_size", 16, "KV block size (tokens) when the engine config is unknown (vLLM's default).", int),
+    Setting("sql_row_cap", 10000, "Maximum rows a user SQL query returns (agentobs sql, console).", int),
+    Setting("sql_timeout_s", 30.0, "Time limit of a user SQL query, in seconds.", float),
+    Setting("writer_batch_rows", 50000, "Rows buffered per table before the writer commits a batch.", int),
+    Setting("writer_flush_s", 1.0, "Longest time a row waits in the writer before commit, in seconds.", float),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@dataclass
+class Settings:
+    values: dict[str, Any] = field(default_factory=dict)
+    source: str = "defaults"
+
+    def __getattr__(self, name: str) -> Any:
+        values = self.__dict__.get("values", {})
+        if name in values:
+            return values[name]
+        if name in _BY_NAME:
+            return _BY_NAME[name].default
+        raise AttributeError(name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, _BY_NAME[name].default if name in _BY_NAME else default)
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A free-form TOML table (e.g. ``[cost]``) that a subsystem validates itself."""
+        val = self.values.get(name, {})
+        return val if isinstance(val, dict) else {}
+
+
+def _coerce(setting: Setting, value: Any, where: str) -> Any:
+    try:
+        if setting.type is list:
+            if isinstance(value, str):
+                return [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise TypeError
+            return list(value)
+        if setting.type is int and not isinstance(value, bool):
+            return int(value)
+        if setting.type is float and not isinstance(value, bool):
+            return float(value)
+        if setting.type is str:
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    raise ConfigError(
+        f"{where}: setting {setting.name!r} must be {setting.type.__name__}, got {value!r}"
+    )
+
+
+def _did_you_mean(name: str) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(_BY_NAME), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def load_settings(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    source = "defaults"
+    candidate = path or env.get("AGENTOBS_CONFIG")
+    if candidate is None and Path("agentobs.toml").exists():
+        candidate = "agentobs.toml"
+    if candidate is not None:
+        p = Path(candidate)
+        if not p.exists():
+            raise ConfigError(f"settings file {str(p)!r} does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: invalid TOML: {e}") from None
+        for key, value in data.items():
+            if key in _BY_NAME:
+                values[key] = _coerce(_BY_NAME[key], value, str(p))
+            elif isinstance(value, dict):
+                values[key] = value  # a section, validated by its owner (e.g. [cost])
+            else:
+                raise ConfigError(f"{p}: unknown setting {key!r}{_did_you_mean(key)}")
+        source = str(p)
+    for s in SETTINGS:
+        ev = env.get(f"AGENTOBS_{s.name.upper()}")
+        if ev is not None:
+            values[s.name] = _coerce(s, ev, f"$AGENTOBS_{s.name.upper()}")
+    return Settings(values=values, source=source)
+
+
+def settings_markdown() -> str:
+    """The settings table for docs/settings.md."""
+    lines = ["| setting | type | default | meaning |", "|---|---|---|---|"]
+    for s in SETTINGS:
+        default = ", ".join(s.default) if isinstance(s.default, list) else s.default
+        lines.append(f"| `{s.name}` | {s.type.__name__} | `{default}` | {s.help} |")
+    return "\n".join(lines)

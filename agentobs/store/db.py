@@ -1,0 +1,80 @@
+"""Opening the DuckDB store: migrations on read-write opens, sandboxed read-only opens."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import duckdb
+
+from ..errors import StoreError
+from .schema import MIGRATIONS
+
+
+def resolve_db_path(db: str | os.PathLike | None = None) -> str:
+    if db is not None:
+        return str(db)
+    return os.environ.get("AGENTOBS_DB", "agentobs.duckdb")
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Apply pending migrations in order, record each; (re)create the model views. Returns applied names."""
+    con.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP DEFAULT now())"
+    )
+    done = {r[0] for r in con.execute("SELECT name FROM schema_migrations").fetchall()}
+    applied = []
+    for name, sql in MIGRATIONS:
+        if name in done:
+            continue
+        con.execute("BEGIN")
+        try:
+            con.execute(sql)
+            con.execute("INSERT INTO schema_migrations (name) VALUES (?)", [name])
+            con.execute("COMMIT")
+        except Exception:
+            con.execute("ROLLBACK")
+            raise
+        applied.append(name)
+    from ..model import create_views
+
+    create_views(con)
+    return applied
+
+
+def connect(db: str | os.PathLike | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """Open the store. Read-write opens migrate; read-only opens require an existing store."""
+    path = resolve_db_path(db)
+    if read_only:
+        if path != ":memory:" and not Path(path).exists():
+            raise StoreError(
+                f"no agentobs database at {path!r}; create one with `agentobs import ...` or `agentobs demo`"
+            )
+        try:
+            return duckdb.connect(path, read_only=True)
+        except duckdb.Error as e:
+            raise StoreError(f"cannot open {path!r} read-only: {e}") from None
+    try:
+        con = duckdb.connect(path)
+    except duckdb.Error as e:
+        raise StoreError(f"cannot open {path!r}: {e}") from None
+    migrate(con)
+    return con
+
+
+def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2GB") -> duckdb.DuckDBPyConnection:
+    """A read-only connection for user SQL: no file or network access, configuration locked."""
+    path = resolve_db_path(db)
+    if path != ":memory:" and not Path(path).exists():
+        raise StoreError(f"no agentobs database at {path!r}")
+    config = {"enable_external_access": False}
+    if memory_limit:
+        config["memory_limit"] = memory_limit
+    try:
+        con = duckdb.connect(path, read_only=path != ":memory:", config=config)
+    except duckdb.Error as e:
+        raise StoreError(f"cannot open {path!r} read-only: {e}") from None
+    con.execute("SET autoinstall_known_extensions = false")
+    con.execute("SET autoload_known_extensions = false")
+    con.execute("SET lock_configuration = true")
+    return con

@@ -1,0 +1,119 @@
+"""Raw tables, created by named migrations recorded in ``schema_migrations``.
+
+Raw tables keep everything (attributes as JSON) so ad-hoc SQL can reach what the model does
+not know. ``spans`` also carries *promoted* columns: the attribute aliases of DESIGN.md resolved
+once at ingest (session, task, usage, latency, instance, ...), so the normalized views are plain
+SQL over typed columns. See docs/schema.md.
+
+A migration is ``(name, sql)``; never edit one that has shipped — append a new one.
+"""
+
+from __future__ import annotations
+
+MIGRATIONS: tuple[tuple[str, str], ...] = (
+    (
+        "0001_raw_tables",
+        """
+        CREATE TABLE IF NOT EXISTS spans (
+            trace_id        VARCHAR NOT NULL,
+            span_id         VARCHAR NOT NULL,
+            parent_span_id  VARCHAR,
+            name            VARCHAR,
+            kind            TINYINT,
+            start_ns        BIGINT,
+            end_ns          BIGINT,
+            status_code     TINYINT,
+            status_message  VARCHAR,
+            service_name    VARCHAR,
+            scope_name      VARCHAR,
+            resource        JSON,
+            attributes      JSON,
+            events          JSON,
+            -- promoted columns (resolved at ingest from the aliases in agentobs/collect/normalize.py)
+            role            VARCHAR,   -- gateway | engine | agent | tool | other
+            op              VARCHAR,   -- gen_ai.operation.name or inferred
+            session_id      VARCHAR,
+            task_id         VARCHAR,
+            task_type       VARCHAR,
+            tenant          VARCHAR,
+            agent_name      VARCHAR,
+            attempt         INTEGER,
+            branch          VARCHAR,
+            model           VARCHAR,
+            provider        VARCHAR,
+            engine          VARCHAR,
+            instance        VARCHAR,
+            response_id     VARCHAR,
+            request_id      VARCHAR,
+            input_tokens    BIGINT,
+            cached_tokens   BIGINT,
+            output_tokens   BIGINT,
+            system_tokens   BIGINT,
+            tool_def_tokens BIGINT,
+            ttft_s          DOUBLE,
+            queue_s         DOUBLE,
+            prefill_s       DOUBLE,
+            decode_s        DOUBLE,
+            finish_reason   VARCHAR,
+            error_type      VARCHAR,
+            tool_name       VARCHAR,
+            itl_ms          DOUBLE[],
+            block_hashes    VARCHAR[],
+            ingest_source   VARCHAR,
+            PRIMARY KEY (trace_id, span_id)
+        );
+        CREATE TABLE IF NOT EXISTS metric_samples (
+            ts          TIMESTAMP NOT NULL,
+            instance    VARCHAR NOT NULL,
+            metric      VARCHAR NOT NULL,
+            labels      MAP(VARCHAR, VARCHAR),
+            labels_key  VARCHAR NOT NULL,
+            value       DOUBLE,
+            engine      VARCHAR,
+            PRIMARY KEY (instance, metric, labels_key, ts)
+        );
+        CREATE TABLE IF NOT EXISTS scrapes (
+            ts          TIMESTAMP NOT NULL,
+            instance    VARCHAR NOT NULL,
+            url         VARCHAR,
+            ok          BOOLEAN,
+            error       VARCHAR,
+            duration_s  DOUBLE,
+            samples     INTEGER,
+            PRIMARY KEY (instance, ts)
+        );
+        CREATE TABLE IF NOT EXISTS engine_config (
+            instance    VARCHAR NOT NULL,
+            ts          TIMESTAMP NOT NULL,
+            engine      VARCHAR,
+            key         VARCHAR NOT NULL,
+            value       VARCHAR,
+            source      VARCHAR,
+            PRIMARY KEY (instance, ts, key)
+        );
+        CREATE TABLE IF NOT EXISTS kv_events (
+            instance          VARCHAR NOT NULL,
+            ts                TIMESTAMP NOT NULL,
+            seq               BIGINT NOT NULL,
+            event_idx         INTEGER NOT NULL,
+            type              VARCHAR NOT NULL,
+            block_hashes      VARCHAR[],
+            parent_block_hash VARCHAR,
+            num_tokens        INTEGER,
+            block_size        INTEGER,
+            medium            VARCHAR,
+            session_id        VARCHAR,
+            lora_name         VARCHAR,
+            PRIMARY KEY (instance, ts, seq, event_idx)
+        );
+        CREATE TABLE IF NOT EXISTS ingest_log (
+            ts          TIMESTAMP NOT NULL,
+            source      VARCHAR NOT NULL,
+            kind        VARCHAR NOT NULL,
+            accepted    BIGINT,
+            rejected    BIGINT,
+            detail      VARCHAR
+        );
+        """,
+    ),
+)

@@ -1,0 +1,195 @@
+"""The single batching writer.
+
+Every collector and importer hands Arrow tables to one ``Writer``. One thread owns the write
+cursor; it concatenates pending tables per destination and commits them in one transaction with
+``INSERT OR IGNORE ... BY NAME`` (the primary keys make re-imports and OTLP retries idempotent).
+``submit`` returns a ``Ticket``; ``ticket.wait()`` returns once the rows are committed, which is
+what lets a receiver acknowledge only durable spans.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from ..errors import StoreError
+
+TABLES = ("spans", "metric_samples", "scrapes", "engine_config", "kv_events", "ingest_log")
+APPEND_ONLY = {"ingest_log"}  # no primary key: plain INSERT
+
+
+@dataclass
+class Ticket:
+    rows: int
+    _done: threading.Event = field(default_factory=threading.Event)
+    inserted: int = 0
+    error: BaseException | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._done.wait(timeout):
+            raise TimeoutError("write not committed in time")
+        if self.error is not None:
+            raise StoreError(f"write failed: {self.error}") from self.error
+        return self.inserted
+
+
+@dataclass
+class WriterStats:
+    batches: int = 0
+    rows_submitted: int = 0
+    rows_inserted: int = 0
+    last_commit_s: float = 0.0
+    commit_seconds_total: float = 0.0
+
+
+class Writer:
+    def __init__(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        batch_rows: int = 50_000,
+        flush_s: float = 1.0,
+        on_commit=None,
+    ):
+        self._cur = con.cursor()
+        self.batch_rows = batch_rows
+        self.flush_s = flush_s
+        self.on_commit = on_commit  # callable(seconds, rows) for health metrics
+        self.stats = WriterStats()
+        self._q: queue.Queue = queue.Queue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="agentobs-writer", daemon=True)
+        self._thread.start()
+
+    # -- public API -------------------------------------------------------------------------
+    def submit(self, table: str, data: pa.Table) -> Ticket:
+        if table not in TABLES:
+            raise ValueError(f"unknown table {table!r}")
+        if self._closed:
+            raise StoreError("writer is closed")
+        t = Ticket(rows=data.num_rows)
+        self._q.put((table, data, t))
+        return t
+
+    def write(self, table: str, data: pa.Table) -> int:
+        """Submit and wait for the commit; returns rows actually inserted (duplicates ignored)."""
+        return self.submit(table, data).wait()
+
+    def flush(self) -> None:
+        t = Ticket(rows=0)
+        self._q.put(("__flush__", None, t))
+        t.wait()
+
+    def pending(self) -> int:
+        return self._q.qsize()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self._q.put(None)
+        self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- writer thread ----------------------------------------------------------------------
+    def _run(self) -> None:
+        pending: dict[str, list[pa.Table]] = defaultdict(list)
+        tickets: list[Ticket] = []
+        rows = 0
+        first_at = None
+        while True:
+            timeout = None
+            if first_at is not None:
+                timeout = max(0.0, self.flush_s - (time.monotonic() - first_at))
+            try:
+                item = self._q.get(timeout=timeout)
+            except queue.Empty:
+                item = "__timeout__"
+            stop = item is None
+            force = stop or item == "__timeout__"
+            if isinstance(item, tuple):
+                table, data, ticket = item
+                if table == "__flush__":
+                    force = True
+                    tickets.append(ticket)
+                else:
+                    if data.num_rows:
+                        pending[table].append(data)
+                        rows += data.num_rows
+                    tickets.append(ticket)
+                    if first_at is None:
+                        first_at = time.monotonic()
+                    # drain what is already queued before deciding to commit
+                    if rows < self.batch_rows and not self._q.empty():
+                        continue
+                    force = force or rows >= self.batch_rows or self.flush_s == 0
+            if force and tickets:
+                self._commit(pending, tickets)
+                pending = defaultdict(list)
+                tickets = []
+                rows = 0
+                first_at = None
+            if stop:
+                return
+
+    def _commit(self, pending: dict[str, list[pa.Table]], tickets: list[Ticket]) -> None:
+        t0 = time.perf_counter()
+        inserted: dict[int, int] = {}
+        err: BaseException | None = None
+        total = 0
+        try:
+            self._cur.execute("BEGIN")
+            for table, parts in pending.items():
+                batch = _concat(parts)
+                self._cur.register("_agentobs_batch", batch)
+                try:
+                    verb = "INSERT" if table in APPEND_ONLY else "INSERT OR IGNORE"
+                    res = self._cur.execute(f"{verb} INTO {table} BY NAME SELECT * FROM _agentobs_batch").fetchone()
+                finally:
+                    self._cur.unregister("_agentobs_batch")
+                n = int(res[0]) if res else 0
+                total += n
+                for p in parts:
+                    inserted[id(p)] = n  # per-table count; a ticket reports its table's insert count
+            self._cur.execute("COMMIT")
+        except BaseException as e:  # noqa: BLE001 - reported through every ticket
+            err = e
+            try:
+                self._cur.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+        dt = time.perf_counter() - t0
+        self.stats.batches += 1
+        self.stats.rows_submitted += sum(t.rows for t in tickets)
+        self.stats.rows_inserted += total
+        self.stats.last_commit_s = dt
+        self.stats.commit_seconds_total += dt
+        if self.on_commit:
+            try:
+                self.on_commit(dt, total)
+            except Exception:  # noqa: BLE001 - metrics must never break writes
+                pass
+        # tickets learn how many rows their batch inserted (approximation when batches merge)
+        share = total
+        for t in tickets:
+            t.error = err
+            t.inserted = min(t.rows, share) if err is None else 0
+            share -= t.inserted
+            t._done.set()
+
+
+def _concat(parts: list[pa.Table]) -> pa.Table:
+    if len(parts) == 1:
+        return parts[0]
+    return pa.concat_tables(parts, promote_options="default")
