@@ -123,6 +123,8 @@ def decode_otlp_file(path: Path, settings: Settings, progress: Progress | None =
     dec = otlp.Decoded()
     errors: list[str] = []
     stripped = data.lstrip()
+    if not stripped:
+        raise InputError("empty file", where)
     if stripped[:1] in (b"{", b"["):
         lines = [ln for ln in data.splitlines()]
         nonempty = [ln for ln in lines if ln.strip()]

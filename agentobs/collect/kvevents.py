@@ -172,6 +172,6 @@ def decode_capture_line(obj: Any, out: KVBatch, where: str, default_instance: st
             raise InputError("payload_hex is not hex", where) from None
         decode_payload(payload, instance, int(seq), out, where)
     elif "decoded" in obj:
-        decode_batch(obj["decoded"], instance, int(seq), out, where)
+        decode_batch(obj["decoded"], instance, int(seq), out, f"{where}: seq {seq}")
     else:
         raise InputError("line has neither 'payload_hex' nor 'decoded'", where)

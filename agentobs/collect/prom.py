@@ -113,10 +113,14 @@ def parse_text(text: str, instance: str, at: float | dt.datetime, where: str = "
 
 
 def _locate(text: str, err: Exception) -> str:
-    msg = str(err)
+    """prometheus_client's messages do not say where: find the first sample line that fails alone."""
     for i, line in enumerate(text.splitlines(), 1):
-        if line and line in msg:
-            return f" (line {i})"
+        if not line.strip() or line.startswith("#"):
+            continue
+        try:
+            list(text_string_to_metric_families(line + "\n"))
+        except (ValueError, TypeError, IndexError):
+            return f" at line {i}: {line[:120]!r}"
     return ""
 
 
