@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import decimal
 import io
 import json
 import os
@@ -47,6 +48,8 @@ def _fmt(v) -> str:
 
 
 def _jsonable(v):
+    if isinstance(v, decimal.Decimal):
+        return int(v) if v == v.to_integral_value() else float(v)
     if isinstance(v, (dt.datetime, dt.date)):
         return v.isoformat()
     if isinstance(v, dt.timedelta):

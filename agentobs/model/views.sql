@@ -182,10 +182,10 @@ SELECT session_id,
        min(start_ts) AS first_start_ts,
        max(end_ts) AS last_end_ts,
        max(end_s) - min(start_s) AS span_s,
-       sum(prompt_tokens) AS prompt_tokens,
-       sum(cached_tokens) AS cached_tokens,
+       sum(prompt_tokens)::BIGINT AS prompt_tokens,
+       sum(cached_tokens)::BIGINT AS cached_tokens,
        count(*) FILTER (WHERE cached_tokens IS NULL) AS calls_cached_unknown,
-       sum(output_tokens) AS output_tokens,
+       sum(output_tokens)::BIGINT AS output_tokens,
        count(*) FILTER (WHERE status = 'error') AS errors
 FROM llm_calls
 WHERE session_id IS NOT NULL
@@ -202,9 +202,9 @@ SELECT task_id,
        count(DISTINCT session_id || '/' || branch) AS branches,
        min(start_ts) AS first_start_ts,
        max(end_ts) AS last_end_ts,
-       sum(prompt_tokens) AS prompt_tokens,
-       sum(cached_tokens) AS cached_tokens,
-       sum(output_tokens) AS output_tokens,
+       sum(prompt_tokens)::BIGINT AS prompt_tokens,
+       sum(cached_tokens)::BIGINT AS cached_tokens,
+       sum(output_tokens)::BIGINT AS output_tokens,
        count(*) FILTER (WHERE status = 'error') AS errors
 FROM llm_calls
 GROUP BY task_id;
