@@ -67,6 +67,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sql_timeout_s", 30.0, "Time limit of a user SQL query, in seconds.", float),
     Setting("writer_batch_rows", 50000, "Rows buffered per table before the writer commits a batch.", int),
     Setting("writer_flush_s", 1.0, "Longest time a row waits in the writer before commit, in seconds.", float),
+    # --- collectors (agentobs collect; a fleet file's sections override these) ---
+    Setting("receiver_grpc", "127.0.0.1:4317", "OTLP/gRPC listen address host:port ('' disables).", str),
+    Setting("receiver_http", "127.0.0.1:4318", "OTLP/HTTP listen address host:port ('' disables).", str),
+    Setting("receiver_token", "", "Bearer token OTLP clients must send (empty: none). Prefer $AGENTOBS_RECEIVER_TOKEN.", str),
+    Setting("receiver_queue_spans", 200000, "Spans admitted but not yet committed before OTLP answers 429/RESOURCE_EXHAUSTED.", int),
+    Setting("receiver_max_body_mb", 64, "Largest OTLP request body (decompressed), in MiB.", int),
+    Setting("receiver_commit_timeout_s", 30.0, "How long an export waits for its commit before answering 503/UNAVAILABLE.", float),
+    Setting("receiver_retry_after_s", 1.0, "Retry-After / RetryInfo delay sent with 429/503, in seconds.", float),
+    Setting("collect_commit_s", 0.05, "Longest time collected rows wait before the writer commits (group commit), in seconds.", float),
+    Setting("scrape_interval_s", 15.0, "Default scrape interval of fleet targets, in seconds.", float),
+    Setting("scrape_timeout_s", 5.0, "Scrape timeout, in seconds.", float),
+    Setting("scrape_jitter", 0.1, "Random delay added to each scrape, as a fraction of the interval.", float),
+    Setting("scrape_concurrency", 16, "Scrapes running at the same time.", int),
+    Setting("server_info_every_s", 300.0, "How often SGLang /server_info is re-read (stored only on change), in seconds.", float),
+    Setting("health_listen", "127.0.0.1:9464", "Listen address of the collector's own /metrics ('' disables).", str),
+    Setting("snapshot_path", "", "Read snapshot published by `agentobs collect` for readers (default: <db>.read.duckdb).", str),
+    Setting("snapshot_every_s", 60.0, "How often `agentobs collect` publishes the read snapshot, in seconds (0 disables).", float),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

@@ -1,0 +1,54 @@
+"""Read snapshots: how readers see a store that ``agentobs collect`` holds open.
+
+DuckDB lets one process open a file read-write, and then no other process may open it, not even
+read-only. ``agentobs collect`` therefore publishes a consistent copy every ``snapshot_every_s``:
+every raw table copied in one transaction (a consistent point in time, while the writer keeps
+committing) into ``<snapshot>.tmp``, then the model views are created in the copy, then an atomic
+``os.replace`` onto the snapshot path. Readers (``agentobs sql``, the console, reports) point
+``--db`` at the snapshot; a reader that has the previous file open keeps reading it unharmed.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import duckdb
+
+from ..store.db import connect
+
+
+def default_snapshot_path(db: str) -> str:
+    p = Path(db)
+    return str(p.with_name(p.stem + ".read.duckdb"))
+
+
+def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> float:
+    """Copy the open store to ``path`` atomically; returns the seconds it took."""
+    t0 = time.perf_counter()
+    path = Path(path)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    for f in (tmp, Path(str(tmp) + ".wal")):
+        f.unlink(missing_ok=True)
+    cur = con.cursor()
+    try:
+        src = cur.execute("SELECT current_database()").fetchone()[0]
+        cur.execute("ATTACH ? AS agentobs_snapshot", [str(tmp)])
+        try:
+            tables = [r[0] for r in cur.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main'", [src]
+            ).fetchall()]
+            cur.execute("BEGIN")  # one read transaction: every table as of the same moment
+            for table in tables:
+                cur.execute(f'CREATE TABLE agentobs_snapshot.main."{table}" AS SELECT * FROM "{src}".main."{table}"')
+            cur.execute("COMMIT")
+        finally:
+            cur.execute("DETACH agentobs_snapshot")
+    finally:
+        cur.close()
+    snap = connect(tmp)  # creates the model views in the copy
+    snap.execute("CHECKPOINT")
+    snap.close()
+    os.replace(tmp, path)
+    return time.perf_counter() - t0
