@@ -309,7 +309,7 @@ def demo_cmd(ctx: Ctx):
     con.close()
     con = _open(ctx, read_only=True)
     _emit(con.sql(SESSIONS_SQL, params=[50]).to_arrow_table(), "table", "sessions")
-    sid = con.execute("SELECT session_id FROM sessions ORDER BY calls DESC LIMIT 1").fetchone()
+    sid = con.sql("SELECT session_id FROM sessions ORDER BY calls DESC LIMIT 1").fetchone()
     if sid:
         _emit(con.sql(CALLS_SQL, params=[sid[0]]).to_arrow_table(), "table", f"session {sid[0]}")
     err_console.print(f"store: {ctx.db} — try `agentobs sql \"SELECT * FROM llm_calls\" --db {ctx.db}`")
