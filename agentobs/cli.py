@@ -379,6 +379,34 @@ def import_prometheus_cmd(ctx: Ctx, url, since, step, end, timeout):
 # --- end collectors --------------------------------------------------------------------------------
 
 
+# --- console ---------------------------------------------------------------------------------------
+@cli.command("console")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--port", type=int, default=8501, show_default=True, help="Port (0 picks a free one).")
+@common
+def console_cmd(ctx: Ctx, host, port):
+    """Start the Streamlit console on the store (opened read-only); Ctrl-C stops it."""
+    import socket
+
+    from .console import launch
+    from .store.db import connect
+
+    connect(ctx.db, read_only=True).close()  # fail now, in one line, if the store is missing or unreadable
+    if port == 0:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+    err_console.print(f"agentobs console on http://{host}:{port}/ — store {ctx.db} (read-only)")
+    proc = launch(ctx.db, host=host, port=port)
+    try:
+        raise SystemExit(proc.wait())
+    except KeyboardInterrupt:
+        proc.terminate()
+        proc.wait(10)
+        raise SystemExit(130) from None
+# --- end console -----------------------------------------------------------------------------------
+
+
 def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:

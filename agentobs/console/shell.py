@@ -1,0 +1,184 @@
+"""The console shell: page config, database, global filters (synced with the URL), navigation.
+
+``app.py`` (the script ``streamlit run`` executes) calls ``run()``. Pages are the files in ``views/`` (not ``pages/``: Streamlit would treat that as its legacy multipage folder);
+each reads the shared context with ``context()``.
+
+Database: ``$AGENTOBS_DB`` (``agentobs console --db`` sets it), else ``--db PATH`` after ``--`` on the
+``streamlit run`` command line, else ./agentobs.duckdb. The console only ever opens it read-only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from . import data
+from .filters import (
+    FILTER_KEYS,
+    LIST_KEYS,
+    WINDOWS,
+    Filters,
+    from_query_params,
+    parse_ts,
+    previous_window,
+    resolve_window,
+    to_query_params,
+)
+
+PAGES_DIR = Path(__file__).resolve().parent / "views"
+
+# (file, title, url path, icon, section) — the navigation, declared once.
+PAGES = (
+    ("overview.py", "Overview", "overview", ":material/dashboard:", "Agent metrics"),
+    ("sessions.py", "Sessions", "sessions", ":material/list:", "Agent metrics"),
+    ("session.py", "Session timeline", "session", ":material/timeline:", "Agent metrics"),
+    ("turn_resume.py", "Turn-resume TTFT", "turn-resume", ":material/timer:", "Agent metrics"),
+    ("kv_rent.py", "KV rent & capacity", "kv-rent", ":material/memory:", "Agent metrics"),
+    ("itl.py", "ITL tails", "itl", ":material/show_chart:", "Agent metrics"),
+    ("cost.py", "Cost attribution", "cost", ":material/payments:", "Agent metrics"),
+    ("findings.py", "Findings", "findings", ":material/lightbulb:", "Agent metrics"),
+    ("engines.py", "Engines", "engines", ":material/dns:", "Explore"),
+    ("sql.py", "SQL", "sql", ":material/terminal:", "Explore"),
+)
+
+
+@dataclass(frozen=True)
+class Context:
+    db: str
+    stamp: data.Stamp
+    filters: Filters
+    since: dt.datetime | None  # resolved current window [since, until)
+    until: dt.datetime | None
+    prev: tuple[dt.datetime, dt.datetime] | None  # the period before, for "change vs previous"
+    data_lo: dt.datetime | None
+    data_hi: dt.datetime | None
+
+    def window_label(self) -> str:
+        if self.since is None and self.until is None:
+            return "all data"
+        lo = self.since.isoformat(sep=" ", timespec="seconds") if self.since else "…"
+        hi = self.until.isoformat(sep=" ", timespec="seconds") if self.until else "…"
+        return f"{lo} → {hi} UTC"
+
+
+def db_path() -> str:
+    env = os.environ.get("AGENTOBS_DB")
+    if env:
+        return env
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a == "--db" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--db="):
+            return a.split("=", 1)[1]
+    return "agentobs.duckdb"
+
+
+def context() -> Context:
+    return st.session_state["_agentobs_ctx"]
+
+
+# Cached reads: keyed by the db stamp (path + size + mtimes) and the arguments.
+_cache = st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
+bounds = _cache(data.bounds)
+options = _cache(data.options)
+
+
+def _sidebar_filters(stamp: data.Stamp) -> Filters:
+    qp = st.query_params
+    url_f = from_query_params(qp)
+    url_has = any(k in qp for k in FILTER_KEYS)
+    ss = st.session_state
+    last: Filters | None = ss.get("_f_last")
+    opts = options(stamp)
+    if last is None or (url_has and url_f.key() != last.key()):
+        # first run of this browser session, or the URL was edited: the URL wins
+        ss["f_window"] = url_f.window
+        for k in LIST_KEYS:
+            ss[f"f_{k}"] = list(getattr(url_f, k))
+        ss["f_since"] = url_f.since.isoformat(timespec="seconds") if url_f.since else ""
+        ss["f_until"] = url_f.until.isoformat(timespec="seconds") if url_f.until else ""
+        for w in url_f.warnings:
+            st.sidebar.warning(w)
+
+    sb = st.sidebar
+    sb.markdown("**Filters** · kept in the URL: share the link to share the view")
+    sb.selectbox("Time window (relative to the latest call)", list(WINDOWS), key="f_window",
+                 help="`all` shows everything; a window ends at the latest call in the store.")
+    labels = {"instance": "Instance", "model": "Model", "task_type": "Task type"}
+    for k in LIST_KEYS:
+        choices = list(dict.fromkeys([*opts[k], *ss.get(f"f_{k}", [])]))
+        sb.multiselect(labels[k], choices, key=f"f_{k}", placeholder="all")
+    with sb.expander("Explicit range (UTC)", expanded=bool(ss.get("f_since") or ss.get("f_until"))):
+        st.text_input("since", key="f_since", placeholder="2026-10-14T09:00:00")
+        st.text_input("until", key="f_until", placeholder="2026-10-14T11:00:00")
+
+    bounds_: dict[str, dt.datetime | None] = {}
+    for k in ("since", "until"):
+        text = ss.get(f"f_{k}", "").strip()
+        bounds_[k] = None
+        if text:
+            try:
+                bounds_[k] = parse_ts(text)
+            except ValueError:
+                sb.warning(f"ignored {k}={text!r}: not an ISO-8601 time or epoch seconds")
+    if bounds_["since"] and bounds_["until"] and bounds_["since"] >= bounds_["until"]:
+        sb.warning("ignored the explicit range: since is not before until")
+        bounds_ = {"since": None, "until": None}
+    f = Filters(window=ss["f_window"], since=bounds_["since"], until=bounds_["until"],
+                **{k: tuple(ss.get(f"f_{k}", [])) for k in LIST_KEYS})
+    unknown = [f"{k}={v}" for k in LIST_KEYS for v in getattr(f, k) if v not in opts[k]]
+    if unknown:
+        sb.warning("no data for " + ", ".join(unknown))
+
+    # write the filters to the URL (page navigation clears it; keep page-specific keys such as session=)
+    want = to_query_params(f)
+    for k in FILTER_KEYS:
+        have = qp.get_all(k)
+        w = want.get(k)
+        w_list = [] if w is None else ([w] if isinstance(w, str) else list(w))
+        if have != w_list:
+            if w_list:
+                qp[k] = w_list if len(w_list) > 1 else w_list[0]
+            else:
+                del qp[k]
+    ss["_f_last"] = f
+    return f
+
+
+def run() -> None:
+    st.set_page_config(page_title="agentobs console", page_icon=":material/monitoring:", layout="wide")
+    db = db_path()
+    if db != ":memory:" and not Path(db).exists():
+        st.error(f"no agentobs database at {db!r}; create one with `agentobs demo --db {db}` or `agentobs import ...`, "
+                 "then start the console with `agentobs console --db PATH`")
+        st.stop()
+    stamp = data.db_stamp(db)
+    sections: dict[str, list] = {}
+    for file, title, url, icon, section in PAGES:
+        sections.setdefault(section, []).append(
+            st.Page(PAGES_DIR / file, title=title, url_path=url, icon=icon, default=(url == "overview")))
+    pg = st.navigation(sections)
+    try:
+        lo, hi = bounds(stamp)
+        f = _sidebar_filters(stamp)
+    except Exception as e:  # noqa: BLE001 - an unreadable store is shown, not raised
+        st.error(f"cannot read {db!r}: {e}")
+        st.stop()
+    since, until = resolve_window(f, lo, hi)
+    st.sidebar.caption(f"store: `{db}`  \nview: {_label(since, until)}  \ndata: {_label(lo, hi, True)}")
+    st.session_state["_agentobs_ctx"] = Context(db, stamp, f, since, until, previous_window(since, until), lo, hi)
+    pg.run()
+
+
+def _label(lo, hi, inclusive=False) -> str:
+    if lo is None and hi is None:
+        return "all data" if not inclusive else "no calls yet"
+    def fmt(t):
+        return (t.isoformat(sep=" ", timespec="seconds") if t else "…")
+    return f"{fmt(lo)} → {fmt(hi)} UTC"

@@ -1,0 +1,6 @@
+"""cost page (waiting for the metrics API)."""
+
+from agentobs.console import metrics, ui
+
+ctx = ui.page("cost", "")
+metrics.missing_metrics_notice()

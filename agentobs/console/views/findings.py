@@ -1,0 +1,6 @@
+"""findings page (waiting for the metrics API)."""
+
+from agentobs.console import metrics, ui
+
+ctx = ui.page("findings", "")
+metrics.missing_metrics_notice()

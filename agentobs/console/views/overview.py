@@ -1,0 +1,6 @@
+"""overview page (waiting for the metrics API)."""
+
+from agentobs.console import metrics, ui
+
+ctx = ui.page("overview", "")
+metrics.missing_metrics_notice()

@@ -1,0 +1,68 @@
+"""Session timeline: calls as bars on instance lanes, tool calls and idle gaps between them, each call
+colored hit / partial / miss with its re-prefill tokens, instance changes marked; then the per-call table."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from agentobs.console import charts, metrics, ui
+
+ctx = ui.page("Session timeline", "Calls on the lane of the instance that served them; hit class and re-prefill "
+              "X = max(0, R_eff − C) per call come from the metrics API's `call_reuse` (METRICS.md §1, §5: hit when "
+              "C ≥ R_eff − B). Times UTC.")
+
+sid = st.query_params.get("session")
+if not sid:
+    recent = ui.sessions(ctx.stamp, ctx.filters, ctx.since, ctx.until, "", "newest", 200)
+    if ui.empty(recent, "sessions"):
+        st.stop()
+    sid = st.selectbox("Session", recent["session_id"].to_list(), index=None, key="timeline_pick",
+                       placeholder="choose a session")
+    if not sid:
+        st.stop()
+    st.query_params["session"] = sid
+
+calls = ui.session_calls(ctx.stamp, sid)
+if calls.height == 0:
+    alts = ui.session_ids_like(ctx.stamp, sid, 3)
+    st.error(f"no calls for session {sid!r}" + (f" — did you mean {', '.join(repr(a) for a in alts)}?" if alts else ""))
+    st.stop()
+tools = ui.session_tools(ctx.stamp, sid)
+reuse = metrics.call_reuse(ctx, sid)
+
+st.subheader(f"`{sid}`")
+c = st.columns(6)
+c[0].metric("calls", f"{calls.height:,}")
+c[1].metric("instances", f"{calls['instance'].n_unique():,}")
+span = calls["end_s"].max() - calls["start_s"].min()
+c[2].metric("span", ui.secs(span))
+c[3].metric("ΣP prompt (tokens)", ui.n(calls["prompt_tokens"].sum()))
+c[4].metric("ΣC cached (tokens)", ui.n(calls["cached_tokens"].sum()))
+c[5].metric("errors", f"{(calls['status'] == 'error').sum():,}")
+
+if reuse is None:
+    metrics.missing_metrics_notice()
+table = charts.timeline_calls(calls, reuse)
+st.altair_chart(charts.timeline(table, tools), width="stretch")
+st.caption("Lanes: one per instance, then tool calls and idle gaps (tool execution / think time between a call's end "
+           "and the next call's start). A red rule marks a call served by a different instance than the previous one. "
+           "Labels show re-prefill tokens X.")
+
+st.subheader("Calls")
+cols = [c for c in ("call_id", "start_ts", "attempt", "branch", "instance", "model", "ttft_s", "e2e_s", "gap_before_s",
+                    "prompt_tokens", "cached_tokens", "r_eff", "reprefill_tokens", "hit_class", "miss_cause",
+                    "output_tokens", "status", "finish_reason", "source") if c in table.columns]
+st.dataframe(table.select(cols), hide_index=True, width="stretch", column_config={
+    "start_ts": st.column_config.DatetimeColumn("start (UTC)", format="HH:mm:ss.SSS"),
+    "ttft_s": st.column_config.NumberColumn("TTFT (s)", format="%.3f"),
+    "e2e_s": st.column_config.NumberColumn("e2e (s)", format="%.3f"),
+    "gap_before_s": st.column_config.NumberColumn("idle gap before (s)", format="%.3f"),
+    "prompt_tokens": st.column_config.NumberColumn("P", format="localized"),
+    "cached_tokens": st.column_config.NumberColumn("C", format="localized"),
+    "r_eff": st.column_config.NumberColumn("R_eff", format="localized"),
+    "reprefill_tokens": st.column_config.NumberColumn("X re-prefill", format="localized"),
+    "output_tokens": st.column_config.NumberColumn("O", format="localized"),
+})
+if tools.height:
+    with st.expander(f"Tool calls ({tools.height})"):
+        st.dataframe(tools.drop("start_s", "end_s"), hide_index=True, width="stretch")

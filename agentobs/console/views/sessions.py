@@ -1,0 +1,50 @@
+"""Sessions: filterable, sortable table; open one to see its timeline."""
+
+from __future__ import annotations
+
+import polars as pl
+import streamlit as st
+
+from agentobs.console import data, metrics, ui
+
+ctx = ui.page("Sessions", "Sessions with at least one model call in the view; tokens are summed over those calls. "
+              "Hit rate H = ΣC/ΣP, reuse rate U = ΣC/ΣR_eff and re-prefill X (tokens) come from the metrics API "
+              "(METRICS.md §1–2).")
+
+c1, c2, c3 = st.columns([2, 1, 1])
+search = c1.text_input("Session id contains", key="sess_search", placeholder="e.g. sess-0199")
+sort = c2.selectbox("Sort by", list(data.SORTS), key="sess_sort")
+limit = c3.number_input("Show at most", min_value=10, max_value=100_000, value=500, step=100, key="sess_limit")
+
+df = ui.sessions(ctx.stamp, ctx.filters, ctx.since, ctx.until, search, sort, int(limit))
+if not ui.empty(df, "sessions"):
+    reuse = metrics.compute(ctx, "reuse", by=["session_id"])
+    if reuse is not None and reuse.height and "session_id" in reuse.columns:
+        keep = [c for c in ("session_id", "hit_rate", "reuse_rate", "reprefill_tokens", "reprefill_usd")
+                if c in reuse.columns]
+        df = df.join(reuse.select(keep), on="session_id", how="left")
+    elif reuse is None:
+        st.caption("Hit rate / reuse rate / re-prefill columns appear once the metrics API (`agentobs.metrics`) is installed.")
+    df = df.with_columns(pl.col("session_id").map_elements(lambda s: ui.link("session", ctx, session=s),
+                                                           return_dtype=pl.String).alias("open"))
+    st.dataframe(
+        df, hide_index=True, width="stretch", key="sessions_table",
+        column_order=["open", *[c for c in df.columns if c != "open"]],
+        column_config={
+            "open": st.column_config.LinkColumn("timeline", display_text="open ↗", width="small"),
+            "first_start": st.column_config.DatetimeColumn("first start (UTC)", format="YYYY-MM-DD HH:mm:ss"),
+            "span_s": st.column_config.NumberColumn("span (s)", format="%.1f"),
+            "hit_rate": st.column_config.NumberColumn("H = ΣC/ΣP", format="percent"),
+            "reuse_rate": st.column_config.NumberColumn("U = ΣC/ΣR_eff", format="percent"),
+            "reprefill_tokens": st.column_config.NumberColumn("re-prefill X (tokens)", format="localized"),
+            "reprefill_usd": st.column_config.NumberColumn("re-prefill ($)", format="dollar"),
+            "prompt_tokens": st.column_config.NumberColumn("ΣP (tokens)", format="localized"),
+            "cached_tokens": st.column_config.NumberColumn("ΣC (tokens)", format="localized"),
+            "output_tokens": st.column_config.NumberColumn("ΣO (tokens)", format="localized"),
+        })
+    st.caption(f"{df.height:,} sessions shown (sorted by {sort}).")
+    pick_col, btn_col = st.columns([3, 1])
+    pick = pick_col.selectbox("Session", df["session_id"].to_list(), key="sess_pick")
+    btn_col.write("")
+    if btn_col.button("Open timeline", type="primary", key="sess_open") and pick:
+        st.switch_page("views/session.py", query_params=ui.nav_params(ctx, session=pick))

@@ -1,0 +1,70 @@
+"""SQL: read-only queries over the store (agentobs.sql.run_query), schema browser, saved queries, downloads."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from agentobs.config import load_settings
+from agentobs.console import saved, ui
+from agentobs.errors import AgentobsError
+from agentobs.output import render
+from agentobs.sql import run_query
+
+ctx = ui.page("SQL", "Read-only: one SELECT at a time; writes, ATTACH/COPY/INSTALL/LOAD and any file or network "
+              "access are refused. Results are capped in rows and time.")
+settings = load_settings()
+
+if "sql_text" not in st.session_state:
+    st.session_state["sql_text"] = st.query_params.get("q") or saved.EXAMPLES[0][1]
+
+editor, side = st.columns([3, 1])
+
+with side:
+    st.subheader("Saved queries")
+    queries = saved.load()
+    names = [name for name, _ in queries]
+
+    def _load():
+        pick = st.session_state.get("sql_pick")
+        st.session_state["sql_text"] = dict(queries).get(pick, st.session_state["sql_text"])
+
+    st.selectbox("Open", names, index=None, key="sql_pick", on_change=_load, placeholder="choose a query")
+    with st.form("save_query", clear_on_submit=True, border=False):
+        name = st.text_input("Save the editor's query as", placeholder="name")
+        if st.form_submit_button("Save query") and name.strip():
+            try:
+                where = saved.save(name.strip(), st.session_state["sql_text"])
+                st.success(f"saved to {where}")
+            except AgentobsError as e:
+                st.error(str(e))
+    st.subheader("Schema")
+    sch = ui.schema(ctx.stamp)
+    for (obj, kind), cols in sch.group_by(["name", "kind"], maintain_order=True):
+        with st.expander(f"{obj} ({'view' if kind == 'view' else 'table'})"):
+            st.markdown("\n".join(f"- `{c}` {t.lower()}" for c, t in zip(cols["column"], cols["type"], strict=True)))
+
+with editor:
+    st.text_area("Query", key="sql_text", height=220, label_visibility="collapsed")
+    c1, c2, c3 = st.columns([1, 1, 2])
+    row_cap = c1.number_input("Row cap", min_value=1, max_value=1_000_000, value=int(settings.sql_row_cap), step=1000)
+    timeout = c2.number_input("Time limit (s)", min_value=1.0, max_value=600.0, value=float(settings.sql_timeout_s))
+    run = c3.button("Run query", type="primary")
+    if run:
+        st.session_state["sql_last"] = (st.session_state["sql_text"], int(row_cap), float(timeout))
+    last = st.session_state.get("sql_last")
+    if last:
+        sql_text, cap, limit = last
+        try:
+            res = run_query(sql_text, ctx.db, row_cap=cap, timeout_s=limit)
+        except AgentobsError as e:
+            st.error(str(e))
+        else:
+            note = res.notice()
+            msg = f"{res.table.num_rows:,} rows in {res.elapsed_s * 1000:.0f} ms"
+            (st.warning if note else st.success)(msg + (f" — {note}" if note else ""))
+            st.dataframe(res.table, width="stretch", hide_index=True)
+            d1, d2, _ = st.columns([1, 1, 3])
+            d1.download_button("Download CSV", render(res.table, "csv"), "agentobs-query.csv", "text/csv",
+                               on_click="ignore")
+            d2.download_button("Download Parquet", render(res.table, "parquet"), "agentobs-query.parquet",
+                               "application/vnd.apache.parquet", on_click="ignore")
