@@ -204,3 +204,16 @@ def test_chunk_events_give_ttft_and_itl(settings):
     # TTFT = first chunk − start = 0.25 s; gaps 20 ms and 130 ms
     assert c["ttft_s"] == [0.25]
     assert [round(x, 6) for x in c["itl_ms"][0]] == [20.0, 130.0]
+
+
+def test_real_vllm_capture(store, fixtures, settings):
+    """Spans exported by a real vLLM 0.32 (CPU) server: request spans are calls; its start-up spans
+    ("Load weights", "Allocate KV cache", … under vllm.* scopes) are not."""
+    con, w = store
+    f = fixtures / "vllm_real" / "ample" / "otlp_spans.jsonl"
+    res = files.import_otlp([f], w, settings)
+    assert res.rejected == 0
+    n_requests = con.execute("SELECT count(*) FROM spans WHERE name = 'llm_request'").fetchone()[0]
+    assert n_requests > 0
+    assert con.execute("SELECT count(*) FROM llm_calls").fetchone()[0] == n_requests
+    assert con.execute("SELECT count(*) FROM llm_calls WHERE prompt_tokens IS NULL").fetchone()[0] == 0

@@ -127,9 +127,11 @@ def classify(name: str, kind: int, scope: str, attrs: dict[str, Any]) -> tuple[s
     op = attrs.get("gen_ai.operation.name")
     op = str(op) if op is not None else None
     scope_l = (scope or "").lower()
-    if name == "llm_request" or scope_l.startswith(("vllm", "sglang")) or (
-        kind == 2 and "gen_ai.latency.e2e" in attrs
-    ):
+    # vLLM also traces its start-up ("Load weights", "Allocate KV cache", ...) under vllm.* scopes:
+    # only spans that carry per-request engine attributes are requests.
+    per_request = "gen_ai.latency.e2e" in attrs or "gen_ai.latency.time_to_first_token" in attrs \
+        or "gen_ai.usage.prompt_tokens" in attrs
+    if name == "llm_request" or (per_request and (kind == 2 or scope_l.startswith(("vllm", "sglang")))):
         return "engine", op or "engine"
     if op is None:
         if name.startswith("chat ") or name == "litellm_request":
