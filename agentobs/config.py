@@ -63,6 +63,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("task_type_keys", TASK_TYPE_KEYS, "Span attributes holding the task type.", list),
     Setting("tenant_keys", TENANT_KEYS, "Span attributes holding the tenant (team/user).", list),
     Setting("default_block_size", 16, "KV block size (tokens) when the engine config is unknown (vLLM's default).", int),
+    # -- metrics (docs/metrics.md) --
+    Setting("ttft_slo_s", 2.0, "TTFT SLO of a good turn (turn_goodput), in seconds.", float),
+    Setting("itl_slo_ms", 100.0, "ITL SLO: a good turn's p99 inter-token gap, and the ITL tail threshold, in ms.", float),
+    Setting("itl_tail_threshold", "slo", "ITL tail threshold: 'slo' (itl_slo_ms) or 'p99' (p99 of all gaps of the model).", str),
+    Setting("long_prefill_tokens", 8192, "A prefill computing at least this many tokens (P - C) is 'long' (itl_tail).", int),
+    Setting("metrics_bucket_s", 60.0, "Time bucket of the time series metrics (concurrency, capacity), in seconds.", float),
     Setting("sql_row_cap", 10000, "Maximum rows a user SQL query returns (agentobs sql, console).", int),
     Setting("sql_timeout_s", 30.0, "Time limit of a user SQL query, in seconds.", float),
     Setting("writer_batch_rows", 50000, "Rows buffered per table before the writer commits a batch.", int),

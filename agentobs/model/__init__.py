@@ -9,7 +9,7 @@ import duckdb
 
 VIEW_NAMES = (
     "trace_context", "llm_calls", "tool_calls", "turn_gaps", "sessions", "tasks",
-    "engine_config_latest", "instance_config",
+    "engine_config_latest", "instance_config", "call_reuse",
 )
 
 
@@ -37,3 +37,7 @@ def split_statements(sql: str) -> list[str]:
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
     for stmt in split_statements(views_sql()):
         con.execute(stmt)
+    # call_reuse: the per-call reuse model of METRICS.md §1/§4 (its SQL lives in agentobs/metrics)
+    from ..metrics.reuse import create_view as create_call_reuse
+
+    create_call_reuse(con)

@@ -1,0 +1,203 @@
+-- call_reuse: one row per model call with the per-call quantities of METRICS.md §1 and §4.
+-- Reads four relations the caller binds as CTEs (agentobs/metrics/reuse.py composes them):
+--   calls_src    llm_calls columns (call_id, session_id, branch, instance, start_s, end_s, P, C, O, ...)
+--   cfg_src      instance_config (block_size, prefix_caching)
+--   kv_src       kv_events (BlockStored with session_id, BlockRemoved, AllBlocksCleared)
+--   reuse_params one row: default_block_size
+-- Columns (docs/metrics.md, "call_reuse"):
+--   prev_call_id     prev(c): latest earlier call of the session and branch that ended before c started;
+--                    for the first call of a non-main branch, the latest earlier call of the session (fork point)
+--   reusable_tokens  R: exact (leading blocks of c present in earlier calls' block_hashes, × B) or
+--                    append-only estimate (P(prev) when P(c) ≥ P(prev)); NULL when cold / context reset
+--   reusable_tokens_eff  R_eff = floor(min(R, P−1)/B)·B
+--   reprefill_tokens X = max(0, R_eff − C); NULL when C is unknown
+--   miss_cause       cold | routed_away | cache_disabled | evicted_full | evicted_partial | unknown | NULL (no miss)
+--   hit_class        hit (C ≥ R_eff − B) | partial | miss (C = 0) | NULL
+--   window_outcome   the idle window before c: retained | evicted | routed_away | unknown
+--   rent_*           token-seconds of KV at rest K = P(prev)+O(prev) over that window (§4)
+WITH c AS (
+    SELECT s.*,
+           coalesce(s.session_id, 'call:' || s.call_id) AS sess_key,
+           coalesce(ic.block_size, rp.default_block_size) AS block_size,
+           CASE WHEN ic.block_size IS NOT NULL THEN 'engine_config' ELSE 'default' END AS block_size_source,
+           ic.prefix_caching
+    FROM calls_src s
+    CROSS JOIN reuse_params rp
+    LEFT JOIN cfg_src ic ON ic.instance = s.instance
+),
+-- prev(c) within the session and branch
+pb AS (
+    SELECT c.call_id, p.call_id AS prev_call_id
+    FROM c
+    ASOF LEFT JOIN c p
+      ON p.session_id = c.session_id AND p.branch = c.branch AND c.start_s >= p.end_s
+),
+-- first call of a branch: the fork point is the latest earlier call of the session on any branch
+pf AS (
+    SELECT c.call_id, p.call_id AS prev_call_id
+    FROM (SELECT c.* FROM c JOIN pb USING (call_id)
+          WHERE (pb.prev_call_id IS NULL OR pb.prev_call_id = c.call_id)
+            AND c.session_id IS NOT NULL AND c.branch <> 'main') c
+    ASOF JOIN (SELECT * FROM c WHERE session_id IS NOT NULL) p
+      ON p.session_id = c.session_id AND c.start_s >= p.end_s
+    WHERE p.call_id <> c.call_id
+),
+prev_id AS (
+    SELECT pb.call_id,
+           coalesce(pf.prev_call_id, CASE WHEN pb.prev_call_id <> pb.call_id THEN pb.prev_call_id END) AS prev_call_id
+    FROM pb LEFT JOIN pf USING (call_id)
+),
+j AS (
+    SELECT c.*, pi.prev_call_id,
+           p.instance AS prev_instance, p.prompt_tokens AS prev_prompt_tokens,
+           p.output_tokens AS prev_output_tokens, p.end_s AS prev_end_s, p.status AS prev_status,
+           p.block_hashes IS NOT NULL AS prev_has_hashes
+    FROM c
+    JOIN prev_id pi USING (call_id)
+    LEFT JOIN c p ON p.call_id = pi.prev_call_id
+),
+-- exact R: leading blocks of c already present among the blocks of earlier calls of the session
+bh AS (
+    SELECT call_id, session_id, start_s, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i
+    FROM c
+    WHERE block_hashes IS NOT NULL AND session_id IS NOT NULL
+),
+first_seen AS (
+    SELECT session_id, h, min(start_s) AS first_s FROM bh GROUP BY session_id, h
+),
+lead_blocks AS (
+    SELECT b.call_id,
+           coalesce(min(b.i) FILTER (WHERE NOT (f.first_s < b.start_s)) - 1, max(b.i)) AS n_lead
+    FROM bh b JOIN first_seen f ON f.session_id = b.session_id AND f.h = b.h
+    GROUP BY b.call_id
+),
+r AS (
+    SELECT j.*,
+           CASE WHEN j.session_id IS NULL THEN 'no_session'
+                WHEN lb.n_lead IS NOT NULL AND j.prev_has_hashes THEN 'exact'
+                ELSE 'estimate' END AS mode,
+           CASE WHEN j.prev_call_id IS NULL THEN NULL
+                WHEN lb.n_lead IS NOT NULL AND j.prev_has_hashes THEN lb.n_lead * j.block_size
+                WHEN j.prompt_tokens IS NULL OR j.prev_prompt_tokens IS NULL THEN NULL
+                WHEN j.prompt_tokens >= j.prev_prompt_tokens THEN j.prev_prompt_tokens
+                ELSE NULL END AS reusable_tokens,
+           (j.prev_call_id IS NOT NULL AND NOT (lb.n_lead IS NOT NULL AND j.prev_has_hashes)
+            AND j.prompt_tokens < j.prev_prompt_tokens) AS context_reset
+    FROM j LEFT JOIN lead_blocks lb USING (call_id)
+),
+x AS (
+    SELECT r.*,
+           CASE WHEN reusable_tokens IS NOT NULL AND prompt_tokens IS NOT NULL
+                THEN (greatest(least(reusable_tokens, prompt_tokens - 1), 0) // block_size) * block_size
+           END AS reusable_tokens_eff
+    FROM r
+),
+y AS (
+    SELECT x.*,
+           CASE WHEN reusable_tokens_eff IS NULL THEN NULL
+                WHEN reusable_tokens_eff = 0 THEN 0
+                WHEN cached_tokens IS NULL THEN NULL
+                ELSE greatest(reusable_tokens_eff - cached_tokens, 0) END AS reprefill_tokens,
+           CASE WHEN reusable_tokens_eff IS NULL OR cached_tokens IS NULL THEN NULL
+                WHEN cached_tokens >= reusable_tokens_eff - block_size THEN 'hit'
+                WHEN cached_tokens = 0 THEN 'miss'
+                ELSE 'partial' END AS hit_class
+    FROM x
+),
+z AS (
+    SELECT y.*,
+           CASE WHEN session_id IS NULL THEN NULL
+                WHEN prev_call_id IS NULL THEN 'cold'
+                WHEN reusable_tokens_eff IS NULL THEN NULL
+                WHEN reprefill_tokens IS NULL THEN 'unknown'
+                WHEN reprefill_tokens = 0 THEN NULL
+                WHEN instance <> prev_instance THEN 'routed_away'
+                WHEN prefix_caching = false THEN 'cache_disabled'
+                WHEN cached_tokens = 0 THEN 'evicted_full'
+                ELSE 'evicted_partial' END AS miss_cause,
+           CASE WHEN prev_call_id IS NULL THEN NULL
+                WHEN instance <> prev_instance THEN 'routed_away'
+                WHEN hit_class IS NULL THEN 'unknown'
+                WHEN hit_class = 'hit' THEN 'retained'
+                ELSE 'evicted' END AS window_outcome,
+           start_s - prev_end_s AS gap_before_s,
+           CASE WHEN prev_call_id IS NOT NULL
+                THEN coalesce(prev_prompt_tokens, 0) + coalesce(prev_output_tokens, 0) END AS kv_tokens_before,
+           coalesce(attempt > 1 OR (prev_status = 'error' AND prompt_tokens = prev_prompt_tokens), false) AS is_retry
+    FROM y
+),
+-- KV events: removals of blocks a session stored, tagged with that session (AllBlocksCleared hits all)
+kv_store AS (
+    SELECT instance, session_id, unnest(block_hashes) AS h, ts
+    FROM kv_src WHERE type = 'BlockStored' AND session_id IS NOT NULL
+),
+kv_sess AS (SELECT DISTINCT instance, session_id FROM kv_store),
+kv_owner AS (SELECT instance, h, arg_min(session_id, ts) AS session_id FROM kv_store GROUP BY instance, h),
+kv_rm AS (
+    SELECT o.instance, o.session_id, epoch_us(r.ts) / 1e6 AS ts_s
+    FROM (SELECT instance, ts, unnest(block_hashes) AS h FROM kv_src WHERE type = 'BlockRemoved') r
+    JOIN kv_owner o ON o.instance = r.instance AND o.h = r.h
+    UNION ALL
+    SELECT s.instance, s.session_id, epoch_us(a.ts) / 1e6
+    FROM kv_src a JOIN kv_sess s ON s.instance = a.instance
+    WHERE a.type = 'AllBlocksCleared'
+),
+kv_end AS (SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_src GROUP BY instance),
+-- first removal after the previous call ended (the idle window's eviction), on prev's instance
+ev AS (
+    SELECT z.call_id, rm.ts_s AS evict_ts_s
+    FROM (SELECT z.call_id, z.session_id, z.prev_instance, z.prev_end_s FROM z
+          JOIN kv_sess k ON k.instance = z.prev_instance AND k.session_id = z.session_id) z
+    ASOF JOIN kv_rm rm
+      ON rm.instance = z.prev_instance AND rm.session_id = z.session_id AND z.prev_end_s <= rm.ts_s
+),
+-- first removal after the call itself ended (for a session's last call: abandoned KV)
+ab AS (
+    SELECT z.call_id, rm.ts_s AS abandon_evict_ts_s
+    FROM (SELECT z.call_id, z.session_id, z.instance, z.end_s FROM z
+          JOIN kv_sess k ON k.instance = z.instance AND k.session_id = z.session_id) z
+    ASOF JOIN kv_rm rm
+      ON rm.instance = z.instance AND rm.session_id = z.session_id AND z.end_s <= rm.ts_s
+),
+w AS (
+    SELECT z.*,
+           CAST(sum(CASE WHEN is_retry THEN 0 ELSE 1 END)
+               OVER (PARTITION BY sess_key, branch ORDER BY start_s, call_id ROWS UNBOUNDED PRECEDING) AS BIGINT) AS turn_no,
+           coalesce(NOT lead(is_retry) OVER (PARTITION BY sess_key, branch ORDER BY start_s, call_id), true) AS is_last_attempt,
+           NOT coalesce(max(start_s) OVER (PARTITION BY sess_key, branch) >= end_s, false) AS is_last,
+           ks.session_id IS NOT NULL AS prev_kv_known,
+           ka.session_id IS NOT NULL AS own_kv_known
+    FROM z
+    LEFT JOIN kv_sess ks ON ks.instance = z.prev_instance AND ks.session_id = z.session_id
+    LEFT JOIN kv_sess ka ON ka.instance = z.instance AND ka.session_id = z.session_id
+)
+SELECT w.call_id, w.trace_id, w.session_id, w.task_id, w.task_type, w.tenant, w.agent_name, w.attempt, w.branch,
+       w.instance, w.engine, w.model, w.start_s, w.end_s, w.ttft_s, w.queue_s, w.prefill_s, w.decode_s,
+       w.prompt_tokens, w.cached_tokens, w.output_tokens, w.system_tokens, w.tool_def_tokens, w.status, w.itl_ms,
+       w.block_size, w.block_size_source, w.prefix_caching,
+       w.prev_call_id, w.prev_instance, w.gap_before_s, w.mode,
+       w.reusable_tokens, w.reusable_tokens_eff, w.reprefill_tokens, w.miss_cause, w.context_reset, w.hit_class,
+       w.is_retry, w.turn_no, w.is_last_attempt, w.is_last,
+       w.kv_tokens_before, w.window_outcome,
+       CASE WHEN w.prev_call_id IS NULL THEN NULL WHEN w.prev_kv_known THEN 'kv_events' ELSE 'estimate' END AS rent_mode,
+       ev.evict_ts_s,
+       CASE WHEN ev.evict_ts_s IS NULL THEN NULL
+            WHEN ev.evict_ts_s < w.start_s THEN 'idle'
+            WHEN ev.evict_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0) THEN 'queued'
+            ELSE 'after_resume' END AS evict_phase,
+       CASE WHEN w.window_outcome = 'retained' THEN w.kv_tokens_before * w.gap_before_s END AS rent_paid_token_s,
+       CASE WHEN w.window_outcome = 'evicted' AND w.prev_kv_known
+                THEN w.kv_tokens_before * (least(coalesce(ev.evict_ts_s, w.start_s), w.start_s) - w.prev_end_s)
+            WHEN w.window_outcome = 'routed_away' AND w.prev_kv_known AND ev.evict_ts_s IS NOT NULL
+                THEN w.kv_tokens_before * (ev.evict_ts_s - w.prev_end_s)
+       END AS rent_wasted_token_s,
+       CASE WHEN w.is_last AND w.session_id IS NOT NULL
+            THEN coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0) END AS abandon_kv_tokens,
+       CASE WHEN w.is_last AND w.own_kv_known
+            THEN (coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0))
+                 * (coalesce(ab.abandon_evict_ts_s, ke.last_s) - w.end_s) END AS abandon_rent_token_s,
+       CASE WHEN w.is_last AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored
+FROM w
+LEFT JOIN ev USING (call_id)
+LEFT JOIN ab USING (call_id)
+LEFT JOIN kv_end ke ON ke.instance = w.instance

@@ -1,0 +1,45 @@
+-- metric: reprefill
+-- section: METRICS.md §1, §3
+-- definition: Re-prefill X = max(0, R_eff − C): prompt tokens computed again although the session had computed
+--   them before; shares ΣX / (ΣX + ΣC) (of cache-related tokens) and ΣX / Σ(P − C) (of computed prefill), and
+--   cost share cost(X) / total cost with the §8 cost model. By miss cause (cold, routed_away, cache_disabled,
+--   evicted_full, evicted_partial, unknown; context_reset and none = no miss shown separately).
+-- unit: tokens; ratio 0–1 (shares); USD (costs, basis in cost_basis)
+-- grain: one row per group (default: one per miss cause)
+-- sources: call_reuse (llm_calls, instance_config, kv_events), cost model ([cost] settings, instance_config)
+-- by: cause, session, task, instance, model, task_type
+WITH base AS (
+    SELECT CASE $by WHEN 'cause' THEN coalesce(miss_cause, CASE WHEN session_id IS NULL THEN 'no_session'
+                                                                WHEN context_reset THEN 'context_reset'
+                                                                ELSE 'none' END)
+                    WHEN 'session' THEN session_id WHEN 'task' THEN task_id WHEN 'instance' THEN instance
+                    WHEN 'model' THEN model WHEN 'task_type' THEN task_type END AS grp,
+           *
+    FROM m_calls
+    WHERE in_win
+),
+fleet AS (SELECT sum(cost_usd) AS fleet_cost_usd FROM base)
+SELECT grp,
+       count(*) AS calls,
+       count(*) FILTER (WHERE reprefill_tokens > 0) AS calls_with_reprefill,
+       CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
+       CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
+       CAST(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL) AS BIGINT) AS reusable_tokens_eff,
+       CAST(sum(reprefill_tokens) AS BIGINT) AS reprefill_tokens,
+       CAST(sum(prompt_tokens - coalesce(cached_tokens, 0)) AS BIGINT) AS computed_prompt_tokens,
+       sum(cached_tokens) / nullif(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS hit_rate,
+       sum(cached_tokens) FILTER (WHERE reusable_tokens_eff IS NOT NULL)
+           / nullif(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS reuse_hit_rate,
+       sum(reprefill_tokens) / nullif(sum(reprefill_tokens) + sum(cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)
+           AS share_of_cache_tokens,
+       sum(reprefill_tokens) / nullif(sum(prompt_tokens - cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)
+           AS share_of_computed_prefill,
+       sum(reprefill_cost_usd) AS reprefill_cost_usd,
+       sum(cost_usd) AS cost_usd,
+       sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS cost_share,
+       sum(reprefill_cost_usd) / nullif(any_value(fleet.fleet_cost_usd), 0) AS fleet_cost_share,
+       string_agg(DISTINCT mode, ',') AS mode,
+       string_agg(DISTINCT cost_basis, ' | ') AS cost_basis
+FROM base CROSS JOIN fleet
+GROUP BY grp
+ORDER BY sum(reprefill_tokens) DESC NULLS LAST, grp

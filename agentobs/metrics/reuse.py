@@ -1,0 +1,48 @@
+"""The per-call reuse model ``call_reuse`` (METRICS.md §1 and §4), one SQL body used two ways:
+
+- as the model view ``call_reuse`` (created with the other views on every read-write open), over
+  ``llm_calls`` with the built-in default block size;
+- as the temp table ``m_calls`` that one metric run materializes once and every metric reads,
+  over a materialized copy of ``llm_calls`` and with the ``default_block_size`` setting.
+
+The body reads relations named ``calls_src``, ``cfg_src``, ``kv_src`` and ``reuse_params``; the
+callers bind them as CTEs (our own constant SQL text, no user input is spliced).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import duckdb
+
+from ..config import SETTINGS
+
+CALL_COLUMNS = (
+    "call_id, trace_id, session_id, task_id, task_type, tenant, agent_name, attempt, branch, instance, engine, "
+    "model, start_s, end_s, ttft_s, queue_s, prefill_s, decode_s, prompt_tokens, cached_tokens, output_tokens, "
+    "system_tokens, tool_def_tokens, status, itl_ms, block_hashes"
+)
+DEFAULT_BLOCK_SIZE = int(next(s.default for s in SETTINGS if s.name == "default_block_size"))
+
+
+def body_sql() -> str:
+    return resources.files(__package__).joinpath("call_reuse.sql").read_text()
+
+
+def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: str = "*", tail: str = "") -> str:
+    """The call_reuse SELECT over ``calls`` (a relation name of ours). ``block_size`` is a SQL
+    expression for the default block size (a parameter such as ``$default_block_size``); ``select``
+    and ``tail`` extend the outer query (the body is aliased ``r``). All arguments are our own SQL text."""
+    bs = block_size if block_size is not None else str(DEFAULT_BLOCK_SIZE)
+    return (
+        f"WITH calls_src AS (SELECT {CALL_COLUMNS} FROM {calls}),\n"
+        "cfg_src AS (SELECT * FROM instance_config),\n"
+        "kv_src AS (SELECT * FROM kv_events),\n"
+        f"reuse_params AS (SELECT CAST({bs} AS INTEGER) AS default_block_size)\n"
+        f"SELECT {select} FROM (\n{body_sql()}\n) r\n{tail}"
+    )
+
+
+def create_view(con: duckdb.DuckDBPyConnection) -> None:
+    """``call_reuse`` as a model view (hooked into agentobs.model.create_views)."""
+    con.execute("CREATE OR REPLACE VIEW call_reuse AS " + reuse_sql())

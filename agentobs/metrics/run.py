@@ -1,0 +1,315 @@
+"""Running metrics: one preparation per run, then any number of metric queries.
+
+``MetricRun`` opens a private cursor on the connection (so its temp tables are its own) and
+materializes, once:
+
+- ``m_src``   the model calls (``llm_calls``) — the view over spans is evaluated once per run;
+- ``m_cost``  the cost basis per instance (agentobs.metrics.cost);
+- ``m_calls`` ``call_reuse`` over ``m_src`` joined with the cost columns, flagged ``in_filter``
+              (the attribute filters) and ``in_win`` (in_filter and start inside [since, until));
+- ``m_samples`` the engine counters/gauges the metrics read, with reset-aware deltas.
+
+Every metric file then reads these tables. Values (window, filters, thresholds, the grouping)
+reach SQL only as named parameters; filter columns come from a whitelist.
+Temp tables work on read-only connections.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from ..config import Settings, load_settings
+from ..errors import QueryError
+from . import reuse
+from .catalog import BY_COLUMNS, Metric, catalogue
+from .cost import CostModel, cost_table, parse_cost
+
+# filter name -> column of m_calls (values are parameters; the names only come from here)
+FILTER_COLUMNS = {
+    "instance": "instance", "model": "model", "engine": "engine", "task_type": "task_type",
+    "tenant": "tenant", "agent_name": "agent_name", "session": "session_id", "session_id": "session_id",
+    "task": "task_id", "task_id": "task_id",
+}
+ORDER = ("reuse", "reprefill", "idle_kv_rent", "turn_resume_ttft", "itl_tail", "task_cost", "turn_goodput",
+         "duty_cycle", "concurrency", "throughput", "capacity", "fleet_hit_rate", "cost_model")
+# engine series the metrics read from metric_samples (colon form, see collect/prom.py)
+SAMPLE_METRICS = (
+    "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+    "vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_queries_total",
+    "sglang:cached_tokens_total", "sglang:prompt_tokens_total",
+    "vllm:prompt_tokens_by_source_total", "vllm:prompt_tokens_total",
+    "vllm:inter_token_latency_seconds_bucket", "vllm:inter_token_latency_seconds_count",
+    "sglang:inter_token_latency_seconds_bucket", "sglang:inter_token_latency_seconds_count",
+    "vllm:num_requests_waiting", "sglang:num_queue_reqs",
+    "vllm:admission_rejections_total",
+)
+
+_REL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_time(value, clock: Callable[[], float] = time.time, name: str = "time") -> float | None:
+    """Epoch seconds from a datetime, a number (epoch seconds), an ISO-8601 string (UTC unless it
+    says otherwise) or a relative span before now (``90m``, ``24h``, ``7d``)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, dt.datetime):
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
+    if isinstance(value, dt.date):
+        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC).timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        s = value.strip()
+        m = _REL.match(s)
+        if m:
+            return clock() - float(m.group(1)) * _UNIT_S[m.group(2)]
+        try:
+            return float(s)
+        except ValueError:
+            pass
+        try:
+            d = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+        except ValueError:
+            raise QueryError(
+                f"{name} {value!r} is not a time: use ISO-8601 (2026-10-14T09:00), epoch seconds, or a span before now (24h, 7d)"
+            ) from None
+        return (d if d.tzinfo else d.replace(tzinfo=dt.UTC)).timestamp()
+    raise QueryError(f"{name} {value!r} is not a time")
+
+
+def _did_you_mean(word: str, options: Iterable[str]) -> str:
+    import difflib
+
+    m = difflib.get_close_matches(word, list(options), n=1)
+    return f" (did you mean {m[0]!r}?)" if m else f" (choose one of {', '.join(options)})"
+
+
+def get_metric(name: str) -> Metric:
+    cat = catalogue()
+    if name not in cat:
+        raise QueryError(f"unknown metric {name!r}{_did_you_mean(name, cat)}")
+    return cat[name]
+
+
+def names() -> list[str]:
+    cat = catalogue()
+    return [n for n in ORDER if n in cat] + sorted(set(cat) - set(ORDER))
+
+
+@dataclass
+class MetricRun:
+    """Prepared temp tables on a private cursor; ``compute(name, by)`` runs one metric."""
+
+    con: duckdb.DuckDBPyConnection
+    since: float | None = None
+    until: float | None = None
+    filters: dict[str, list[str]] = field(default_factory=dict)
+    settings: Settings = field(default_factory=Settings)
+    cost: CostModel = field(default_factory=CostModel)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.since is not None and self.until is not None and self.until <= self.since:
+            raise QueryError(f"empty window: until ({self.until}) must be after since ({self.since})")
+        self.cur = self.con.cursor()
+        self._prepare()
+
+    # -- preparation ---------------------------------------------------------------------------
+    def _timed(self, label: str, sql: str, params=None) -> None:
+        t0 = time.perf_counter()
+        self.cur.execute(sql, params or {})
+        self.timings[label] = time.perf_counter() - t0
+
+    def _prepare(self) -> None:
+        cols = reuse.CALL_COLUMNS
+        self._timed("m_src", f"CREATE OR REPLACE TEMP TABLE m_src AS SELECT {cols} FROM llm_calls")
+        t0 = time.perf_counter()
+        self.cur.register("m_cost_arrow", cost_table(self.cur, self.cost))
+        self.cur.execute("CREATE OR REPLACE TEMP TABLE m_cost AS SELECT * FROM m_cost_arrow")
+        self.cur.unregister("m_cost_arrow")
+        self.timings["m_cost"] = time.perf_counter() - t0
+        preds, params = [], {}
+        for key, values in self.filters.items():
+            col = FILTER_COLUMNS[key]
+            preds.append(f"list_contains($f_{key}, r.{col})")
+            params[f"f_{key}"] = values
+        in_filter = " AND ".join(preds) or "true"
+        params.update({"since": self.since, "until": self.until,
+                       "default_block_size": int(self.settings.default_block_size)})
+        select = (
+            "r.*, k.usd_per_s, k.prefill_tps, k.decode_tps, k.usd_per_token_s, k.bytes_per_token, k.g_star_s,\n"
+            "k.basis AS cost_basis,\n"
+            "(r.prompt_tokens - coalesce(r.cached_tokens, 0)) / k.prefill_tps + coalesce(r.output_tokens, 0) / k.decode_tps AS gpu_s,\n"
+            "((r.prompt_tokens - coalesce(r.cached_tokens, 0)) / k.prefill_tps + coalesce(r.output_tokens, 0) / k.decode_tps)"
+            " * k.usd_per_s AS cost_usd,\n"
+            "r.reprefill_tokens / k.prefill_tps * k.usd_per_s AS reprefill_cost_usd,\n"
+            "(r.prompt_tokens - coalesce(r.cached_tokens, 0)) * k.list_input_per_tok + coalesce(r.cached_tokens, 0) * k.list_cached_per_tok"
+            " + coalesce(r.output_tokens, 0) * k.list_output_per_tok AS list_cost_usd,\n"
+            f"({in_filter}) AS in_filter,\n"
+            f"({in_filter}) AND ($since IS NULL OR r.start_s >= $since) AND ($until IS NULL OR r.start_s < $until) AS in_win"
+        )
+        sql = "CREATE OR REPLACE TEMP TABLE m_calls AS\n" + reuse.reuse_sql(
+            "m_src", "$default_block_size", select, "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')")
+        self._timed("m_calls", sql, params)
+        self.cur.execute("DROP TABLE m_src")
+        inst = self.filters.get("instance")
+        self._timed("m_samples", """
+            CREATE OR REPLACE TEMP TABLE m_samples AS
+            SELECT * FROM (
+                SELECT ts, epoch_us(ts) / 1e6 AS ts_s, instance, engine, metric, labels, labels_key, value,
+                       lag(value) OVER w AS prev_value,
+                       CASE WHEN lag(value) OVER w IS NULL THEN NULL
+                            WHEN value >= lag(value) OVER w THEN value - lag(value) OVER w
+                            ELSE value END AS delta,
+                       coalesce(value < lag(value) OVER w, false) AS reset
+                FROM metric_samples
+                WHERE list_contains($metrics, metric) AND ($instances IS NULL OR list_contains($instances, instance))
+                  AND ($until IS NULL OR ts <= make_timestamp(CAST($until * 1e6 AS BIGINT)))
+                WINDOW w AS (PARTITION BY instance, metric, labels_key ORDER BY ts)
+            )
+            WHERE $since IS NULL OR ts >= make_timestamp(CAST($since * 1e6 AS BIGINT))
+        """, {"metrics": list(SAMPLE_METRICS), "instances": inst, "since": self.since, "until": self.until})
+
+    # -- queries ---------------------------------------------------------------------------------
+    def params_for(self, metric: Metric, by: str) -> dict:
+        s = self.settings
+        mode = str(s.get("itl_tail_threshold", "slo"))
+        if mode not in ("slo", "p99"):
+            raise QueryError(f"setting itl_tail_threshold must be 'slo' or 'p99', got {mode!r}")
+        allp = {
+            "since": self.since, "until": self.until, "by": by,
+            "instances": self.filters.get("instance"),
+            "bucket_s": float(s.get("metrics_bucket_s", 60.0)),
+            "itl_slo_ms": float(s.get("itl_slo_ms", 100.0)),
+            "itl_tail_mode": mode,
+            "long_prefill_tokens": int(s.get("long_prefill_tokens", 8192)),
+            "ttft_slo_s": float(s.get("ttft_slo_s", 2.0)),
+        }
+        return {k: v for k, v in allp.items() if k in metric.params}
+
+    def compute(self, name: str, by: str | None = None) -> pl.DataFrame:
+        metric = get_metric(name)
+        by = by or metric.default_by
+        if by not in metric.by:
+            raise QueryError(f"metric {name!r} cannot be grouped by {by!r}; it supports {', '.join(metric.by)}")
+        t0 = time.perf_counter()
+        try:
+            df = self.cur.sql(metric.sql, params=self.params_for(metric, by)).pl()
+        except duckdb.Error as e:
+            raise QueryError(f"metric {name!r} failed: {str(e).splitlines()[0]}") from None
+        self.timings[name] = time.perf_counter() - t0
+        if "grp" in df.columns:
+            df = df.rename({"grp": BY_COLUMNS[by]})
+        return df
+
+    def table(self, name: str) -> pl.DataFrame:
+        """A prepared table (``m_calls``, ``m_cost``, ``m_samples``) as a DataFrame."""
+        if name not in ("m_calls", "m_cost", "m_samples"):
+            raise QueryError(f"no prepared table {name!r}")
+        return self.cur.sql(f"SELECT * FROM {name}").pl()
+
+    def close(self) -> None:
+        try:
+            self.cur.close()
+        except duckdb.Error:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _normalize_filters(filters: dict | None) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for k, v in (filters or {}).items():
+        if k not in FILTER_COLUMNS:
+            raise QueryError(f"cannot filter on {k!r}{_did_you_mean(k, FILTER_COLUMNS)}")
+        vals = [v] if isinstance(v, str) else list(v)
+        if not vals or not all(isinstance(x, str) for x in vals):
+            raise QueryError(f"filter {k!r} needs a string or a list of strings, got {v!r}")
+        out[k] = vals
+    return out
+
+
+def _open(db) -> tuple[duckdb.DuckDBPyConnection, bool]:
+    if isinstance(db, duckdb.DuckDBPyConnection):
+        return db, False
+    from ..store.db import connect
+
+    if db is None or isinstance(db, (str, os.PathLike, Path)):
+        return connect(db, read_only=True), True
+    raise QueryError(f"db must be a path or a DuckDB connection, got {type(db).__name__}")
+
+
+def prepare(db=None, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
+            clock: Callable[[], float] = time.time) -> tuple[MetricRun, Callable[[], None]]:
+    """A MetricRun and the function that closes what this call opened."""
+    settings = settings if settings is not None else load_settings()
+    cost = parse_cost(settings.section("cost"))
+    con, own = _open(db)
+    try:
+        run = MetricRun(con, parse_time(since, clock, "since"), parse_time(until, clock, "until"),
+                        _normalize_filters(filters), settings, cost)
+    except BaseException:
+        if own:
+            con.close()
+        raise
+
+    def close():
+        run.close()
+        if own:
+            con.close()
+
+    return run, close
+
+
+def compute(name: str, db=None, since=None, until=None, by: str | None = None, filters: dict | None = None,
+            settings: Settings | None = None, clock: Callable[[], float] = time.time) -> pl.DataFrame:
+    """One metric as a DataFrame. ``db``: a path or an open (possibly read-only) DuckDB connection."""
+    metric = get_metric(name)
+    if by is not None and by not in metric.by:
+        raise QueryError(f"metric {name!r} cannot be grouped by {by!r}; it supports {', '.join(metric.by)}")
+    run, close = prepare(db, since, until, filters, settings, clock)
+    try:
+        return run.compute(name, by)
+    finally:
+        close()
+
+
+def compute_all(db=None, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
+                metrics: Iterable[str] | None = None, by: dict[str, str] | None = None,
+                clock: Callable[[], float] = time.time) -> dict[str, pl.DataFrame]:
+    """Every metric (or ``metrics``) from one preparation: the suite the bench, console and report use.
+    ``by`` maps metric name → grouping (default: each metric's own)."""
+    chosen = list(metrics) if metrics is not None else names()
+    for n in chosen:
+        get_metric(n)
+    run, close = prepare(db, since, until, filters, settings, clock)
+    try:
+        return {n: run.compute(n, (by or {}).get(n)) for n in chosen}
+    finally:
+        close()
+
+
+def catalogue_table() -> pa.Table:
+    cat = catalogue()
+    rows = [cat[n] for n in names()]
+    return pa.table({
+        "metric": [m.name for m in rows],
+        "definition": [m.definition.split(" — ")[0] for m in rows],
+        "unit": [m.unit for m in rows],
+        "by": [", ".join(m.by) for m in rows],
+    })
