@@ -37,8 +37,33 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>", "<|start|>", "<|end|>"]
 
 _SYLLABLES = [
-    "ka", "lo", "mi", "ne", "ru", "ta", "shi", "po", "ve", "den", "gar", "ul", "fen", "tor",
-    "ix", "sa", "bre", "quo", "zi", "mar", "el", "on", "ast", "ryn", "tek", "vol", "pra",
+    "ka",
+    "lo",
+    "mi",
+    "ne",
+    "ru",
+    "ta",
+    "shi",
+    "po",
+    "ve",
+    "den",
+    "gar",
+    "ul",
+    "fen",
+    "tor",
+    "ix",
+    "sa",
+    "bre",
+    "quo",
+    "zi",
+    "mar",
+    "el",
+    "on",
+    "ast",
+    "ryn",
+    "tek",
+    "vol",
+    "pra",
 ]
 _WORDS_EN = (
     "the agent calls a tool and reads the result then plans the next step with context "

