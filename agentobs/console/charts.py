@@ -34,7 +34,9 @@ def timeline_calls(calls: pl.DataFrame, reuse: pl.DataFrame | None) -> pl.DataFr
             out = out.with_columns(pl.lit(None, dtype=dtype).alias(c))
     return out.with_columns(
         pl.when(pl.col("status") == "error").then(pl.lit("error"))
-        .otherwise(pl.col("hit_class").fill_null("unknown")).alias("kind"),
+        .when(pl.col("hit_class").is_not_null()).then(pl.col("hit_class"))
+        .when(pl.col("miss_cause") == "cold").then(pl.lit("cold"))
+        .otherwise(pl.lit("unknown")).alias("kind"),
         pl.col("instance").fill_null("(unknown instance)").alias("lane"),
         pl.when(pl.col("reprefill_tokens") > 0)
         .then(pl.format("X={}", pl.col("reprefill_tokens")))

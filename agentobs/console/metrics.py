@@ -5,7 +5,6 @@ the console, the CLI and the report agree. Results are cached per db stamp + win
 
 from __future__ import annotations
 
-import datetime as dt
 import importlib
 import importlib.util
 
@@ -32,34 +31,77 @@ def findings_available() -> bool:
     return module_available("agentobs.findings")
 
 
-def _filters_dict(ctx: Context) -> dict[str, list[str]]:
-    return {k: list(v) for k, v in ctx.filters.lists().items()}
+def _filters_key(ctx: Context) -> tuple:
+    return tuple(sorted((k, tuple(v)) for k, v in ctx.filters.lists().items()))
 
 
-@st.cache_data(show_spinner=False, max_entries=512, ttl=3600)
-def _compute(stamp, name: str, since: dt.datetime | None, until: dt.datetime | None, by: tuple[str, ...] | None,
-             filters: tuple[tuple[str, tuple[str, ...]], ...]) -> pl.DataFrame:
-    from agentobs.metrics import compute as metrics_compute
-
-    return metrics_compute(name, db=stamp[0], since=since, until=until, by=list(by) if by else None,
-                           filters={k: list(v) for k, v in filters} or None)
+def _window(ctx: Context, period: str):
+    if period == "previous":
+        return ctx.prev
+    return ctx.since, ctx.until
 
 
-def compute(ctx: Context, name: str, by: list[str] | tuple[str, ...] | None = None, period: str = "current"
-            ) -> pl.DataFrame | None:
-    """``agentobs.metrics.compute(name, db, since, until, by, filters)`` for the view (``period='previous'``:
-    the period of the same length just before it). None when the metrics API is not installed, or when
-    the previous period is asked for an open-ended view."""
+@st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
+def _suite(stamp, names: tuple[str, ...], by: tuple[tuple[str, str], ...], since, until, filters: tuple
+           ) -> tuple[dict[str, pl.DataFrame], dict[str, str]]:
+    """One preparation (``agentobs.metrics.prepare``), then each metric; a failing metric is reported, not fatal."""
+    from agentobs.metrics import prepare
+
+    run, close = prepare(stamp[0], since=since, until=until, filters={k: list(v) for k, v in filters} or None)
+    out, errors = {}, {}
+    groupings = dict(by)
+    try:
+        for n in names:
+            try:
+                out[n] = run.compute(n, groupings.get(n))
+            except Exception as e:  # noqa: BLE001 - shown on the page next to the metric
+                errors[n] = str(e)
+    finally:
+        close()
+    return out, errors
+
+
+def known(names) -> list[str]:
+    """The metric names the installed metrics API has (metrics land one by one)."""
+    from agentobs.metrics import catalogue
+
+    cat = catalogue()
+    return [n for n in names if n in cat]
+
+
+def suite(ctx: Context, wanted: dict[str, str | None], period: str = "current") -> dict[str, pl.DataFrame] | None:
+    """``agentobs.metrics.compute_all`` for the view: {metric: grouping} → {metric: DataFrame}, one preparation.
+    Metrics the installed API does not have yet are left out. None when the API is missing, or for
+    ``period='previous'`` when the view is open-ended (no previous period of the same length)."""
     if not metrics_available():
         return None
-    if period == "previous":
-        if ctx.prev is None:
-            return None
-        since, until = ctx.prev
-    else:
-        since, until = ctx.since, ctx.until
-    filters = tuple(sorted((k, tuple(v)) for k, v in ctx.filters.lists().items()))
-    return _compute(ctx.stamp, name, since, until, tuple(by) if by else None, filters)
+    win = _window(ctx, period)
+    if win is None:
+        return None
+    names = tuple(known(wanted))
+    if not names:
+        return {}
+    by = tuple((n, wanted[n]) for n in names if wanted[n])
+    out, errors = _suite(ctx.stamp, names, by, win[0], win[1], _filters_key(ctx))
+    for n, e in errors.items():
+        st.error(f"metric {n!r}: {e}")
+    return out
+
+
+def compute(ctx: Context, name: str, by: str | None = None, period: str = "current") -> pl.DataFrame | None:
+    """One metric for the view (see ``suite``); None when unavailable."""
+    res = suite(ctx, {name: by}, period)
+    return None if res is None else res.get(name)
+
+
+def describe(name: str) -> str:
+    """The metric's definition and unit from its SQL file header (the single source of truth)."""
+    from agentobs.metrics import catalogue
+
+    m = catalogue().get(name)
+    if m is None:
+        return f"`{name}`: not in the installed metrics API yet."
+    return f"**{name}** ({m.section or 'METRICS.md'}) — {m.definition} Unit: {m.unit}. Grain: {m.grain}."
 
 
 def missing_metrics_notice() -> None:
@@ -70,13 +112,19 @@ def missing_metrics_notice() -> None:
 
 @st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
 def _call_reuse(stamp, session_id: str) -> pl.DataFrame:
-    from agentobs.metrics import call_reuse as metrics_call_reuse
+    from agentobs.metrics import prepare
 
-    return metrics_call_reuse(db=stamp[0], session_id=session_id)
+    run, close = prepare(stamp[0], filters={"session_id": [session_id]})
+    try:
+        calls = run.table("m_calls")
+    finally:
+        close()
+    return calls.filter(pl.col("in_filter")).rename({"reusable_tokens_eff": "r_eff"}, strict=False)
 
 
 def call_reuse(ctx: Context, session_id: str) -> pl.DataFrame | None:
-    """Per-call R_eff, re-prefill X, hit class and miss cause of one session (the metrics API's call_reuse)."""
+    """Per-call R_eff, re-prefill X, hit class and miss cause of one session: the metrics API's
+    ``call_reuse`` rows (``MetricRun.table('m_calls')``) for that session."""
     if not metrics_available():
         return None
     return _call_reuse(ctx.stamp, session_id)

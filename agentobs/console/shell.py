@@ -182,3 +182,8 @@ def _label(lo, hi, inclusive=False) -> str:
     def fmt(t):
         return (t.isoformat(sep=" ", timespec="seconds") if t else "…")
     return f"{fmt(lo)} → {fmt(hi)} UTC"
+
+
+def page_path(file: str) -> Path:
+    """Absolute path of a page script, for st.switch_page / st.page_link (works whatever the entry file)."""
+    return PAGES_DIR / file

@@ -85,3 +85,31 @@ def empty(df: pl.DataFrame | None, what: str) -> bool:
 
 def stamp() -> data.Stamp:
     return context().stamp
+
+
+def metric_section(ctx: Context, name: str, by: str | None = None, choose_by: bool = False, key: str = "",
+                   period: str = "current"):
+    """A metric from the metrics API with its definition/unit caption; optional grouping selector.
+    Returns (DataFrame or None, grouping used)."""
+    from . import metrics
+
+    if not metrics.metrics_available():
+        metrics.missing_metrics_notice()
+        return None, by
+    from agentobs.metrics import catalogue
+
+    m = catalogue().get(name)
+    if m is None:
+        st.info(f"The metric `{name}` is not in the installed metrics API yet; it shows here once it lands.")
+        return None, by
+    st.caption(metrics.describe(name))
+    if choose_by and len(m.by) > 1:
+        by = st.selectbox("Group by", list(m.by), index=list(m.by).index(by) if by in m.by else 0,
+                          key=f"by_{key or name}")
+    by = by or m.default_by
+    try:
+        df = metrics.compute(ctx, name, by, period)
+    except Exception as e:  # noqa: BLE001 - a failing metric is shown with its message, the page goes on
+        st.error(f"metric {name!r}: {e}")
+        return None, by
+    return df, by

@@ -1,6 +1,35 @@
-"""cost page (waiting for the metrics API)."""
+"""Cost attribution: by task type, agent, tenant, model; per-task distribution with retries and
+amplification; drill to one task (METRICS.md §7–8)."""
 
-from agentobs.console import metrics, ui
+from __future__ import annotations
 
-ctx = ui.page("cost", "")
-metrics.missing_metrics_notice()
+import altair as alt
+import streamlit as st
+
+from agentobs.console import ui
+
+ctx = ui.page("Cost attribution", "GPU-time cost of a call = (P − C) ÷ prefill_tps + O ÷ decode_tps instance-seconds × "
+              "$/s (METRICS.md §8); the basis is stated in `cost_basis`. Amplification = computed tokens of all "
+              "calls ÷ those of the final successful path.")
+df, by = ui.metric_section(ctx, "task_cost", by="task_type", choose_by=True)
+if df is not None and not ui.empty(df, "tasks"):
+    cols = set(df.columns)
+    usd = next((c for c in ("cost_usd", "gpu_cost_usd") if c in cols), None)
+    key = {"task": "task_id", "session": "session_id"}.get(by, by)
+    if usd and key in cols and by != "task":
+        st.altair_chart(alt.Chart(df).mark_bar().encode(
+            y=alt.Y(f"{key}:N", sort="-x", title=by), x=alt.X(f"{usd}:Q", title="cost ($)"),
+            tooltip=list(df.columns)), width="stretch")
+    if by == "task" and usd:
+        st.altair_chart(alt.Chart(df).mark_bar().encode(
+            x=alt.X(f"{usd}:Q", bin=alt.Bin(maxbins=40), title="cost per task ($)"),
+            y=alt.Y("count():Q", title="tasks")), width="stretch")
+    st.dataframe(df, hide_index=True, width="stretch")
+
+st.subheader("Drill to a task")
+tasks_df, _ = ui.metric_section(ctx, "task_cost", by="task", key="drill") if df is not None else (None, None)
+if tasks_df is not None and "task_id" in tasks_df.columns and tasks_df.height:
+    pick = st.selectbox("Task", tasks_df["task_id"].to_list(), index=None, key="cost_task", placeholder="choose a task")
+    if pick:
+        st.dataframe(tasks_df.filter(tasks_df["task_id"] == pick), hide_index=True, width="stretch")
+        st.dataframe(ui.task_calls(ctx.stamp, pick), hide_index=True, width="stretch")

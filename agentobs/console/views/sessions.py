@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import streamlit as st
 
-from agentobs.console import data, metrics, ui
+from agentobs.console import data, metrics, shell, ui
 
 ctx = ui.page("Sessions", "Sessions with at least one model call in the view; tokens are summed over those calls. "
               "Hit rate H = ΣC/ΣP, reuse rate U = ΣC/ΣR_eff and re-prefill X (tokens) come from the metrics API "
@@ -18,13 +18,14 @@ limit = c3.number_input("Show at most", min_value=10, max_value=100_000, value=5
 
 df = ui.sessions(ctx.stamp, ctx.filters, ctx.since, ctx.until, search, sort, int(limit))
 if not ui.empty(df, "sessions"):
-    reuse = metrics.compute(ctx, "reuse", by=["session_id"])
-    if reuse is not None and reuse.height and "session_id" in reuse.columns:
-        keep = [c for c in ("session_id", "hit_rate", "reuse_rate", "reprefill_tokens", "reprefill_usd")
-                if c in reuse.columns]
-        df = df.join(reuse.select(keep), on="session_id", how="left")
-    elif reuse is None:
+    per = metrics.suite(ctx, {"reuse": "session", "reprefill": "session"})
+    if per is None:
         st.caption("Hit rate / reuse rate / re-prefill columns appear once the metrics API (`agentobs.metrics`) is installed.")
+    else:
+        for name, cols in (("reuse", ("hit_rate", "reuse_hit_rate")), ("reprefill", ("reprefill_tokens", "reprefill_cost_usd"))):
+            m = per.get(name)
+            if m is not None and "session_id" in m.columns:
+                df = df.join(m.select("session_id", *[c for c in cols if c in m.columns]), on="session_id", how="left")
     df = df.with_columns(pl.col("session_id").map_elements(lambda s: ui.link("session", ctx, session=s),
                                                            return_dtype=pl.String).alias("open"))
     st.dataframe(
@@ -35,9 +36,9 @@ if not ui.empty(df, "sessions"):
             "first_start": st.column_config.DatetimeColumn("first start (UTC)", format="YYYY-MM-DD HH:mm:ss"),
             "span_s": st.column_config.NumberColumn("span (s)", format="%.1f"),
             "hit_rate": st.column_config.NumberColumn("H = ΣC/ΣP", format="percent"),
-            "reuse_rate": st.column_config.NumberColumn("U = ΣC/ΣR_eff", format="percent"),
+            "reuse_hit_rate": st.column_config.NumberColumn("U = ΣC/ΣR_eff", format="percent"),
             "reprefill_tokens": st.column_config.NumberColumn("re-prefill X (tokens)", format="localized"),
-            "reprefill_usd": st.column_config.NumberColumn("re-prefill ($)", format="dollar"),
+            "reprefill_cost_usd": st.column_config.NumberColumn("re-prefill ($)", format="%.4f $"),
             "prompt_tokens": st.column_config.NumberColumn("ΣP (tokens)", format="localized"),
             "cached_tokens": st.column_config.NumberColumn("ΣC (tokens)", format="localized"),
             "output_tokens": st.column_config.NumberColumn("ΣO (tokens)", format="localized"),
@@ -47,4 +48,4 @@ if not ui.empty(df, "sessions"):
     pick = pick_col.selectbox("Session", df["session_id"].to_list(), key="sess_pick")
     btn_col.write("")
     if btn_col.button("Open timeline", type="primary", key="sess_open") and pick:
-        st.switch_page("views/session.py", query_params=ui.nav_params(ctx, session=pick))
+        st.switch_page(shell.page_path("session.py"), query_params=ui.nav_params(ctx, session=pick))
