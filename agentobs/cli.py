@@ -407,6 +407,35 @@ def console_cmd(ctx: Ctx, host, port):
 # --- end console -----------------------------------------------------------------------------------
 
 
+# --- metrics ---------------------------------------------------------------------------------------
+@cli.command("metrics")
+@click.argument("name", required=False)
+@click.option("--since", default=None, help="Window start: ISO-8601, epoch seconds, or a span before now (24h, 7d).")
+@click.option("--until", default=None, help="Window end (exclusive), same forms as --since.")
+@click.option("--by", "by", default=None,
+              help="Grouping: session|task|instance|model|cause|task_type|session_length (what the metric supports).")
+@click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
+              help="Only calls with KEY=VALUE (instance, model, engine, task_type, tenant, agent_name, session, task); repeatable.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@common
+def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt):
+    """Agent metrics (METRICS.md). Without NAME: the catalogue with one-line definitions."""
+    from .metrics import catalogue_table, compute
+
+    if not name:
+        _emit(catalogue_table(), fmt, "metrics (agentobs metrics NAME --by ...; formulas in docs/metrics.md)")
+        return
+    flt: dict[str, list[str]] = {}
+    for f in filters:
+        key, sep, value = f.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
+        flt.setdefault(key.strip(), []).append(value)
+    df = compute(name, db=ctx.db, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
+    _emit(df.to_arrow(), fmt, f"{name}" + (f" by {by}" if by else ""))
+# --- end metrics -----------------------------------------------------------------------------------
+
+
 def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:

@@ -26,7 +26,7 @@ import duckdb
 from ..errors import ConfigError
 
 REQUIRED = ("definition", "unit", "grain", "sources", "by")
-OPTIONAL = ("metric", "section", "notes")
+OPTIONAL = ("metric", "summary", "section", "notes")
 # every `by` a metric may declare; each maps to a column name in the output
 BY_COLUMNS = {
     "session": "session_id", "task": "task_id", "instance": "instance", "model": "model",
@@ -50,6 +50,12 @@ class Metric:
     params: frozenset[str]
     section: str = ""
     notes: str = ""
+    summary: str = ""
+
+    @property
+    def one_line(self) -> str:
+        """The ``summary:`` header, else the definition's first sentence."""
+        return self.summary or self.definition.split(". ")[0].split(": ")[0]
 
     @property
     def default_by(self) -> str:
@@ -116,7 +122,7 @@ def parse_metric(name: str, text: str, where: str | None = None) -> Metric:
         raise ConfigError(f"{where}: unknown parameter(s) {', '.join('$' + p for p in sorted(unknown))} (known: {', '.join('$' + p for p in sorted(PARAMS))})")
     return Metric(name=name, definition=fields["definition"], unit=fields["unit"], grain=fields["grain"],
                   sources=fields["sources"], by=by, sql=body, params=params,
-                  section=fields.get("section", ""), notes=fields.get("notes", ""))
+                  section=fields.get("section", ""), notes=fields.get("notes", ""), summary=fields.get("summary", ""))
 
 
 @cache

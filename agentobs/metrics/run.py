@@ -309,7 +309,7 @@ def catalogue_table() -> pa.Table:
     rows = [cat[n] for n in names()]
     return pa.table({
         "metric": [m.name for m in rows],
-        "definition": [m.definition.split(" — ")[0] for m in rows],
-        "unit": [m.unit for m in rows],
+        "definition": [m.one_line for m in rows],
         "by": [", ".join(m.by) for m in rows],
+        "section": [m.section for m in rows],
     })

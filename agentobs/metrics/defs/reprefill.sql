@@ -1,4 +1,5 @@
 -- metric: reprefill
+-- summary: Re-prefill tokens X = max(0, R_eff − C), token and cost shares, by miss cause
 -- section: METRICS.md §1, §3
 -- definition: Re-prefill X = max(0, R_eff − C): prompt tokens computed again although the session had computed
 --   them before; shares ΣX / (ΣX + ΣC) (of cache-related tokens) and ΣX / Σ(P − C) (of computed prefill), and

@@ -1,4 +1,5 @@
 -- metric: reuse
+-- summary: Session hit rate H = ΣC/ΣP and reuse hit rate U = ΣC/ΣR_eff, per session or as distributions per group
 -- section: METRICS.md §1–2
 -- definition: Session hit rate H = ΣC / ΣP (calls whose C is known) and reuse hit rate U = ΣC / ΣR_eff over
 --   calls 2…n whose R_eff and C are known (not cold, not a context reset): the share of what could have been

@@ -1,0 +1,160 @@
+-- metric: itl_tail
+-- summary: Tail inter-token gaps attributed to co-scheduled prefills (long prefills, retries, re-prefills)
+-- section: METRICS.md §6
+-- definition: Inter-token gaps of streamed calls (llm_calls.itl_ms; gap i ends at t1 + Σ_{j≤i} itl_j) above the
+--   tail threshold (itl_slo_ms, or with itl_tail_threshold = p99 the p99 of the model's gaps) are attributed to the
+--   co-scheduled prefill on the same instance whose window [t0 + queue_time, t1] overlaps the gap and computes
+--   the most tokens P − C (none: unattributed). Reports the tail share overlapping a long prefill
+--   (P − C ≥ long_prefill_tokens), p50/p99 ITL with and without overlapping long prefills, the share of tail gaps
+--   caused by retries and by re-prefills, and the top offending session and task; by session/task the rows are
+--   the offenders. Without per-chunk data (method coarse_histogram, instance grouping only): per scrape interval
+--   the share of inter_token_latency_seconds observations above the threshold bucket against the computed prompt
+--   tokens of the interval — correlation and tail share in high- vs low-prefill intervals. Coarse.
+-- unit: milliseconds (gaps), ratio 0–1 (shares), correlation −1…1
+-- grain: one row per group (default: instance; session/task: the offending prefill's session/task)
+-- sources: llm_calls (itl_ms, ttft_s, queue_s, P, C), call_reuse (miss cause, retries), metric_samples (fallback)
+-- by: instance, model, session, task
+WITH calls AS (
+    SELECT call_id, session_id, task_id, is_retry, instance, model, start_s, ttft_s, queue_s,
+           prompt_tokens, cached_tokens, reprefill_tokens, miss_cause, itl_ms, in_win
+    FROM m_calls
+    WHERE in_filter
+),
+gaps0 AS (
+    SELECT call_id, instance, model, start_s + ttft_s AS t1, unnest(itl_ms) AS g_ms, generate_subscripts(itl_ms, 1) AS i
+    FROM calls
+    WHERE in_win AND itl_ms IS NOT NULL AND ttft_s IS NOT NULL AND len(itl_ms) > 0
+),
+gaps AS (
+    SELECT call_id, i, instance, model, g_ms,
+           t1 + sum(g_ms) OVER (PARTITION BY call_id ORDER BY i ROWS UNBOUNDED PRECEDING) / 1000.0 AS tb
+    FROM gaps0
+),
+gt AS (
+    SELECT *, tb - g_ms / 1000.0 AS ta,
+           CASE WHEN $itl_tail_mode = 'p99' THEN quantile_cont(g_ms, 0.99) OVER (PARTITION BY model)
+                ELSE $itl_slo_ms END AS thr_ms
+    FROM gaps
+),
+prefills AS (
+    SELECT call_id AS p_call_id, instance, start_s + coalesce(queue_s, 0) AS pa, start_s + ttft_s AS pb,
+           prompt_tokens - coalesce(cached_tokens, 0) AS computed,
+           {'session_id': session_id, 'task_id': task_id, 'retry': is_retry, 'reprefill_tokens': reprefill_tokens,
+            'miss_cause': miss_cause, 'computed': prompt_tokens - coalesce(cached_tokens, 0)} AS who
+    FROM calls
+    WHERE ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL AND ttft_s > coalesce(queue_s, 0)
+      AND instance IN (SELECT DISTINCT instance FROM gaps0)
+),
+-- overlap joins on (instance, 5-second cell) so that each gap meets only nearby prefills
+pcells AS (
+    SELECT *, unnest(generate_series(CAST(floor(pa / 5) AS BIGINT), CAST(floor(pb / 5) AS BIGINT))) AS cell FROM prefills
+),
+gcells AS (
+    SELECT call_id, i, instance, ta, tb, g_ms > thr_ms AS tail,
+           unnest(generate_series(CAST(floor(ta / 5) AS BIGINT), CAST(floor(tb / 5) AS BIGINT))) AS cell
+    FROM gt
+),
+ov AS (
+    SELECT DISTINCT g.call_id, g.i, g.tail, p.p_call_id, p.computed, p.who
+    FROM gcells g JOIN pcells p ON p.instance = g.instance AND p.cell = g.cell
+    WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
+      AND (g.tail OR p.computed >= $long_prefill_tokens)
+),
+per_gap AS (
+    SELECT call_id, i,
+           bool_or(computed >= $long_prefill_tokens) AS long_overlap,
+           arg_max(who, computed) FILTER (WHERE tail) AS off
+    FROM ov GROUP BY call_id, i
+),
+g_all AS (
+    SELECT gt.*, g_ms > thr_ms AS tail, coalesce(pg.long_overlap, false) AS long_overlap, pg.off
+    FROM gt LEFT JOIN per_gap pg USING (call_id, i)
+),
+per_chunk AS (
+    SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model
+                    WHEN 'session' THEN off.session_id WHEN 'task' THEN off.task_id END AS grp,
+           'per_chunk' AS method,
+           count(*) AS gaps,
+           count(*) FILTER (WHERE tail) AS tail_gaps,
+           count(DISTINCT call_id) AS calls,
+           avg(thr_ms) AS threshold_ms,
+           count(*) FILTER (WHERE tail) / count(*) AS tail_share,
+           count(*) FILTER (WHERE tail AND long_overlap) / nullif(count(*) FILTER (WHERE tail), 0) AS tail_long_prefill_share,
+           count(*) FILTER (WHERE tail AND off IS NULL) AS unattributed_tail_gaps,
+           quantile_cont(g_ms, 0.5) AS p50_ms,
+           quantile_cont(g_ms, 0.99) AS p99_ms,
+           quantile_cont(g_ms, 0.5) FILTER (WHERE long_overlap) AS p50_with_long_prefill_ms,
+           quantile_cont(g_ms, 0.99) FILTER (WHERE long_overlap) AS p99_with_long_prefill_ms,
+           quantile_cont(g_ms, 0.5) FILTER (WHERE NOT long_overlap) AS p50_without_long_prefill_ms,
+           quantile_cont(g_ms, 0.99) FILTER (WHERE NOT long_overlap) AS p99_without_long_prefill_ms,
+           count(*) FILTER (WHERE tail AND off.retry) / nullif(count(*) FILTER (WHERE tail), 0) AS retry_share,
+           count(*) FILTER (WHERE tail AND off.reprefill_tokens > 0) / nullif(count(*) FILTER (WHERE tail), 0)
+               AS reprefill_share,
+           mode(off.session_id) FILTER (WHERE tail) AS top_offender_session,
+           mode(off.task_id) FILTER (WHERE tail) AS top_offender_task,
+           NULL::BIGINT AS intervals,
+           NULL::DOUBLE AS corr_tail_vs_computed_prefill,
+           NULL::DOUBLE AS tail_share_high_prefill,
+           NULL::DOUBLE AS tail_share_low_prefill,
+           NULL::VARCHAR AS note
+    FROM g_all
+    WHERE $by IN ('instance', 'model') OR (tail AND off IS NOT NULL)
+    GROUP BY 1
+),
+-- coarse fallback: histogram bucket increments per scrape interval, for instances without per-chunk gaps
+hist AS (
+    SELECT instance, ts_s, metric, TRY_CAST(labels['le'] AS DOUBLE) AS le, delta
+    FROM m_samples
+    WHERE $by = 'instance' AND delta IS NOT NULL
+      AND metric IN ('vllm:inter_token_latency_seconds_bucket', 'sglang:inter_token_latency_seconds_bucket',
+                     'vllm:inter_token_latency_seconds_count', 'sglang:inter_token_latency_seconds_count')
+      AND instance NOT IN (SELECT DISTINCT instance FROM gaps0 WHERE instance IS NOT NULL)
+),
+le_sel AS (
+    SELECT instance, min(le) AS le FROM hist
+    WHERE metric LIKE '%_bucket' AND le >= $itl_slo_ms / 1000.0 - 1e-9 GROUP BY instance
+),
+iv AS (
+    SELECT h.instance, h.ts_s,
+           sum(h.delta) FILTER (WHERE h.metric LIKE '%_count') AS n,
+           sum(h.delta) FILTER (WHERE h.metric LIKE '%_bucket' AND h.le = s.le) AS below,
+           any_value(s.le) AS le
+    FROM hist h JOIN le_sel s USING (instance)
+    GROUP BY h.instance, h.ts_s
+),
+comp AS (
+    SELECT instance, ts_s,
+           coalesce(sum(delta) FILTER (WHERE metric = 'vllm:prompt_tokens_by_source_total' AND labels['source'] = 'local_compute'),
+                    sum(delta) FILTER (WHERE metric = 'sglang:prompt_tokens_total')
+                      - coalesce(sum(delta) FILTER (WHERE metric = 'sglang:cached_tokens_total'), 0)) AS computed
+    FROM m_samples
+    WHERE delta IS NOT NULL
+      AND metric IN ('vllm:prompt_tokens_by_source_total', 'sglang:prompt_tokens_total', 'sglang:cached_tokens_total')
+    GROUP BY instance, ts_s
+),
+ivc AS (
+    SELECT iv.*, (iv.n - iv.below) / iv.n AS tail_i, c.computed,
+           median(c.computed) OVER (PARTITION BY iv.instance) AS med_computed
+    FROM iv LEFT JOIN comp c USING (instance, ts_s)
+    WHERE iv.n > 0
+),
+coarse AS (
+    SELECT instance AS grp, 'coarse_histogram' AS method,
+           CAST(sum(n) AS BIGINT) AS gaps, CAST(sum(n - below) AS BIGINT) AS tail_gaps, NULL::BIGINT AS calls,
+           any_value(le) * 1000 AS threshold_ms,
+           sum(n - below) / sum(n) AS tail_share,
+           count(*) AS intervals,
+           corr(tail_i, computed) AS corr_tail_vs_computed_prefill,
+           sum(n - below) FILTER (WHERE computed > med_computed) / nullif(sum(n) FILTER (WHERE computed > med_computed), 0)
+               AS tail_share_high_prefill,
+           sum(n - below) FILTER (WHERE computed <= med_computed) / nullif(sum(n) FILTER (WHERE computed <= med_computed), 0)
+               AS tail_share_low_prefill,
+           'coarse: per scrape interval from the inter_token_latency_seconds histogram (threshold rounded up to the bucket le='
+               || any_value(le) || ' s), no per-call attribution' AS note
+    FROM ivc
+    GROUP BY instance
+)
+SELECT * FROM per_chunk
+UNION ALL BY NAME
+SELECT * FROM coarse
+ORDER BY method DESC, grp

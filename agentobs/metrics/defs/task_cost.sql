@@ -1,0 +1,46 @@
+-- metric: task_cost
+-- summary: Per task: calls, retries, branches, tokens, re-prefill, GPU-time cost, amplification, waste
+-- section: METRICS.md §7, §8
+-- definition: Per task: calls, retries (attempt > 1, or the same prompt re-sent after an error), parallel branches,
+--   tokens ΣP ΣC Σ(P − C) ΣO, re-prefill ΣX, GPU-time cost Σ((P − C)/prefill_tps + O/decode_tps)·$/s and its
+--   re-prefill part ΣX/prefill_tps·$/s, optional list-price cost, amplification = computed tokens of all calls ÷
+--   computed tokens of the final successful path (each turn's last attempt, when it succeeded), waste = tokens
+--   of failed attempts, control-plane share = Σ(system + tool-definition tokens) ÷ ΣP where spans carry them.
+-- unit: tokens; USD (basis in cost_basis); ratio
+-- grain: one row per group (default: one per task)
+-- sources: call_reuse (llm_calls), cost model ([cost] settings, instance_config, engine spans)
+-- by: task, task_type, session, model, instance
+WITH base AS (
+    SELECT CASE $by WHEN 'task' THEN task_id WHEN 'task_type' THEN task_type WHEN 'session' THEN session_id
+                    WHEN 'model' THEN model WHEN 'instance' THEN instance END AS grp,
+           *, prompt_tokens - coalesce(cached_tokens, 0) + coalesce(output_tokens, 0) AS computed
+    FROM m_calls
+    WHERE in_win
+)
+SELECT grp,
+       count(DISTINCT session_id) AS sessions,
+       count(*) AS calls,
+       count(*) FILTER (WHERE is_retry) AS retries,
+       count(DISTINCT coalesce(session_id, call_id) || '/' || branch) AS branches,
+       count(*) FILTER (WHERE status = 'error') AS failed_calls,
+       CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
+       CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
+       CAST(sum(prompt_tokens - coalesce(cached_tokens, 0)) AS BIGINT) AS computed_prompt_tokens,
+       CAST(sum(output_tokens) AS BIGINT) AS output_tokens,
+       CAST(sum(reprefill_tokens) AS BIGINT) AS reprefill_tokens,
+       sum(computed) / nullif(sum(computed) FILTER (WHERE is_last_attempt AND status = 'ok'), 0) AS amplification,
+       CAST(sum(coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0)) FILTER (WHERE status = 'error') AS BIGINT)
+           AS wasted_tokens,
+       sum(coalesce(system_tokens, 0) + coalesce(tool_def_tokens, 0))
+             FILTER (WHERE system_tokens IS NOT NULL OR tool_def_tokens IS NOT NULL)
+           / nullif(sum(prompt_tokens) FILTER (WHERE system_tokens IS NOT NULL OR tool_def_tokens IS NOT NULL), 0)
+           AS control_plane_share,
+       sum(gpu_s) AS gpu_s,
+       sum(cost_usd) AS cost_usd,
+       sum(reprefill_cost_usd) AS reprefill_cost_usd,
+       sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS reprefill_cost_share,
+       sum(list_cost_usd) AS list_price_usd,
+       string_agg(DISTINCT cost_basis, ' | ') AS cost_basis
+FROM base
+GROUP BY grp
+ORDER BY sum(cost_usd) DESC NULLS LAST, grp

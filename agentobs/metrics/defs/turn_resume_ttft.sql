@@ -1,0 +1,35 @@
+-- metric: turn_resume_ttft
+-- summary: TTFT of calls 2…n by idle-gap bucket and hit class; miss penalty = miss p50 / hit p50
+-- section: METRICS.md §5
+-- definition: TTFT (t1 − t0) of calls 2…n by the idle gap before them ([0,1) [1,5) [5,30) [30,120) [120,600)
+--   [600,∞) s) and hit class (hit: C ≥ R_eff − B; partial; miss: C = 0): count, p50, p90, p99; the miss
+--   penalty is miss p50 ÷ hit p50 in the same group and gap bucket.
+-- unit: seconds (TTFT), ratio (miss_penalty)
+-- grain: one row per group × gap bucket × hit class (default group: instance)
+-- sources: call_reuse (llm_calls: ttft_s, gap_before_s, hit_class)
+-- by: instance, model, task_type
+WITH base AS (
+    SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type END AS grp,
+           CASE WHEN gap_before_s < 1 THEN 0 WHEN gap_before_s < 5 THEN 1 WHEN gap_before_s < 30 THEN 5
+                WHEN gap_before_s < 120 THEN 30 WHEN gap_before_s < 600 THEN 120 ELSE 600 END AS gap_lo,
+           hit_class, ttft_s
+    FROM m_calls
+    WHERE in_win AND prev_call_id IS NOT NULL AND hit_class IS NOT NULL AND ttft_s IS NOT NULL
+),
+agg AS (
+    SELECT grp, gap_lo, hit_class, count(*) AS calls,
+           quantile_cont(ttft_s, 0.5) AS ttft_p50_s,
+           quantile_cont(ttft_s, 0.9) AS ttft_p90_s,
+           quantile_cont(ttft_s, 0.99) AS ttft_p99_s
+    FROM base
+    GROUP BY grp, gap_lo, hit_class
+)
+SELECT grp,
+       CASE gap_lo WHEN 0 THEN '[0,1)' WHEN 1 THEN '[1,5)' WHEN 5 THEN '[5,30)' WHEN 30 THEN '[30,120)'
+                   WHEN 120 THEN '[120,600)' ELSE '[600,inf)' END AS gap_bucket,
+       hit_class, calls, ttft_p50_s, ttft_p90_s, ttft_p99_s,
+       max(ttft_p50_s) FILTER (WHERE hit_class = 'miss') OVER b
+           / nullif(max(ttft_p50_s) FILTER (WHERE hit_class = 'hit') OVER b, 0) AS miss_penalty
+FROM agg
+WINDOW b AS (PARTITION BY grp, gap_lo)
+ORDER BY grp, gap_lo, CASE hit_class WHEN 'hit' THEN 0 WHEN 'partial' THEN 1 ELSE 2 END
