@@ -1,0 +1,536 @@
+"""Build the weekly report's content from the metrics API: sections of figures and tables, each with its basis.
+
+One ``agentobs.metrics`` preparation (``prepare``) serves every section. The attribution tables are the
+metrics' own outputs (``reprefill``, ``task_cost``, ``idle_kv_rent``, …); the few figures no metric groups
+that way — the fleet totals, spend by tenant/agent, and the week before for the deltas — are sums over the
+same per-call table ``m_calls`` the metrics read (the same cost columns, the same formulas), so they add up
+to the metric tables. The week before comes from the same preparation (``m_calls`` holds every call; only
+the window differs), which is what a separate run of the week before would compute.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlencode
+
+import polars as pl
+import pyarrow as pa
+
+from ..config import Settings, load_settings
+from ..metrics import names as metric_names
+from ..metrics import prepare
+from .period import Period
+
+TOP_N = 20
+# dimensions of "spend and compute by …": report name -> m_calls column (names come only from here)
+SPEND_DIMENSIONS = {"task_type": "task_type", "agent": "agent_name", "tenant": "tenant", "model": "model",
+                    "instance": "instance"}
+
+
+@dataclass
+class Figure:
+    key: str
+    label: str
+    value: float | None
+    unit: str  # usd | ratio | tokens | count | seconds | gpu_seconds | ratio_x
+    basis: str
+    previous: float | None = None
+
+    @property
+    def delta(self) -> float | None:
+        if self.value is None or self.previous is None:
+            return None
+        return self.value - self.previous
+
+    @property
+    def delta_rel(self) -> float | None:
+        if self.delta is None or not self.previous:
+            return None
+        return self.delta / abs(self.previous)
+
+
+@dataclass
+class Chart:
+    kind: str  # bars | histogram
+    title: str
+    label_col: str = ""
+    value_col: str = ""
+    unit: str = "usd"
+    edges: list[float] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Table:
+    name: str  # file stem under tables/
+    title: str
+    basis: str
+    data: pa.Table
+    show: list[str] | None = None  # columns shown in HTML/Markdown (all are in CSV/Parquet)
+    chart: Chart | None = None
+    links: dict[str, str] = field(default_factory=dict)  # shown column -> column holding its URL
+    show_rows: int = TOP_N
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    basis: str
+    figures: list[Figure] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    charts: list[Chart] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    period: Period
+    previous: Period
+    generated_at: float
+    db: str
+    calls: int
+    sections: list[Section]
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def has_data(self) -> bool:
+        return self.calls > 0
+
+    def tables(self) -> list[Table]:
+        return [t for s in self.sections for t in s.tables]
+
+    def figure(self, key: str) -> Figure:
+        for s in self.sections:
+            for f in s.figures:
+                if f.key == key:
+                    return f
+        raise KeyError(key)
+
+
+# -- fleet totals over m_calls (the headline and the week before) -------------------------------------
+TOTALS_SQL = """
+SELECT count(*) AS calls,
+       count(DISTINCT session_id) AS sessions,
+       count(DISTINCT task_id) AS tasks,
+       CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
+       CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
+       CAST(sum(prompt_tokens - coalesce(cached_tokens, 0)) AS BIGINT) AS computed_prompt_tokens,
+       CAST(sum(output_tokens) AS BIGINT) AS output_tokens,
+       sum(gpu_s) AS gpu_s,
+       sum(cost_usd) AS cost_usd,
+       sum(list_cost_usd) AS list_cost_usd,
+       sum(cached_tokens) FILTER (WHERE session_id IS NOT NULL)
+           / nullif(sum(prompt_tokens) FILTER (WHERE session_id IS NOT NULL AND cached_tokens IS NOT NULL), 0) AS hit_rate,
+       sum(cached_tokens) FILTER (WHERE session_id IS NOT NULL AND reusable_tokens_eff IS NOT NULL)
+           / nullif(sum(reusable_tokens_eff) FILTER (WHERE session_id IS NOT NULL AND cached_tokens IS NOT NULL), 0)
+           AS reuse_hit_rate,
+       CAST(sum(reprefill_tokens) AS BIGINT) AS reprefill_tokens,
+       sum(reprefill_tokens) / nullif(sum(reprefill_tokens) + sum(cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)
+           AS reprefill_share_of_cache_tokens,
+       sum(reprefill_tokens) / nullif(sum(prompt_tokens - cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)
+           AS reprefill_share_of_computed_prefill,
+       sum(reprefill_cost_usd) AS reprefill_cost_usd,
+       sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS reprefill_cost_share,
+       sum(rent_paid_token_s * k.usd_per_token_s) FILTER (WHERE session_id IS NOT NULL) AS rent_paid_usd,
+       sum(rent_wasted_token_s * k.usd_per_token_s) FILTER (WHERE session_id IS NOT NULL) AS rent_wasted_usd,
+       count(*) FILTER (WHERE is_retry) AS retries
+FROM m_calls m
+LEFT JOIN m_cost k ON k.instance = coalesce(m.prev_instance, m.instance, '')
+WHERE m.in_filter AND m.start_s >= $lo AND m.start_s < $hi
+"""
+
+SPEND_SQL = """
+WITH base AS (SELECT {col} AS grp, * FROM m_calls WHERE in_win),
+total AS (SELECT sum(cost_usd) AS t FROM base)
+SELECT coalesce(CAST(grp AS VARCHAR), '(none)') AS {name},
+       count(*) AS calls,
+       count(DISTINCT session_id) AS sessions,
+       count(DISTINCT task_id) AS tasks,
+       CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
+       CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
+       CAST(sum(prompt_tokens - coalesce(cached_tokens, 0)) AS BIGINT) AS computed_prompt_tokens,
+       CAST(sum(output_tokens) AS BIGINT) AS output_tokens,
+       sum(gpu_s) AS gpu_s,
+       sum(cost_usd) AS cost_usd,
+       sum(cost_usd) / nullif(any_value(total.t), 0) AS share_of_spend,
+       CAST(sum(reprefill_tokens) AS BIGINT) AS reprefill_tokens,
+       sum(reprefill_cost_usd) AS reprefill_cost_usd,
+       sum(list_cost_usd) AS list_price_usd
+FROM base CROSS JOIN total
+GROUP BY grp
+ORDER BY sum(cost_usd) DESC NULLS LAST, 1
+"""
+
+# what each session/task in the top lists is (task type, tenant, agent, first start)
+ABOUT_SQL = """
+SELECT {key} AS id, mode(task_type) AS task_type, mode(tenant) AS tenant, mode(agent_name) AS agent_name,
+       mode(model) AS model, min(start_s) AS first_start_s, max(end_s) AS last_end_s,
+       arg_min(session_id, start_s) AS first_session_id
+FROM m_calls
+WHERE in_win AND list_contains($ids, {key})
+GROUP BY {key}
+"""
+
+
+def _fmt_ts(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def console_link(base: str, page: str, period: Period, **params: str) -> str:
+    """A link into the console (docs/console.md): ``{base}/{page}?since=…&until=…&session=…``."""
+    qp = {"since": _fmt_ts(period.since), "until": _fmt_ts(period.until), **params}
+    return f"{base.rstrip('/')}/{page}?{urlencode(qp)}"
+
+
+def _row(df: pl.DataFrame) -> dict:
+    return df.row(0, named=True) if df.height else {}
+
+
+def _num(v) -> float | None:
+    if v is None:
+        return None
+    f = float(v)
+    return None if math.isnan(f) else f
+
+
+class _Builder:
+    def __init__(self, run, period: Period, settings: Settings, db_label: str, findings_fn, db):
+        self.run, self.period, self.settings, self.db_label = run, period, settings, db_label
+        self.findings_fn, self.db = findings_fn, db
+        self.available = set(metric_names())
+        self.timings: dict[str, float] = {}
+        self.base_url = str(settings.get("console_url", "http://127.0.0.1:8501"))
+
+    def sql(self, q: str, params: dict | None = None) -> pl.DataFrame:
+        return self.run.cur.sql(q, params=params or {}).pl()
+
+    def metric(self, name: str, by: str | None = None) -> pl.DataFrame | None:
+        if name not in self.available:
+            return None
+        t0 = time.perf_counter()
+        df = self.run.compute(name, by)
+        self.timings[f"metric {name}" + (f" by {by}" if by else "")] = time.perf_counter() - t0
+        return df
+
+    def missing(self, name: str) -> str:
+        return f"The metric {name!r} is not in this build of agentobs.metrics; this part is left out."
+
+    # -- sections --------------------------------------------------------------------------------------
+    def totals(self, p: Period) -> dict:
+        t0 = time.perf_counter()
+        r = _row(self.sql(TOTALS_SQL, {"lo": p.since, "hi": p.until}))
+        self.timings[f"totals {p.label}"] = time.perf_counter() - t0
+        return r
+
+    def cost_basis(self) -> tuple[str, pa.Table | None]:
+        df = self.metric("cost_model")
+        if df is None:
+            df = self.run.table("m_cost").filter(pl.col("instance") != "")
+            return "GPU-time cost model (METRICS.md §8)", df.to_arrow()
+        bases = sorted({b for b in df["basis"].to_list() if b})
+        short = bases[0] if len(bases) == 1 else f"{len(bases)} per-instance bases (table cost_basis)"
+        return f"GPU-time cost model (METRICS.md §8): {short}", df.to_arrow()
+
+    def headline(self, cur: dict, prev: dict, cost_basis: str) -> Section:
+        p, q = self.period, self.period.previous()
+        wk = f"calls starting in {p.describe()}; previous: {q.label}"
+        rent_basis = "KV slot opportunity cost = instance $/s ÷ KV capacity (METRICS.md §4)"
+        spec = [
+            ("cost_usd", "Spend (GPU time)", "usd", cost_basis),
+            ("gpu_s", "GPU time", "gpu_seconds", "Σ (P − C)/prefill_tps + O/decode_tps instance-seconds (§8)"),
+            ("calls", "Model calls", "count", "llm_calls"),
+            ("sessions", "Sessions", "count", "distinct session_id"),
+            ("tasks", "Tasks", "count", "distinct task_id"),
+            ("retries", "Retries", "count", "attempt > 1, or the same prompt re-sent after an error (§7)"),
+            ("prompt_tokens", "Prompt tokens ΣP", "tokens", "gateway/engine usage"),
+            ("computed_prompt_tokens", "Computed prompt tokens Σ(P − C)", "tokens", "prompt tokens not served from cache"),
+            ("output_tokens", "Output tokens ΣO", "tokens", "gateway/engine usage"),
+            ("hit_rate", "Session hit rate H = ΣC/ΣP", "ratio", "session calls whose C is known (§2)"),
+            ("reuse_hit_rate", "Reuse hit rate U = ΣC/ΣR_eff", "ratio",
+             "calls 2…n of sessions; R_eff exact from block hashes or append-only estimate (§1–2)"),
+            ("reprefill_tokens", "Re-prefill tokens ΣX", "tokens", "X = max(0, R_eff − C) (§1)"),
+            ("reprefill_share_of_cache_tokens", "Re-prefill share ΣX/(ΣX + ΣC)", "ratio", "§3 token share"),
+            ("reprefill_share_of_computed_prefill", "Re-prefill share of computed prefill ΣX/Σ(P − C)", "ratio", "§3"),
+            ("reprefill_cost_usd", "Recompute tax (re-prefill $)", "usd", "X ÷ prefill_tps × $/s (§8); " + cost_basis),
+            ("reprefill_cost_share", "Recompute tax share of spend", "ratio", "cost(X) ÷ total cost (§3)"),
+            ("rent_paid_usd", "Idle KV rent paid", "usd", "retained idle windows K·g token-s × $/token-s; " + rent_basis),
+            ("rent_wasted_usd", "Idle KV rent wasted", "usd",
+             "evicted windows with KV events K·(t_evict − t2); " + rent_basis),
+        ]
+        had = bool(prev.get("calls"))  # no calls the week before: no deltas (not "+100 %")
+        figs = [Figure(k, label, _num(cur.get(k)), unit, basis, _num(prev.get(k)) if had else None)
+                for k, label, unit, basis in spec]
+        return Section("headline", "This week at a glance", f"{wk}. Deltas are against the week before.", figs)
+
+    def spend(self) -> Section:
+        sec = Section("spend", "Spend and compute by task type, agent, tenant, model and instance",
+                      "GPU-time cost per call = ((P − C)/prefill_tps + O/decode_tps) × instance $/s (METRICS.md §8); "
+                      "list-price $ only when [cost.list_price] is set")
+        show = ["calls", "sessions", "tasks", "computed_prompt_tokens", "output_tokens", "gpu_s", "cost_usd",
+                "share_of_spend", "reprefill_cost_usd"]
+        for name, col in SPEND_DIMENSIONS.items():
+            t0 = time.perf_counter()
+            df = self.sql(SPEND_SQL.format(col=col, name=name))
+            self.timings[f"spend by {name}"] = time.perf_counter() - t0
+            sec.tables.append(Table(f"spend_by_{name}", f"By {name.replace('_', ' ')}", sec.basis, df.to_arrow(),
+                                    show=[name, *show],
+                                    chart=Chart("bars", f"Spend by {name.replace('_', ' ')}", name, "cost_usd", "usd")))
+        return sec
+
+    def tasks(self) -> Section:
+        sec = Section("tasks", "Per-task cost, retries and amplification",
+                      "task_cost metric (METRICS.md §7–8): amplification = computed tokens of all calls ÷ computed "
+                      "tokens of the final successful path; retries = attempt > 1 or a re-sent prompt after an error")
+        per_task = self.metric("task_cost", "task")
+        if per_task is None:
+            sec.notes.append(self.missing("task_cost"))
+            return sec
+        by_type = self.metric("task_cost", "task_type")
+        cost = per_task["cost_usd"].drop_nulls()
+        if cost.len():
+            def q(x):
+                return _num(cost.quantile(x, "linear"))
+            sec.figures += [
+                Figure("task_cost_p50", "Cost per task, p50", q(0.5), "usd", "task_cost by task"),
+                Figure("task_cost_p90", "Cost per task, p90", q(0.9), "usd", "task_cost by task"),
+                Figure("task_cost_p99", "Cost per task, p99", q(0.99), "usd", "task_cost by task"),
+                Figure("task_cost_max", "Cost per task, max", _num(cost.max()), "usd", "task_cost by task"),
+            ]
+            sec.charts.append(_histogram(cost.to_list(), "Cost per task (USD), tasks per bin"))
+        retried = per_task.filter(pl.col("retries") > 0)
+        total = _num(per_task["cost_usd"].sum()) or 0.0
+        sec.figures += [
+            Figure("tasks_with_retries", "Tasks with retries", float(retried.height), "count", "task_cost: retries > 0"),
+            Figure("retried_tasks_spend_share", "Spend share of tasks with retries",
+                   (_num(retried["cost_usd"].sum()) or 0.0) / total if total else None, "ratio", "task_cost"),
+            Figure("amplification_p50", "Amplification, p50 over tasks",
+                   _num(per_task["amplification"].quantile(0.5, "linear")), "ratio_x", "task_cost by task"),
+            Figure("amplification_p90", "Amplification, p90 over tasks",
+                   _num(per_task["amplification"].quantile(0.9, "linear")), "ratio_x", "task_cost by task"),
+        ]
+        if by_type is not None:
+            dist = self.sql("""
+                SELECT task_type, count(*) AS tasks, quantile_cont(cost_usd, 0.5) AS cost_p50_usd,
+                       quantile_cont(cost_usd, 0.9) AS cost_p90_usd, quantile_cont(cost_usd, 0.99) AS cost_p99_usd,
+                       max(cost_usd) AS cost_max_usd
+                FROM (SELECT task_id, sum(cost_usd) AS cost_usd, mode(task_type) AS task_type
+                      FROM m_calls WHERE in_win GROUP BY task_id)
+                GROUP BY task_type""")
+            by_type = by_type.join(dist, on="task_type", how="left")
+            sec.tables.append(Table("task_cost_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
+                                    show=["task_type", "tasks", "calls", "retries", "failed_calls", "amplification",
+                                          "wasted_tokens", "cost_usd", "cost_p50_usd", "cost_p90_usd", "cost_max_usd",
+                                          "reprefill_cost_share"]))
+        sec.tables.append(Table("task_cost_by_task", "Every task", sec.basis, per_task.to_arrow(), show=[], show_rows=0))
+        return sec
+
+    def reprefill(self) -> Section:
+        sec = Section("reprefill", "Re-prefill tax by cause and instance",
+                      "reprefill metric (METRICS.md §1, §3): X = max(0, R_eff − C); cost = X ÷ prefill_tps × $/s")
+        show = ["calls", "calls_with_reprefill", "reprefill_tokens", "share_of_cache_tokens", "share_of_computed_prefill",
+                "reprefill_cost_usd", "fleet_cost_share", "mode"]
+        for by in ("cause", "instance", "task_type"):
+            df = self.metric("reprefill", by)
+            if df is None:
+                sec.notes.append(self.missing("reprefill"))
+                return sec
+            col = {"cause": "cause", "instance": "instance", "task_type": "task_type"}[by]
+            sec.tables.append(Table(f"reprefill_by_{by}", f"By {by.replace('_', ' ')}", sec.basis, df.to_arrow(),
+                                    show=[col, *show],
+                                    chart=Chart("bars", f"Recompute tax by {by.replace('_', ' ')} (USD)", col,
+                                                "reprefill_cost_usd", "usd") if by != "task_type" else None))
+        return sec
+
+    def rent(self) -> Section:
+        sec = Section("rent", "Idle KV rent",
+                      "idle_kv_rent metric (METRICS.md §4): rent = K·g token-seconds × instance $/s ÷ KV capacity "
+                      "(the opportunity cost of a KV slot); g* = KV capacity ÷ prefill throughput")
+        df = self.metric("idle_kv_rent", "instance")
+        if df is None:
+            sec.notes.append(self.missing("idle_kv_rent"))
+            return sec
+        show = ["instance", "windows", "retained", "evicted", "routed_away", "rent_paid_usd", "rent_wasted_usd",
+                "abandoned", "abandoned_kv_bytes", "gap_p50_s", "g_star_s", "share_over_g_star", "idle_kv_share",
+                "rent_mode"]
+        sec.tables.append(Table("idle_kv_rent_by_instance", "By instance", sec.basis, df.to_arrow(), show=show,
+                                chart=Chart("bars", "Idle KV rent paid by instance (USD)", "instance", "rent_paid_usd")))
+        if "note" in df.columns:
+            sec.notes += [f"{i}: {n}" for i, n in zip(df["instance"].to_list(), df["note"].to_list(), strict=True) if n]
+        if "rent_basis" in df.columns:
+            sec.notes += sorted({f"Basis: {b}" for b in df["rent_basis"].to_list() if b})
+        by_type = self.metric("idle_kv_rent", "task_type")
+        if by_type is not None:
+            sec.tables.append(Table("idle_kv_rent_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
+                                    show=["task_type", *show[1:-1]]))
+        return sec
+
+    def latency(self) -> Section:
+        sec = Section("latency", "Turn-resume TTFT and ITL tails",
+                      "turn_resume_ttft (METRICS.md §5): TTFT of calls 2…n by idle-gap bucket and hit class; "
+                      "miss penalty = miss p50 ÷ hit p50. itl_tail (§6): tail gaps attributed to co-scheduled prefills")
+        df = self.metric("turn_resume_ttft", "instance")
+        if df is None:
+            sec.notes.append(self.missing("turn_resume_ttft"))
+        else:
+            sec.tables.append(Table("turn_resume_ttft_by_instance", "Turn-resume TTFT by instance", sec.basis,
+                                    df.to_arrow(), show=["instance", "gap_bucket", "hit_class", "calls", "ttft_p50_s",
+                                                         "ttft_p90_s", "ttft_p99_s", "miss_penalty"], show_rows=40))
+            pen = df["miss_penalty"].drop_nulls().drop_nans() if df.height else df["miss_penalty"]
+            if pen.len():
+                sec.figures.append(Figure("miss_penalty_max", "Largest miss penalty (miss p50 ÷ hit p50 TTFT)",
+                                          _num(pen.max()), "ratio_x", "turn_resume_ttft, same instance and gap bucket"))
+        itl = self.metric("itl_tail")
+        if itl is None:
+            sec.notes.append(self.missing("itl_tail"))
+        else:
+            sec.tables.append(Table("itl_tail", "ITL tail attribution", sec.basis, itl.to_arrow()))
+        fleet = self.metric("fleet_hit_rate")
+        if fleet is not None and fleet.height:
+            sec.tables.append(Table("fleet_hit_rate", "Engine-counter hit rate vs spans (cross-check)",
+                                    "fleet_hit_rate (§2): engine counter deltas over the window, next to span ΣC/ΣP",
+                                    fleet.to_arrow(), show=["instance", "engine", "hit_rate", "span_hit_rate", "basis",
+                                                            "scrapes", "restarts"]))
+        return sec
+
+    def top(self) -> Section:
+        sec = Section("top", f"Top {TOP_N} costliest sessions and tasks",
+                      "reprefill metric by session and task_cost by task (GPU-time $, METRICS.md §8); links open "
+                      "the console on the same week")
+        for key, metric, by, col in (("session", "reprefill", "session", "session_id"),
+                                     ("task", "task_cost", "task", "task_id")):
+            df = self.metric(metric, by)
+            if df is None:
+                sec.notes.append(self.missing(metric))
+                continue
+            df = df.filter(pl.col(col).is_not_null()).sort("cost_usd", descending=True, nulls_last=True).head(TOP_N)
+            about = self.sql(ABOUT_SQL.format(key=col), {"ids": df[col].to_list()})
+            df = df.join(about.rename({"id": col}), on=col, how="left")
+            sess = df[col] if key == "session" else df["first_session_id"]
+            links = [console_link(self.base_url, "session", self.period, session=s) if s else None
+                     for s in sess.to_list()]
+            if key == "task":
+                links = [console_link(self.base_url, "session", self.period, session=s, task=t) if s else None
+                         for s, t in zip(sess.to_list(), df[col].to_list(), strict=True)]
+            df = df.with_columns(pl.Series("console_url", links, dtype=pl.String))
+            show = [col, "task_type", "tenant", "calls", "cost_usd", "reprefill_cost_usd"]
+            show += ["retries", "amplification"] if key == "task" else ["reprefill_tokens", "hit_rate"]
+            sec.tables.append(Table(f"top_{key}s", f"Top {TOP_N} {key}s by spend", sec.basis, df.to_arrow(),
+                                    show=show, links={col: "console_url"}))
+        return sec
+
+    def findings(self) -> Section:
+        sec = Section("findings", "Findings: money at stake and the fix",
+                      "agentobs.findings rules over the same week; $/week as each rule states it")
+        if self.findings_fn is None:
+            sec.notes.append("findings module not available (agentobs.findings is not in this build); no findings "
+                             "were evaluated.")
+            return sec
+        t0 = time.perf_counter()
+        try:
+            items = list(self.findings_fn(self.db, since=self.period.since, until=self.period.until,
+                                          settings=self.settings))
+        except Exception as e:  # noqa: BLE001 - another module's failure must not lose the report
+            sec.notes.append(f"findings failed: {type(e).__name__}: {e}")
+            return sec
+        finally:
+            self.timings["findings"] = time.perf_counter() - t0
+        rows = [_finding_row(f) for f in items]
+        rows.sort(key=lambda r: -(r["usd_per_week"] or 0.0))
+        schema = pa.schema([("id", pa.string()), ("severity", pa.string()), ("title", pa.string()),
+                            ("usd_per_week", pa.float64()), ("tokens_per_week", pa.float64()),
+                            ("evidence", pa.string()), ("fix", pa.string())])
+        tbl = pa.Table.from_pylist(rows, schema=schema)
+        if not rows:
+            sec.notes.append("No rule fired for this week.")
+        sec.figures.append(Figure("findings_usd_per_week", "Money at stake in findings",
+                                  sum(r["usd_per_week"] or 0.0 for r in rows), "usd",
+                                  "sum of the findings' $/week (rules may overlap)"))
+        sec.tables.append(Table("findings", "Findings", sec.basis, tbl,
+                                show=["severity", "title", "usd_per_week", "evidence", "fix"], show_rows=50))
+        return sec
+
+
+def _get(f, key, default=None):
+    return f.get(key, default) if isinstance(f, dict) else getattr(f, key, default)
+
+
+def _text(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, dict):
+        return "; ".join(f"{k}={v2}" for k, v2 in v.items())
+    if isinstance(v, (list, tuple)):
+        return "; ".join(map(str, v))
+    return str(v)
+
+
+def _finding_row(f) -> dict:
+    return {"id": _text(_get(f, "id")), "severity": _text(_get(f, "severity")), "title": _text(_get(f, "title")),
+            "usd_per_week": _num(_get(f, "usd_per_week")), "tokens_per_week": _num(_get(f, "tokens_per_week")),
+            "evidence": _text(_get(f, "evidence")), "fix": _text(_get(f, "fix"))}
+
+
+def _histogram(values: list[float], title: str, bins: int = 20) -> Chart:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    lo, hi = (min(vals), max(vals)) if vals else (0.0, 0.0)
+    if hi <= lo:
+        hi = lo + 1.0
+    pos = [v for v in vals if v > 0]
+    if pos and lo > 0 and hi / lo > 50:  # skewed: log-spaced bins
+        a, b = math.log10(lo), math.log10(hi)
+        edges = [10 ** (a + (b - a) * i / bins) for i in range(bins + 1)]
+    else:
+        edges = [lo + (hi - lo) * i / bins for i in range(bins + 1)]
+    counts = [0] * bins
+    for v in vals:
+        i = next((j for j in range(bins) if v < edges[j + 1]), bins - 1)
+        counts[i] += 1
+    return Chart("histogram", title, unit="usd", edges=edges, counts=counts)
+
+
+def findings_entry() -> Callable | None:
+    """``agentobs.findings.run`` when the findings package exists, else None."""
+    try:
+        mod = importlib.import_module("agentobs.findings")
+    except ImportError:
+        return None
+    fn = getattr(mod, "run", None)
+    return fn if callable(fn) else None
+
+
+def build(db, period: Period, settings: Settings | None = None, clock: Callable[[], float] = time.time,
+          findings: Callable | None | bool = True) -> Report:
+    """The report of ``period`` from the store ``db`` (a path or an open connection).
+    ``findings``: True = use agentobs.findings when present; None/False = leave out; a callable = use it."""
+    settings = settings if settings is not None else load_settings()
+    fn = findings_entry() if findings is True else (findings or None)
+    t0 = time.perf_counter()
+    prev = period.previous()
+    run, close = prepare(db, since=period.since, until=period.until, settings=settings, clock=clock)
+    timings = {"prepare": time.perf_counter() - t0, **{f"prepare {k}": v for k, v in run.timings.items()}}
+    try:
+        b = _Builder(run, period, settings, str(db), fn, db)
+        cur, before = b.totals(period), b.totals(prev)
+        calls = int(cur.get("calls") or 0)
+        basis, cost_tbl = b.cost_basis()
+        sections = [b.headline(cur, before, basis)]
+        if calls:
+            sections += [b.spend(), b.tasks(), b.reprefill(), b.rent(), b.latency(), b.top()]
+            if cost_tbl is not None:
+                sections.append(Section("cost_basis", "Cost basis per instance",
+                                        "the [cost] settings, engine config and engine spans (METRICS.md §8)",
+                                        tables=[Table("cost_basis", "Cost basis", "cost_model metric", cost_tbl,
+                                                      show_rows=50)]))
+        sections.append(b.findings() if calls else Section("findings", "Findings", "", notes=[
+            "No model calls this week, so no findings were evaluated."]))
+        timings.update(b.timings)
+    finally:
+        close()
+    return Report(period, prev, clock(), str(db), calls, sections, timings)
