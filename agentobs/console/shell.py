@@ -96,15 +96,19 @@ def _sidebar_filters(stamp: data.Stamp) -> Filters:
     ss = st.session_state
     last: Filters | None = ss.get("_f_last")
     opts = options(stamp)
+    src = None
     if last is None or (url_has and url_f.key() != last.key()):
-        # first run of this browser session, or the URL was edited: the URL wins
-        ss["f_window"] = url_f.window
-        for k in LIST_KEYS:
-            ss[f"f_{k}"] = list(getattr(url_f, k))
-        ss["f_since"] = url_f.since.isoformat(timespec="seconds") if url_f.since else ""
-        ss["f_until"] = url_f.until.isoformat(timespec="seconds") if url_f.until else ""
+        src = url_f  # first run of this browser session, or the URL was edited: the URL wins
         for w in url_f.warnings:
             st.sidebar.warning(w)
+    elif "f_window" not in ss:
+        src = last  # st.switch_page resets widget state: restore the filters in force
+    if src is not None:
+        ss["f_window"] = src.window
+        for k in LIST_KEYS:
+            ss[f"f_{k}"] = list(getattr(src, k))
+        ss["f_since"] = src.since.isoformat(timespec="seconds") if src.since else ""
+        ss["f_until"] = src.until.isoformat(timespec="seconds") if src.until else ""
 
     sb = st.sidebar
     sb.markdown("**Filters** · kept in the URL: share the link to share the view")

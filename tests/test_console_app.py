@@ -1,0 +1,309 @@
+"""The console under Streamlit's AppTest: every page renders, key numbers equal the metrics API on the same
+store, filters round-trip through the URL, the SQL page refuses writes and file access."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+import pytest
+from streamlit.testing.v1 import AppTest
+from test_console_store import LLAMA, QWEN, WORKED_SESSION, build_store
+
+from agentobs.console import APP, saved
+from agentobs.console.filters import Filters, from_query_params, to_query_params
+from agentobs.console.shell import PAGES
+from agentobs.errors import InputError
+from agentobs.metrics import compute
+
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("console")
+    return build_store(tmp / "console.duckdb", tmp)
+
+
+@pytest.fixture
+def app(db, monkeypatch, tmp_path):
+    monkeypatch.setenv("AGENTOBS_DB", str(db))
+    monkeypatch.setenv("AGENTOBS_CONSOLE_QUERIES", str(tmp_path / "queries.json"))
+    monkeypatch.delenv("AGENTOBS_CONFIG", raising=False)
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def goto(at: AppTest, file: str, **qp) -> AppTest:
+    at.switch_page(f"views/{file}")
+    for k, v in qp.items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def df_of(at: AppTest, i: int = 0):
+    return pl.from_pandas(at.dataframe[i].value)
+
+
+@pytest.mark.parametrize("file,title", [(p[0], p[1]) for p in PAGES])
+def test_every_page_renders(app, file, title):
+    goto(app, file)
+    assert app.title[0].value == title
+    # every page states its view window and basis under the title
+    assert app.caption[0].value.startswith("View: all data")
+
+
+def test_sessions_table_numbers_equal_metrics_api(app, db):
+    goto(app, "sessions.py")
+    df = df_of(app)
+    # 1 worked-example session + 4 generated ones, each once
+    assert sorted(df["session_id"]) == sorted([WORKED_SESSION, "sess-gen-01", "sess-gen-02", "sess-gen-03",
+                                               "sess-gen-04"])
+    api = compute("reuse", db=str(db), by="session")
+    for sid in df["session_id"]:
+        shown = df.filter(pl.col("session_id") == sid).row(0, named=True)
+        want = api.filter(pl.col("session_id") == sid).row(0, named=True)
+        assert shown["hit_rate"] == pytest.approx(want["hit_rate"])
+        assert shown["reuse_hit_rate"] == pytest.approx(want["reuse_hit_rate"], nan_ok=True)
+    w = df.filter(pl.col("session_id") == WORKED_SESSION).row(0, named=True)
+    # METRICS.md worked example: H = 9552/15661, U = (3408+3072)/(3408+4880), X = 1808
+    assert w["hit_rate"] == pytest.approx(9552 / 15661)
+    assert w["reuse_hit_rate"] == pytest.approx(6480 / 8288)
+    assert w["reprefill_tokens"] == 1808
+    assert (w["calls"], w["prompt_tokens"], w["cached_tokens"]) == (3, 15661, 9552)
+    # each row links to its timeline with the session in the URL
+    assert w["open"].startswith("./session?session=sess-0199e1a2")
+
+
+def test_sessions_sort_and_search(app):
+    goto(app, "sessions.py")
+    app.selectbox(key="sess_sort").set_value("most prompt tokens").run()
+    df = df_of(app)
+    # ΣP: worked 15661, gen-03 16200, gen-01 9500, gen-02 8000, gen-04 3100
+    assert df["session_id"].to_list() == ["sess-gen-03", WORKED_SESSION, "sess-gen-01", "sess-gen-02", "sess-gen-04"]
+    app.text_input(key="sess_search").input("GEN-0").run()
+    assert sorted(df_of(app)["session_id"]) == ["sess-gen-01", "sess-gen-02", "sess-gen-03", "sess-gen-04"]
+
+
+def test_open_timeline_button_carries_session_and_filters(app):
+    goto(app, "sessions.py", model=QWEN)
+    app.selectbox(key="sess_pick").set_value("sess-gen-03")
+    app.button(key="sess_open").click().run()
+    assert not app.exception
+    assert app.title[0].value == "Session timeline"
+    assert app.query_params["session"] == "sess-gen-03"
+    assert app.query_params["model"] == QWEN
+
+
+def test_session_timeline_worked_example(app, db):
+    goto(app, "session.py", session=WORKED_SESSION)
+    calls = df_of(app)
+    # METRICS.md worked example, per call: cold, then X = 0 (hit), then X = 1808 evicted_partial
+    assert calls["prompt_tokens"].to_list() == [3412, 4892, 7357]
+    assert calls["r_eff"].to_list() == [None, 3408, 4880]
+    assert calls["reprefill_tokens"].to_list() == [None, 0, 1808]
+    assert calls["hit_class"].to_list() == [None, "hit", "partial"]
+    assert calls["miss_cause"].to_list() == ["cold", None, "evicted_partial"]
+    assert [round(g, 3) if g is not None else None for g in calls["gap_before_s"]] == [None, 0.109, 41.748]
+    assert len(app.get("vega_lite_chart")) == 1
+    labels = {m.label: m.value for m in app.metric}
+    assert labels["calls"] == "3" and labels["ΣP prompt (tokens)"] == "15,661"
+
+
+def test_session_timeline_marks_instance_change(app):
+    goto(app, "session.py", session="sess-gen-02")
+    calls = df_of(app)
+    assert calls["instance"].to_list() == ["10.42.7.31:8000", "10.42.7.32:8000", "10.42.7.32:8000"]
+    # call 2 moved to B: routed_away; R_eff = floor(min(1500, 2599)/16)*16 = 1488, C = 0 → X = 1488
+    assert calls["miss_cause"].to_list() == ["cold", "routed_away", None]
+    assert calls["reprefill_tokens"].to_list() == [None, 1488, 0]
+    spec = app.get("vega_lite_chart")[0].proto.spec
+    assert "moved to instance" in spec  # the instance-change rule layer is in the chart
+
+
+def test_unknown_session_suggests_the_nearest(app):
+    goto(app, "session.py", session="sess-gen-2")
+    assert "no calls for session 'sess-gen-2'" in app.error[0].value
+    assert "did you mean" in app.error[0].value
+
+
+def test_overview_kpis_equal_metrics_api(app, db):
+    goto(app, "overview.py")
+    reuse = compute("reuse", db=str(db), by="model")
+    rep = compute("reprefill", db=str(db), by="model")
+    assert [s.value for s in app.subheader][:2] == sorted(reuse["model"].to_list(), key=reuse["model"].to_list().index)
+    metrics = [(m.label, m.value) for m in app.metric]
+    u = [v for label, v in metrics if label == "Session reuse hit rate U"]
+    share = [v for label, v in metrics if label == "Re-prefill share (tokens)"]
+    for i, model in enumerate(reuse["model"]):
+        r = reuse.row(i, named=True)
+        x = rep.filter(pl.col("model") == model).row(0, named=True)
+        assert u[i] == f"{100 * r['reuse_hit_rate']:.1f} %"
+        assert share[i] == f"{100 * x['share_of_cache_tokens']:.1f} %"
+    # `all` has no previous period: no deltas
+    assert all(m.delta in (None, "") for m in app.metric)
+
+
+def test_overview_with_window_shows_change_vs_previous(app):
+    goto(app, "overview.py", window="30d")
+    # the previous 30 days hold no calls: the metrics there are empty, so still no delta, and no exception
+    assert app.metric and not app.exception
+
+
+def test_filters_in_url_restrict_every_listing(app, db):
+    goto(app, "sessions.py", model=LLAMA)
+    assert app.sidebar.multiselect(key="f_model").value == [LLAMA]
+    assert sorted(df_of(app)["session_id"]) == ["sess-gen-02", "sess-gen-04"]
+    # the filter stays in the URL when moving to another page
+    goto(app, "engines.py")
+    assert app.query_params.get("model") == LLAMA
+
+
+def test_widget_change_updates_url(app):
+    goto(app, "sessions.py")
+    app.sidebar.multiselect(key="f_task_type").set_value(["researcher"]).run()
+    assert app.query_params["task_type"] == "researcher"
+    assert sorted(df_of(app)["session_id"]) == ["sess-gen-02", "sess-gen-04"]
+    app.sidebar.selectbox(key="f_window").set_value("15m").run()
+    assert app.query_params["window"] == "15m"
+
+
+def test_bad_url_values_warn_and_page_still_renders(app):
+    goto(app, "sessions.py", window="3 weeks", since="yesterday", instance="10.9.9.9:1")
+    warnings = " | ".join(w.value for w in app.sidebar.warning)
+    assert "ignored window='3 weeks'" in warnings
+    assert "ignored since='yesterday'" in warnings
+    assert "no data for instance=10.9.9.9:1" in warnings
+
+
+def test_engines_page(app, db):
+    goto(app, "engines.py")
+    inst = df_of(app, 0)
+    assert sorted(inst["instance"]) == ["10.42.7.31:8000", "10.42.7.32:8000", "10.42.7.40:30000"]
+    # 3 scrapes for each vLLM instance, 1 for SGLang
+    assert dict(zip(inst["instance"], inst["scrapes"], strict=True)) == {
+        "10.42.7.31:8000": 3, "10.42.7.32:8000": 3, "10.42.7.40:30000": 1}
+    fleet = df_of(app, 1)
+    api = compute("fleet_hit_rate", db=str(db), by="instance")
+    assert fleet.columns == api.columns
+    shown = dict(zip(fleet["instance"], fleet[fleet.columns[-1]], strict=True))
+    want = dict(zip(api["instance"], api[api.columns[-1]], strict=True))
+    assert shown.keys() == want.keys()
+    # every vLLM counter step adds 9,000 hits of 12,000 queries (tests/test_console_store.py): 0.75
+    hr = next(c for c in api.columns if "hit_rate" in c)
+    a_row = api.filter(pl.col("instance") == "10.42.7.31:8000").row(0, named=True)
+    assert a_row[hr] == pytest.approx(0.75)
+    assert len(app.get("vega_lite_chart")) >= 2
+
+
+def test_sql_page_runs_a_query(app):
+    goto(app, "sql.py")
+    app.text_area(key="sql_text").input("SELECT session_id, calls FROM sessions ORDER BY calls DESC, session_id").run()
+    app.button[0].click().run()  # "Run query"
+    df = df_of(app)
+    assert df.height == 5 and df["calls"].to_list() == [3, 3, 3, 3, 2]
+    assert "5 rows" in app.success[0].value
+    assert len(app.get("download_button")) == 2
+
+
+def test_sql_page_row_cap_says_truncated(app):
+    goto(app, "sql.py")
+    app.text_area(key="sql_text").input("SELECT * FROM range(100)").run()
+    app.number_input[0].set_value(7)
+    app.button[0].click().run()
+    assert df_of(app).height == 7
+    assert "truncated: showing the first 7 rows" in app.warning[0].value
+
+
+@pytest.mark.parametrize("sql,message", [
+    ("DROP TABLE spans", "refused: DROP statements are not allowed"),
+    ("INSERT INTO ingest_log VALUES (now(), 'x', 'y', 1, 0, '')", "refused: INSERT statements are not allowed"),
+    ("COPY spans TO '/tmp/x.csv'", "refused: COPY statements are not allowed"),
+    ("ATTACH '/tmp/other.duckdb'", "refused: ATTACH statements are not allowed"),
+    ("INSTALL httpfs", "refused: LOAD statements are not allowed"),  # DuckDB classifies INSTALL as LOAD
+    ("LOAD httpfs", "refused: LOAD statements are not allowed"),
+    ("SELECT * FROM read_csv('/etc/passwd')", "refused: file and network access is disabled"),
+    ("SELECT * FROM 'https://example.com/x.parquet'", "refused: file and network access is disabled"),
+    ("SELECT 1; SELECT 2", "one statement at a time, got 2"),
+])
+def test_sql_page_refuses(app, sql, message):
+    goto(app, "sql.py")
+    app.text_area(key="sql_text").input(sql).run()
+    app.button[0].click().run()
+    assert not app.dataframe
+    assert message in app.error[0].value
+
+
+def test_saved_queries_roundtrip(app, tmp_path):
+    goto(app, "sql.py")
+    app.text_area(key="sql_text").input("SELECT 42 AS answer").run()
+    app.text_input[0].input("my answer")
+    app.button(key="FormSubmitter:save_query-Save query").click().run()
+    assert "saved to" in app.success[0].value
+    assert saved.user_queries(tmp_path / "queries.json") == {"my answer": "SELECT 42 AS answer"}
+    app.text_area(key="sql_text").input("SELECT 1").run()
+    app.selectbox(key="sql_pick").set_value("my answer").run()
+    assert app.text_area(key="sql_text").value == "SELECT 42 AS answer"
+
+
+def test_cost_page_drills_to_a_task(app, db):
+    goto(app, "cost.py")
+    api = compute("task_cost", db=str(db), by="task")
+    app.selectbox(key="cost_task").set_value("task-sess-gen-03").run()
+    calls = df_of(app, len(app.dataframe) - 1)
+    assert calls["attempt"].to_list() == [1, 2, 1]  # the failed call, its retry, the next turn
+    assert calls["status"].to_list() == ["error", "ok", "ok"]
+    shown = df_of(app, len(app.dataframe) - 2)
+    assert shown["task_id"].to_list() == ["task-sess-gen-03"]
+    want = api.filter(pl.col("task_id") == "task-sess-gen-03")
+    assert shown.columns == want.columns
+    for c in want.columns:
+        a, b = shown[c][0], want[c][0]
+        assert a == b or (isinstance(a, float) and math.isclose(a, b, rel_tol=1e-9)), c
+
+
+def test_missing_db_is_one_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("AGENTOBS_DB", str(tmp_path / "nope.duckdb"))
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+    assert not at.exception
+    assert "no agentobs database at" in at.error[0].value and "agentobs demo" in at.error[0].value
+
+
+# -- pure parts -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("qp,warning", [
+    ({"window": "2h"}, "ignored window='2h': choose one of 15m, 1h, 6h, 24h, 7d, 30d, all"),
+    ({"since": "last tuesday"}, "ignored since='last tuesday': not an ISO-8601 time or epoch seconds"),
+    ({"until": "2026-13-01"}, "ignored until='2026-13-01': not an ISO-8601 time or epoch seconds"),
+    ({"since": "2026-10-14T10:00:00", "until": "2026-10-14T09:00:00"},
+     "ignored since/until: since 2026-10-14 10:00:00 is not before until 2026-10-14 09:00:00"),
+])
+def test_filter_params_malformed(qp, warning):
+    f = from_query_params(qp)
+    assert f.warnings == (warning,)
+    assert (f.window, f.since, f.until) == ("all", None, None)
+
+
+def test_filter_params_roundtrip():
+    f = from_query_params({"window": "6h", "instance": ["a:1", "b:2"], "model": "m1,m2", "task_type": "x",
+                           "since": "2026-10-14T09:00:00Z"})
+    assert f == Filters(window="6h", instance=("a:1", "b:2"), model=("m1", "m2"), task_type=("x",),
+                        since=from_query_params({"since": "1791968400"}).since)
+    assert from_query_params(to_query_params(f)) == f
+    assert to_query_params(Filters()) == {}  # defaults stay out of the URL
+
+
+def test_saved_queries_file_errors(tmp_path):
+    p = tmp_path / "q.json"
+    p.write_text("{not json")
+    with pytest.raises(InputError, match=r"q.json: invalid JSON .* at line 1 column 2"):
+        saved.user_queries(p)
+    assert saved.load(p) == list(saved.EXAMPLES)  # examples still load
+    p.write_text('["SELECT 1"]')
+    with pytest.raises(InputError, match=r'expected a JSON object \{"name": "SELECT ..."\}'):
+        saved.user_queries(p)
+    with pytest.raises(InputError, match="reserved for the built-in examples"):
+        saved.save("example: mine", "SELECT 1", tmp_path / "ok.json")
