@@ -436,6 +436,140 @@ def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt):
 # --- end metrics -----------------------------------------------------------------------------------
 
 
+# --- report ----------------------------------------------------------------------------------------
+@cli.command("report")
+@click.option("--week", default=None, help="ISO week, e.g. 2026-W48 (Monday 00:00 UTC to the next Monday).")
+@click.option("--since", default=None, help="Start (ISO-8601, epoch seconds or a span before now such as 7d).")
+@click.option("--until", default=None, help="End, exclusive (default: now).")
+@click.option("--out", "out", required=True, type=click.Path(file_okay=False),
+              help="Report directory (replaced atomically): report.html, summary.md, manifest.json, tables/.")
+@click.option("--require-data", is_flag=True, default=False,
+              help="Exit 4 when the period has no model calls (the report saying so is still written).")
+@common
+def report_cmd(ctx: Ctx, week, since, until, out, require_data):
+    """Weekly cost-attribution report (default: the last full ISO week): self-contained HTML, a Markdown
+    summary, CSV + Parquet of every attribution table. Rerunnable for any past week."""
+    from .report import build, resolve, write
+    from .store.db import connect
+
+    period = resolve(week, since, until)
+    connect(ctx.db, read_only=True).close()  # one clear line if the store is missing
+    rep = build(ctx.db, period, ctx.settings)
+    path = write(rep, out)
+    if rep.has_data:
+        err_console.print(f"report {period.label}: {rep.calls:,} calls → {path}/report.html, summary.md, "
+                          f"{len(rep.tables())} tables", highlight=False)
+    else:
+        err_console.print(f"report {period.label}: no model calls in {period.describe()} — wrote a report that says "
+                          f"so to {path}", highlight=False)
+        if require_data:
+            raise SystemExit(4)
+
+
+@cli.command("exporter")
+@click.option("--host", default=None, help="Listen address (default from setting exporter_listen: 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default from exporter_listen: 9465; 0 picks a free one).")
+@click.option("--window", "window_s", type=float, default=None, help="Seconds of calls covered (setting exporter_window_s).")
+@click.option("--refresh", "refresh_s", type=float, default=None, help="Seconds between snapshots (exporter_refresh_s).")
+@common
+def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s):
+    """Serve the derived agent metrics (reuse hit rate, re-prefill share, recompute tax and idle rent $/h by
+    instance/model/task type) on a Prometheus /metrics endpoint until SIGTERM/SIGINT."""
+    import signal
+    import threading
+
+    from .exporter import serve
+    from .store.db import connect
+
+    connect(ctx.db, read_only=True).close()
+    lhost, _, lport = str(ctx.settings.exporter_listen).rpartition(":")
+    host = host or lhost or "127.0.0.1"
+    port = port if port is not None else int(lport or 9465)
+    server, collector = serve(ctx.db, host, port, ctx.settings, refresh_s=refresh_s, window_s=window_s)
+    err_console.print(f"agentobs exporter on http://{host}:{server.server_port}/metrics — store {ctx.db} (read-only), "
+                      f"window {collector.window_s:g} s, refresh every {collector.refresh_s:g} s", highlight=False)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    server.shutdown()
+    collector.stop()
+# --- end report ------------------------------------------------------------------------------------
+
+
+# --- findings --------------------------------------------------------------------------------------
+@cli.group("findings", invoke_without_command=True)
+@click.option("--since", default=None, help="Window start: ISO-8601, epoch seconds, or a span before now (24h, 7d).")
+@click.option("--until", default=None, help="Window end (exclusive), same forms as --since.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table")
+@click.option("--all", "show_all", is_flag=True, default=False, help="Also show acknowledged findings.")
+@common
+def findings_cmd(ctx: Ctx, since, until, fmt, show_all):
+    """Default configs that make sessions pay a recompute tax: evidence, tokens and $ per week, the exact fix
+    (docs/findings.md). Subcommands acknowledge a finding until a date."""
+    if click.get_current_context().invoked_subcommand:
+        return
+    from .findings import run
+    from .findings.render import to_json, to_markdown, to_table
+
+    found = run(ctx.db, since=since, until=until, settings=ctx.settings, include_acked=show_all)
+    if fmt == "json":
+        sys.stdout.buffer.write(to_json(found))
+    elif fmt == "markdown":
+        sys.stdout.write(to_markdown(found))
+    else:
+        _emit(to_table(found), "table", f"findings ({len(found)}; details: --format markdown)")
+    err_console.print(f"{len(found)} finding(s)" + ("" if found else ": no default config is costing a recompute tax"),
+                      highlight=False)
+
+
+@findings_cmd.command("ack")
+@click.argument("finding_id")
+@click.option("--reason", required=True, help="Why it is accepted for now (stored with the acknowledgement).")
+@click.option("--until", "until", required=True, help="Until when: a date (2026-11-30), ISO-8601 time, or a span (14d).")
+@common
+def findings_ack_cmd(ctx: Ctx, finding_id, reason, until):
+    """Acknowledge finding FINDING_ID (rule/scope, as `agentobs findings` prints it) until a date."""
+    from .findings.acks import add, parse_until
+
+    con = _open(ctx)
+    a = add(con, finding_id, reason, parse_until(until))
+    con.close()
+    err_console.print(f"acknowledged {finding_id} until {a['until']:%Y-%m-%d %H:%M} UTC", highlight=False)
+
+
+@findings_cmd.command("unack")
+@click.argument("finding_id")
+@common
+def findings_unack_cmd(ctx: Ctx, finding_id):
+    """Withdraw the acknowledgement of FINDING_ID."""
+    from .findings.acks import remove
+
+    con = _open(ctx)
+    ok = remove(con, finding_id)
+    con.close()
+    if not ok:
+        raise AgentobsError(f"no acknowledgement for {finding_id!r} (see `agentobs findings acks`)")
+    err_console.print(f"removed the acknowledgement of {finding_id}", highlight=False)
+
+
+@findings_cmd.command("acks")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@common
+def findings_acks_cmd(ctx: Ctx, fmt):
+    """List acknowledgements (active and lapsed)."""
+    import pyarrow as pa
+
+    from .findings.acks import all_acks
+
+    con = _open(ctx, read_only=True)
+    rows = all_acks(con)
+    cols = ("finding_id", "reason", "until", "created_at", "created_by")
+    _emit(pa.table({c: [r[c] for r in rows] for c in cols}) if rows else
+          pa.table({c: pa.array([], pa.string()) for c in cols}), fmt, "acknowledged findings")
+# --- end findings ----------------------------------------------------------------------------------
+
+
 def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in (argv if argv is not None else sys.argv[1:])
     try:

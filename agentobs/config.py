@@ -69,6 +69,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("itl_tail_threshold", "slo", "ITL tail threshold: 'slo' (itl_slo_ms) or 'p99' (p99 of all gaps of the model).", str),
     Setting("long_prefill_tokens", 8192, "A prefill computing at least this many tokens (P - C) is 'long' (itl_tail).", int),
     Setting("metrics_bucket_s", 60.0, "Time bucket of the time series metrics (concurrency, capacity), in seconds.", float),
+    # -- findings (docs/findings.md) --
+    Setting("findings_min_usd_week", 1.0, "A finding with a measurable tax fires only when it costs at least this many $ per week.", float),
+    Setting("findings_min_share", 0.02, "A re-prefill finding fires only when its tokens are at least this share of the scope's computed prefill Σ(P − C).", float),
+    Setting("findings_min_calls", 20, "Fewer calls than this behind a finding make its confidence 'low'.", int),
+    Setting("findings_high_usd_week", 500.0, "Severity 'high' from this many $ per week at stake.", float),
+    Setting("findings_medium_usd_week", 50.0, "Severity 'medium' from this many $ per week at stake (below: 'low').", float),
+    Setting("findings_routed_away_share", 0.10, "Non-affine routing: routed_away re-prefill as a share of reusable prefix tokens ΣR_eff.", float),
+    Setting("findings_queue_s", 0.1, "A call whose engine queue time is at least this (s) counts as queued (SGLang FCFS rule).", float),
+    Setting("findings_unknown_cached_share", 0.5, "Observability gap: share of an instance's calls without a cached-token count.", float),
+    Setting("findings_no_session_share", 0.2, "Observability gap: share of calls without a session id.", float),
+    Setting("findings_itl_long_prefill_share", 0.3, "ITL interference: share of tail inter-token gaps overlapping a long prefill.", float),
+    Setting("findings_itl_min_tail_gaps", 20, "ITL interference: fewest tail gaps on an instance to judge it.", int),
+    Setting("findings_beyond_gstar_share", 0.5, "Retention rule: share of idle gaps beyond (or below) the break-even g*.", float),
     Setting("sql_row_cap", 10000, "Maximum rows a user SQL query returns (agentobs sql, console).", int),
     Setting("sql_timeout_s", 30.0, "Time limit of a user SQL query, in seconds.", float),
     Setting("writer_batch_rows", 50000, "Rows buffered per table before the writer commits a batch.", int),
@@ -90,6 +103,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("health_listen", "127.0.0.1:9464", "Listen address of the collector's own /metrics ('' disables).", str),
     Setting("snapshot_path", "", "Read snapshot published by `agentobs collect` for readers (default: <db>.read.duckdb).", str),
     Setting("snapshot_every_s", 60.0, "How often `agentobs collect` publishes the read snapshot, in seconds (0 disables).", float),
+    # --- report and exporter (docs/report.md) ---
+    Setting("console_url", "http://127.0.0.1:8501", "Base URL of the console, for links in the weekly report.", str),
+    Setting("exporter_listen", "127.0.0.1:9465", "Listen address host:port of `agentobs exporter` (derived metrics).", str),
+    Setting("exporter_window_s", 3600.0, "Window of calls the exporter's derived metrics cover (ending now), in seconds.", float),
+    Setting("exporter_refresh_s", 60.0, "How often the exporter recomputes its snapshot, in seconds.", float),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}

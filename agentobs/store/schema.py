@@ -116,4 +116,17 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         );
         """,
     ),
+    (
+        "0002_findings_acks",
+        """
+        -- acknowledgements of findings (agentobs findings ack): written by the CLI only
+        CREATE TABLE IF NOT EXISTS findings_acks (
+            finding_id  VARCHAR PRIMARY KEY,   -- rule/scope, e.g. hicache_off/instance=10.0.0.1:30000
+            reason      VARCHAR NOT NULL,
+            until       TIMESTAMP NOT NULL,    -- UTC; the acknowledgement lapses then
+            created_at  TIMESTAMP NOT NULL,
+            created_by  VARCHAR
+        );
+        """,
+    ),
 )

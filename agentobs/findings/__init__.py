@@ -1,0 +1,57 @@
+"""Findings: the default configs that make sessions pay a recompute tax — evidence, tokens and $
+per week, and the exact fix.
+
+    from agentobs.findings import run
+    for f in run("agentobs.duckdb", since="7d"):
+        print(f.id, f.severity, f.tax.usd_week, f.remediation)
+
+Rules live one per module under ``rules/`` and run in the order of ``rules.RULES``; each reads one
+prepared metric run (agentobs.metrics) and the engine config. See docs/findings.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from ..config import Settings, load_settings
+from .acks import active
+from .context import Context
+from .finding import SEVERITIES, Evidence, Finding, Scope, Tax
+from .rules import RULES
+
+__all__ = ["RULES", "Evidence", "Finding", "Scope", "Tax", "run"]
+
+
+def _order(f: Finding):
+    return (SEVERITIES.index(f.severity), -(f.tax.usd_week or 0.0), f.id)
+
+
+def run(db, since=None, until=None, settings: Settings | None = None, *, include_acked: bool = False,
+        clock: Callable[[], float] = time.time) -> list[Finding]:
+    """Every finding over calls starting in ``[since, until)`` (times as agentobs.metrics.parse_time
+    takes them), most severe first. ``db``: a path or an open (read-only is fine) DuckDB connection.
+    Findings acknowledged until a later time are left out unless ``include_acked``; then they
+    carry the acknowledgement in ``acked``."""
+    from ..metrics import prepare
+
+    settings = settings if settings is not None else load_settings()
+    mrun, close = prepare(db, since, until, settings=settings, clock=clock)
+    try:
+        ctx = Context(mrun.cur, settings, mrun.since, mrun.until, clock)
+        found: list[Finding] = []
+        for rule in RULES:
+            found.extend(rule.check(ctx))
+        acks = active(mrun.cur, clock)
+    finally:
+        close()
+    out = []
+    for f in found:
+        a = acks.get(f.id)
+        if a is not None:
+            if not include_acked:
+                continue
+            f = dataclasses.replace(f, acked=tuple((k, a[k]) for k in ("reason", "until", "created_by")))
+        out.append(f)
+    return sorted(out, key=_order)

@@ -1,0 +1,94 @@
+"""The finding: a small typed value object with equality, so tests compare whole lists.
+
+A finding's ``id`` is ``<rule>/<scope>`` (e.g. ``hicache_off/instance=10.0.0.1:30000``): stable
+across runs, so an acknowledgement (``agentobs findings ack ID``) keeps applying to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SEVERITIES = ("high", "medium", "low", "info")
+CONFIDENCES = ("high", "medium", "low")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Where the finding applies. All ``None`` = the whole fleet."""
+
+    instance: str | None = None
+    model: str | None = None
+    task_type: str | None = None
+
+    def key(self) -> str:
+        parts = [f"{k}={v}" for k, v in (("instance", self.instance), ("model", self.model),
+                                         ("task_type", self.task_type)) if v is not None]
+        return ",".join(parts) or "fleet"
+
+    def primary(self) -> str:
+        """The most specific part (instance > model > task type): what a finding id is keyed on, so
+        the id survives a model rename on the same instance."""
+        for k, v in (("instance", self.instance), ("model", self.model), ("task_type", self.task_type)):
+            if v is not None:
+                return f"{k}={v}"
+        return "fleet"
+
+    def __str__(self) -> str:
+        return self.key()
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The numbers behind a finding and the SQL (with its parameters) that produced them."""
+
+    numbers: tuple[tuple[str, Any], ...]
+    sql: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return dict(self.numbers).get(name, default)
+
+
+@dataclass(frozen=True)
+class Tax:
+    """Recompute tax per week. ``tokens`` / ``usd`` are ``None`` when they cannot be measured."""
+
+    tokens_week: float | None
+    usd_week: float | None
+    basis: str            # cost model basis and the scaling of the observed window to a week
+    method: str = "observed"  # observed | analytical | simulator
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    title: str
+    severity: str
+    scope: Scope
+    evidence: Evidence
+    tax: Tax
+    recoverable: Tax
+    confidence: str
+    remediation: str
+    summary: str = ""
+    acked: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    def __post_init__(self):
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} not in {SEVERITIES}")
+        if self.confidence not in CONFIDENCES:
+            raise ValueError(f"confidence {self.confidence!r} not in {CONFIDENCES}")
+
+    @property
+    def id(self) -> str:
+        return f"{self.rule}/{self.scope.primary()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d = {"id": self.id, **d}
+        d["scope"] = {k: v for k, v in d["scope"].items() if v is not None}
+        d["evidence"] = {"numbers": dict(self.evidence.numbers), "sql": self.evidence.sql,
+                         "params": dict(self.evidence.params)}
+        d["acked"] = dict(self.acked) or None
+        return d

@@ -1,0 +1,62 @@
+"""Shared measurements the rules size their fixes from.
+
+- ``misses(ctx, instance)``: per instance, calls, computed prefill Σ(P − C), and re-prefill X with
+  its GPU-time cost per miss cause (METRICS.md §1, §3).
+- ``idle_kv(ctx, instance)``: the KV held by idle sessions on an instance (METRICS.md §4): every
+  idle window ``[t2(prev), t0(c)]`` of a session whose previous call ran on the same instance holds
+  ``K = P(prev) + O(prev)`` tokens; the peak of their sum over time is what a second tier must hold
+  to keep every idle session, the time-weighted mean is the typical load.
+"""
+
+from __future__ import annotations
+
+from .context import Context
+
+MISSES_SQL = """
+SELECT count(*) AS calls,
+       count(*) FILTER (WHERE prev_call_id IS NOT NULL) AS follow_ups,
+       CAST(coalesce(sum(prompt_tokens - coalesce(cached_tokens, 0)), 0) AS BIGINT) AS computed_prefill,
+       CAST(coalesce(sum(reprefill_tokens), 0) AS BIGINT) AS reprefill_tokens,
+       CAST(coalesce(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS BIGINT) AS reusable_tokens,
+       count(*) FILTER (WHERE miss_cause = $cause) AS cause_calls,
+       CAST(coalesce(sum(reprefill_tokens) FILTER (WHERE miss_cause = $cause), 0) AS BIGINT) AS cause_tokens,
+       coalesce(sum(reprefill_cost_usd) FILTER (WHERE miss_cause = $cause), 0) AS cause_usd,
+       count(*) FILTER (WHERE miss_cause = $cause AND mode = 'exact') AS cause_exact,
+       count(*) FILTER (WHERE miss_cause = $cause2) AS cause2_calls,
+       CAST(coalesce(sum(reprefill_tokens) FILTER (WHERE miss_cause = $cause2), 0) AS BIGINT) AS cause2_tokens,
+       coalesce(sum(reprefill_cost_usd) FILTER (WHERE miss_cause = $cause2), 0) AS cause2_usd,
+       count(*) FILTER (WHERE miss_cause = $cause2 AND mode = 'exact') AS cause2_exact,
+       any_value(cost_basis) AS cost_basis
+FROM m_calls
+WHERE in_win AND coalesce(instance, '') = $instance
+"""
+
+IDLE_KV_SQL = """
+WITH iv AS (
+    SELECT start_s - gap_before_s AS a, start_s AS b, kv_tokens_before AS k
+    FROM m_calls
+    WHERE in_win AND coalesce(instance, '') = $instance AND prev_instance = instance
+      AND gap_before_s > 0 AND kv_tokens_before > 0
+),
+ev AS (SELECT a AS t, k AS d FROM iv UNION ALL SELECT b AS t, -k AS d FROM iv),
+run AS (SELECT t, sum(d) OVER (ORDER BY t, d ROWS UNBOUNDED PRECEDING) AS held FROM ev)
+SELECT (SELECT count(*) FROM iv) AS idle_windows,
+       (SELECT coalesce(max(held), 0) FROM run) AS peak_idle_kv_tokens,
+       (SELECT coalesce(sum(k * (b - a)), 0) FROM iv) AS idle_kv_token_s,
+       (SELECT max(b) - min(a) FROM iv) AS idle_span_s
+"""
+
+
+def misses(ctx: Context, instance: str, cause: str, cause2: str = "") -> dict:
+    return ctx.one(MISSES_SQL, {"instance": instance, "cause": cause, "cause2": cause2})
+
+
+def idle_kv(ctx: Context, instance: str) -> dict:
+    r = ctx.one(IDLE_KV_SQL, {"instance": instance})
+    span = r.get("idle_span_s") or 0.0
+    r["mean_idle_kv_tokens"] = r["idle_kv_token_s"] / span if span > 0 else 0.0
+    return r
+
+
+def gib(tokens: float, bytes_per_token: float | None) -> float | None:
+    return None if not bytes_per_token else tokens * bytes_per_token / 2**30
