@@ -32,5 +32,6 @@ SELECT grp,
        sum(overlap_s) AS request_s,
        sum(overlap_s) / nullif(least((k + 1) * $bucket_s, w1) - greatest(k * $bucket_s, w0), 0) AS concurrency
 FROM o CROSS JOIN bounds
+WHERE (k + 1) * $bucket_s > w0 AND k * $bucket_s < w1
 GROUP BY grp, k, w0, w1
 ORDER BY grp, k

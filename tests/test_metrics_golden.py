@@ -1,0 +1,427 @@
+"""Golden tests of the agent metrics (METRICS.md): small hand-built inputs, expected outputs computed
+by hand in the comments. Spans go through the real writer into a real DuckDB file; the worked example
+goes through the real OTLP import path."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from agentobs.config import Settings, load_settings
+from agentobs.metrics import compute, compute_all, prepare
+from agentobs.store.db import connect
+from agentobs.store.writer import Writer
+
+T0 = 1_800_000_000.0  # epoch seconds; every time below is relative to it
+FIX = Path(__file__).parent / "fixtures"
+
+
+def _ts(s: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(T0 + s, dt.UTC).replace(tzinfo=None)
+
+
+def call(cid, sess, start, end, P, C, O=100, inst="A:8000", attempt=None, branch=None, ttft=0.5, status=0,
+         itl=None, hashes=None, task="t1", model="Qwen/Qwen3-32B", sys_tokens=None, tool_tokens=None):
+    return {
+        "trace_id": f"tr-{task}", "span_id": cid, "parent_span_id": None, "name": "chat m", "kind": 3,
+        "start_ns": int((T0 + start) * 1e9), "end_ns": int((T0 + end) * 1e9), "status_code": status,
+        "role": "gateway", "op": "chat", "session_id": sess, "task_id": task, "attempt": attempt, "branch": branch,
+        "instance": inst, "model": model, "input_tokens": P, "cached_tokens": C, "output_tokens": O,
+        "ttft_s": ttft, "itl_ms": itl, "block_hashes": hashes, "system_tokens": sys_tokens,
+        "tool_def_tokens": tool_tokens, "error_type": "timeout" if status == 2 else None,
+    }
+
+
+SPAN_TYPES = {
+    "trace_id": pa.string(), "span_id": pa.string(), "parent_span_id": pa.string(), "name": pa.string(),
+    "kind": pa.int8(), "start_ns": pa.int64(), "end_ns": pa.int64(), "status_code": pa.int8(), "role": pa.string(),
+    "op": pa.string(), "session_id": pa.string(), "task_id": pa.string(), "attempt": pa.int32(),
+    "branch": pa.string(), "instance": pa.string(), "model": pa.string(), "input_tokens": pa.int64(),
+    "cached_tokens": pa.int64(), "output_tokens": pa.int64(), "ttft_s": pa.float64(),
+    "itl_ms": pa.list_(pa.float64()), "block_hashes": pa.list_(pa.string()), "system_tokens": pa.int64(),
+    "tool_def_tokens": pa.int64(), "error_type": pa.string(),
+}
+
+
+def make_db(tmp_path, calls, config=(), kv=(), samples=()) -> str:
+    path = str(tmp_path / "m.duckdb")
+    con = connect(path)
+    with Writer(con, flush_s=0.01) as w:
+        if calls:
+            w.write("spans", pa.table({k: pa.array([c[k] for c in calls], t) for k, t in SPAN_TYPES.items()}))
+        if config:  # (instance, engine, key, value)
+            w.write("engine_config", pa.table({
+                "instance": [c[0] for c in config], "ts": [_ts(0)] * len(config), "engine": [c[1] for c in config],
+                "key": [c[2] for c in config], "value": [c[3] for c in config], "source": ["test"] * len(config)}))
+        if kv:  # (instance, t, type, hashes, session)
+            w.write("kv_events", pa.table({
+                "instance": [e[0] for e in kv], "ts": [_ts(e[1]) for e in kv], "seq": list(range(len(kv))),
+                "event_idx": [0] * len(kv), "type": [e[2] for e in kv],
+                "block_hashes": pa.array([e[3] for e in kv], pa.list_(pa.string())),
+                "session_id": pa.array([e[4] for e in kv], pa.string())}))
+        if samples:  # (instance, t, metric, labels, value)
+            w.write("metric_samples", pa.table({
+                "ts": [_ts(s[1]) for s in samples], "instance": [s[0] for s in samples],
+                "metric": [s[2] for s in samples],
+                "labels": pa.array([list(s[3].items()) for s in samples], pa.map_(pa.string(), pa.string())),
+                "labels_key": [",".join(f"{k}={v}" for k, v in sorted(s[3].items())) for s in samples],
+                "value": [float(s[4]) for s in samples], "engine": [s[2].split(":")[0] for s in samples]}))
+    con.close()
+    return path
+
+
+def rows(df, key):
+    return {r[key]: r for r in df.to_dicts()}
+
+
+def reuse_rows(path, settings=None):
+    run, close = prepare(path, settings=settings or Settings())
+    try:
+        return rows(run.table("m_calls"), "call_id")
+    finally:
+        close()
+
+
+# -- the worked example (METRICS.md), through the real OTLP import ------------------------------------
+def test_worked_example_via_otlp_import(tmp_path):
+    from agentobs.collect.files import import_otlp
+
+    path = str(tmp_path / "ex.duckdb")
+    con = connect(path)
+    with Writer(con) as w:
+        res = import_otlp([FIX / "otlp" / "agent_task_3turns.json"], w, load_settings(env={}))
+    assert res.accepted == 6 and not res.errors
+    con.close()
+    r = compute("reuse", db=path, settings=Settings()).to_dicts()
+    assert len(r) == 1  # the invoke_agent root span is not a call: one session of 3 calls
+    s = r[0]
+    assert (s["calls"], s["prompt_tokens"], s["cached_tokens"]) == (3, 15661, 9552)
+    assert round(s["hit_rate"], 3) == 0.610          # 9552 / 15661
+    assert round(s["reuse_hit_rate"], 3) == 0.782    # (3408 + 3072) / (3408 + 4880)
+    assert s["reusable_tokens_eff"] == 3408 + 4880 and s["reprefill_tokens"] == 1808
+    c = reuse_rows(path)
+    c3 = c["5a9c3e7f1b6d82a5"]
+    assert (c3["reusable_tokens"], c3["reusable_tokens_eff"], c3["reprefill_tokens"]) == (4892, 4880, 1808)
+    assert c3["miss_cause"] == "evicted_partial" and c3["hit_class"] == "partial"
+    assert round(c3["gap_before_s"], 3) == 41.748
+    # call 3 computes P − C = 7357 − 3072 = 4285 = 1808 recomputed + 2465 new + 12 trailing partial block
+    assert c3["prompt_tokens"] - c3["cached_tokens"] == 4285 == 1808 + (7357 - 4892) + (4892 - 4880)
+    assert c["1c5e9a3b7d2f4e61"]["miss_cause"] == "cold" and c["1c5e9a3b7d2f4e61"]["reprefill_tokens"] is None
+    by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
+    assert by_cause["evicted_partial"]["calls"] == 1 and by_cause["evicted_partial"]["reprefill_tokens"] == 1808
+    # the model view gives the same per-call numbers
+    ro = duckdb.connect(path, read_only=True)
+    assert ro.execute("SELECT reprefill_tokens, miss_cause FROM call_reuse WHERE call_id = '5a9c3e7f1b6d82a5'").fetchone() \
+        == (1808, "evicted_partial")
+    ro.close()
+
+
+# -- §1: block floor, causes, context shrink, unknown C ----------------------------------------------
+def test_block_floor_and_config_block_size(tmp_path):
+    path = make_db(tmp_path, [
+        call("a1", "s", 0, 1, 100, 0), call("a2", "s", 2, 3, 150, 96),          # A: default B = 16
+        call("b1", "u", 0, 1, 100, 0, inst="B:8000"), call("b2", "u", 2, 3, 100, 0, inst="B:8000", attempt=2),
+    ], config=[("B:8000", "vllm", "block_size", "64")])
+    c = reuse_rows(path)
+    # A: R = P(prev) = 100; R_eff = floor(min(100, 149) / 16) * 16 = 96; C = 96 -> X = 0 (no phantom 4 tokens)
+    assert (c["a2"]["reusable_tokens"], c["a2"]["reusable_tokens_eff"], c["a2"]["reprefill_tokens"]) == (100, 96, 0)
+    assert c["a2"]["block_size_source"] == "default" and c["a2"]["miss_cause"] is None and c["a2"]["hit_class"] == "hit"
+    # B: retry of the same 100-token prompt, B = 64 from the engine config:
+    # R = 100, R_eff = floor(min(100, 99) / 64) * 64 = 64 (the last prompt token is always recomputed); C = 0 -> X = 64
+    assert (c["b2"]["block_size"], c["b2"]["reusable_tokens_eff"], c["b2"]["reprefill_tokens"]) == (64, 64, 64)
+    assert c["b2"]["miss_cause"] == "evicted_full" and c["b2"]["is_retry"]
+
+
+def test_routed_away_vs_evicted_vs_cache_disabled_and_unknown(tmp_path):
+    path = make_db(tmp_path, [
+        call("r1", "s1", 0, 1, 1000, 0, inst="A:8000"), call("r2", "s1", 5, 6, 1200, 0, inst="B:8000"),
+        call("e1", "s2", 0, 1, 1000, 0, inst="A:8000"), call("e2", "s2", 5, 6, 1200, 0, inst="A:8000"),
+        call("p1", "s3", 0, 1, 1000, 0, inst="A:8000"), call("p2", "s3", 5, 6, 1200, 500, inst="A:8000"),
+        call("d1", "s4", 0, 1, 1000, 0, inst="C:8000"), call("d2", "s4", 5, 6, 1200, 0, inst="C:8000"),
+        call("n1", "s5", 0, 1, 1000, 0, inst="A:8000"), call("n2", "s5", 5, 6, 1200, None, inst="A:8000"),
+    ], config=[("C:8000", "vllm", "block_size", "16"), ("C:8000", "vllm", "enable_prefix_caching", "False")])
+    c = reuse_rows(path)
+    # every follow-up: R = 1000, R_eff = floor(1000 / 16) * 16 = 992
+    assert c["r2"]["miss_cause"] == "routed_away" and c["r2"]["reprefill_tokens"] == 992
+    assert c["r2"]["window_outcome"] == "routed_away"
+    assert c["e2"]["miss_cause"] == "evicted_full" and c["e2"]["reprefill_tokens"] == 992
+    assert c["p2"]["miss_cause"] == "evicted_partial" and c["p2"]["reprefill_tokens"] == 492  # 992 − 500
+    assert c["d2"]["miss_cause"] == "cache_disabled"
+    assert c["n2"]["miss_cause"] == "unknown" and c["n2"]["reprefill_tokens"] is None and c["n2"]["hit_class"] is None
+    by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
+    assert by_cause["cold"]["calls"] == 5 and by_cause["cold"]["reprefill_tokens"] is None
+    assert by_cause["unknown"]["calls"] == 1
+    assert by_cause["evicted_full"]["reprefill_tokens"] == 992
+    # unknown C is not 0: s5's hit rate counts only the call whose C is known (0 / 1000), not 0 / 2200
+    r = rows(compute("reuse", db=path, settings=Settings()), "session_id")
+    assert r["s5"]["hit_rate"] == 0.0 and r["s5"]["calls_cached_unknown"] == 1 and r["s5"]["reuse_hit_rate"] is None
+    # s3: H = 500 / 2200; U = 500 / 992
+    assert r["s3"]["hit_rate"] == pytest.approx(500 / 2200) and r["s3"]["reuse_hit_rate"] == pytest.approx(500 / 992)
+
+
+def test_context_shrink_is_a_reset_not_a_reprefill(tmp_path):
+    path = make_db(tmp_path, [
+        call("c1", "s", 0, 1, 5000, 0), call("c2", "s", 2, 3, 8000, 4992),
+        call("c3", "s", 4, 5, 2010, 1000),   # compaction: P shrank below P(prev) = 8000 -> R unknown
+        call("c4", "s", 6, 7, 2500, 2000),   # R = 2010, R_eff = floor(2010 / 16) * 16 = 2000 -> hit
+    ])
+    c = reuse_rows(path)
+    assert c["c3"]["context_reset"] and c["c3"]["reusable_tokens"] is None and c["c3"]["reprefill_tokens"] is None
+    assert c["c3"]["miss_cause"] is None
+    assert c["c4"]["reusable_tokens_eff"] == 2000 and c["c4"]["reprefill_tokens"] == 0
+    r = compute("reuse", db=path, settings=Settings()).to_dicts()[0]
+    # U over c2 and c4 only: (4992 + 2000) / (4992 + 2000) = 1; c3 is counted as a context reset
+    assert r["reuse_hit_rate"] == 1.0 and r["context_resets"] == 1 and r["reusable_tokens_eff"] == 4992 + 2000
+    assert rows(compute("reprefill", db=path, settings=Settings()), "cause")["context_reset"]["calls"] == 1
+
+
+def test_retries_turns_amplification_and_goodput(tmp_path):
+    path = make_db(tmp_path, [
+        call("t1", "s", 0, 1, 1000, 0, O=100),
+        call("t2", "s", 2, 3, 2000, 992, O=50, status=2),            # fails
+        call("t3", "s", 4, 5, 2000, 1984, O=100),                     # same prompt re-sent, no attempt attr: a retry
+        call("t4", "s", 6, 9, 3000, 1984, O=100, ttft=2.5),           # ok but TTFT 2.5 s > SLO 2 s
+    ])
+    c = reuse_rows(path)
+    # the retry's prev is the failed call: R = P(prev) = 2000 -> R_eff = floor(1999 / 16) * 16 = 1984
+    assert c["t3"]["is_retry"] and c["t3"]["reusable_tokens_eff"] == 1984 and c["t3"]["reprefill_tokens"] == 0
+    assert [c[k]["turn_no"] for k in ("t1", "t2", "t3", "t4")] == [1, 2, 2, 3]
+    assert not c["t2"]["is_last_attempt"] and c["t3"]["is_last_attempt"]
+    t = compute("task_cost", db=path, settings=Settings()).to_dicts()[0]
+    assert (t["calls"], t["retries"], t["failed_calls"]) == (4, 1, 1)
+    # computed = P − C + O: t1 1100, t2 1058, t3 116, t4 1116 -> all 3390; final path (t1, t3, t4) 2332
+    assert t["amplification"] == pytest.approx(3390 / 2332)
+    assert t["wasted_tokens"] == 2050  # P + O of the failed attempt
+    g = compute("turn_goodput", db=path, settings=Settings()).to_dicts()[0]
+    # 3 turns: t1 good, (t2, t3) good (last attempt ok), t4 misses the 2 s TTFT SLO; window 0..9 s
+    assert (g["turns"], g["good_turns"], g["slo_missed_turns"], g["attempts"]) == (3, 2, 1, 4)
+    assert g["goodput_turns_per_s"] == pytest.approx(2 / 9)
+
+
+def test_parallel_branches_fork_from_the_main_context(tmp_path):
+    path = make_db(tmp_path, [
+        call("m1", "s", 0, 1, 1000, 0),
+        call("m2", "s", 2, 3, 1500, 992),
+        call("b1", "s", 4, 6, 1800, 1488, branch="b"),   # first call of branch b: prev = fork point m2
+        call("m3", "s", 4, 7, 1700, 1488),               # main continues in parallel: prev = m2 (same branch)
+        call("b2", "s", 8, 9, 2000, 0, branch="b"),      # prev = b1 (same branch), not m3 which ended later
+    ])
+    c = reuse_rows(path)
+    assert c["b1"]["prev_call_id"] == "m2" and c["b1"]["reusable_tokens_eff"] == 1488
+    assert c["m3"]["prev_call_id"] == "m2"
+    assert c["b2"]["prev_call_id"] == "b1" and c["b2"]["reprefill_tokens"] == 1792  # floor(1800/16)*16 − 0
+    t = compute("task_cost", db=path, settings=Settings()).to_dicts()[0]
+    assert t["branches"] == 2
+
+
+def test_exact_reusable_prefix_from_block_hashes(tmp_path):
+    path = make_db(tmp_path, [
+        call("h1", "s", 0, 1, 64, 0, hashes=["a", "b", "c", "d"]),
+        # P grew, but only the first 3 blocks match (the 4th changed: templates re-rendered the tail)
+        call("h2", "s", 2, 3, 80, 16, hashes=["a", "b", "c", "x", "y"]),
+    ])
+    c = reuse_rows(path)
+    # exact: 3 leading blocks × B=16 = 48 (the estimate would say P(prev) = 64 -> R_eff 48... floor(min(64,79)/16)*16 = 64)
+    assert c["h2"]["mode"] == "exact" and c["h2"]["reusable_tokens"] == 48
+    assert c["h2"]["reusable_tokens_eff"] == 48 and c["h2"]["reprefill_tokens"] == 32  # 48 − C 16
+
+
+# -- §4: rent, exact (KV events) vs estimate; abandoned sessions -------------------------------------
+def test_rent_exact_with_kv_events_vs_estimate(tmp_path):
+    path = make_db(tmp_path, [
+        # s1 on A with KV events: evicted at t=15 during the 10..30 s idle window
+        call("k1", "s1", 0, 10, 1000, 0, O=200), call("k2", "s1", 30, 31, 1500, 0, O=100),
+        # s2 on A without KV events: evicted too, rent unknown
+        call("e1", "s2", 0, 10, 1000, 0, O=200), call("e2", "s2", 30, 31, 1500, 0, O=100),
+        # s3 retained: rent paid K × g = (1000 + 200) × 20
+        call("r1", "s3", 0, 10, 1000, 0, O=200), call("r2", "s3", 30, 31, 1500, 992, O=100),
+    ], kv=[
+        ("A:8000", 1, "BlockStored", ["h1", "h2"], "s1"),
+        ("A:8000", 15, "BlockRemoved", ["h2"], None),
+        ("A:8000", 40, "BlockRemoved", ["zz"], None),      # the last event: end of observation on A
+    ], config=[("A:8000", "vllm", "num_gpu_blocks", "1000"), ("A:8000", "vllm", "block_size", "16")])
+    c = reuse_rows(path)
+    assert c["k2"]["rent_mode"] == "kv_events" and c["k2"]["evict_phase"] == "idle"
+    assert c["k2"]["rent_wasted_token_s"] == pytest.approx(1200 * 5)     # K × (t_evict 15 − t2 10)
+    assert c["e2"]["rent_mode"] == "estimate" and c["e2"]["rent_wasted_token_s"] is None
+    assert c["r2"]["window_outcome"] == "retained" and c["r2"]["rent_paid_token_s"] == pytest.approx(1200 * 20)
+    # abandoned: k2 is s1's last call; no removal after t=31 -> censored at the last KV event (t=40):
+    # (1500 + 100) × (40 − 31)
+    assert c["k2"]["abandon_censored"] and c["k2"]["abandon_rent_token_s"] == pytest.approx(1600 * 9)
+    assert c["e2"]["abandon_rent_token_s"] is None and c["e2"]["abandon_kv_tokens"] == 1600
+    cfg = Settings(values={"cost": {"usd_per_hour": 3600.0}})   # $1/s; KV capacity 1000 × 16 = 16000 tokens
+    r = compute("idle_kv_rent", db=path, settings=cfg).to_dicts()[0]
+    assert (r["windows"], r["retained"], r["evicted"], r["evicted_rent_unknown"], r["abandoned"]) == (3, 1, 2, 1, 3)
+    assert r["rent_paid_usd"] == pytest.approx(24000 / 16000)   # token-s × $/s ÷ capacity
+    assert r["rent_wasted_usd"] == pytest.approx(6000 / 16000)
+    assert r["abandoned_kv_tokens"] == 3 * 1600 and r["rent_mode"] == "mixed"
+    assert r["abandoned_kv_bytes"] == pytest.approx(3 * 1600 * 262144)  # Qwen3-32B: 2×64×8×128×2 B/token
+    # g* = 16000 tokens ÷ 10000 tok/s (built-in default prefill) = 1.6 s; all three 20 s gaps exceed it
+    assert r["g_star_s"] == pytest.approx(1.6) and r["windows_over_g_star"] == 3
+    assert "$/s ÷ KV capacity" in r["rent_basis"]
+
+
+# -- §5 ---------------------------------------------------------------------------------------------
+def test_turn_resume_ttft_buckets_and_miss_penalty(tmp_path):
+    path = make_db(tmp_path, [
+        call("a1", "s1", 0, 1, 1000, 0), call("a2", "s1", 11, 12, 1200, 992, ttft=0.2),   # gap 10 s, hit
+        call("b1", "s2", 0, 1, 1000, 0), call("b2", "s2", 11, 12, 1200, 0, ttft=1.0),     # gap 10 s, miss
+        call("c1", "s3", 0, 1, 1000, 0), call("c2", "s3", 1.5, 3, 1200, 992, ttft=0.1),   # gap 0.5 s, hit
+    ])
+    df = compute("turn_resume_ttft", db=path, settings=Settings())
+    r = {(x["gap_bucket"], x["hit_class"]): x for x in df.to_dicts()}
+    assert set(r) == {("[0,1)", "hit"), ("[5,30)", "hit"), ("[5,30)", "miss")}
+    assert r[("[5,30)", "miss")]["miss_penalty"] == pytest.approx(5.0)   # 1.0 / 0.2
+    assert r[("[0,1)", "hit")]["miss_penalty"] is None
+
+
+# -- §6 ---------------------------------------------------------------------------------------------
+def test_itl_tail_attribution_with_and_without_long_prefills(tmp_path):
+    # victim v on A: first token at t = 10.0; gaps 50, 300, 50, 250, 50 ms end at 10.05, 10.35, 10.40, 10.65, 10.70
+    v = call("v", "sv", 9.5, 11, 100, 0, O=6, ttft=0.5, itl=[50, 300, 50, 250, 50], task="tv")
+    # offender o (session so, a retry) prefills [10.2, 10.38] on A: 10000 − 0 computed tokens -> long
+    o = call("o", "so", 10.2, 12, 10000, 0, ttft=0.18, attempt=2, task="to")
+    # small s prefills [10.1, 10.3] on A: 500 tokens, overlaps the same 300 ms gap but computes less
+    s = call("s", "ss", 10.1, 12, 500, 0, ttft=0.2, task="ts")
+    # far prefill on another instance overlapping the 250 ms gap: not co-scheduled
+    f = call("f", "sf", 10.5, 12, 20000, 0, ttft=0.2, inst="B:8000", task="tf")
+    path = make_db(tmp_path, [v, o, s, f])
+    r = rows(compute("itl_tail", db=path, settings=Settings()), "instance")["A:8000"]
+    assert r["method"] == "per_chunk" and r["gaps"] == 5 and r["tail_gaps"] == 2   # 300 and 250 > 100 ms
+    assert r["unattributed_tail_gaps"] == 1          # the 250 ms gap [10.40, 10.65]: no prefill on A then
+    assert r["tail_long_prefill_share"] == 0.5       # 300 ms gap [10.05, 10.35] overlaps o (10000 tokens)
+    assert r["retry_share"] == 0.5 and r["top_offender_session"] == "so"   # attributed to o (most computed), a retry
+    # gaps overlapping a long prefill: the 300 ms gap and the 50 ms gap [10.35, 10.40] (o runs to 10.38)
+    assert r["p50_with_long_prefill_ms"] == pytest.approx(175.0)   # median of 300, 50
+    assert r["p50_without_long_prefill_ms"] == pytest.approx(50.0)  # median of 50, 250, 50
+    off = compute("itl_tail", db=path, by="session", settings=Settings()).to_dicts()
+    assert [(x["session_id"], x["tail_gaps"]) for x in off] == [("so", 1)]
+
+
+def test_itl_coarse_histogram_fallback(tmp_path):
+    L = "vllm:inter_token_latency_seconds"
+    samples = []
+    # three scrapes, two intervals: interval 1 has 100 obs (10 above 0.1 s) and 1000 computed tokens;
+    # interval 2 has 100 obs (40 above) and 9000 computed tokens
+    for t, n, below, comp in ((0, 0, 0, 0), (10, 100, 90, 1000), (20, 200, 150, 10000)):
+        samples += [("A:8000", t, f"{L}_count", {}, n), ("A:8000", t, f"{L}_bucket", {"le": "0.1"}, below),
+                    ("A:8000", t, f"{L}_bucket", {"le": "0.05"}, below / 2),
+                    ("A:8000", t, "vllm:prompt_tokens_by_source_total", {"source": "local_compute"}, comp)]
+    path = make_db(tmp_path, [call("x", "s", 0, 1, 10, 0)], samples=samples)
+    r = rows(compute("itl_tail", db=path, settings=Settings()), "instance")["A:8000"]
+    assert r["method"] == "coarse_histogram" and r["intervals"] == 2 and "coarse" in r["note"]
+    assert r["tail_share"] == pytest.approx(50 / 200) and r["threshold_ms"] == pytest.approx(100)
+    assert r["tail_share_high_prefill"] == pytest.approx(0.4) and r["tail_share_low_prefill"] == pytest.approx(0.1)
+    assert r["corr_tail_vs_computed_prefill"] == pytest.approx(1.0)  # two points: perfectly correlated
+
+
+# -- §2 fleet cross-check with a restart ---------------------------------------------------------------
+def test_fleet_hit_rate_handles_counter_resets(tmp_path):
+    q, h = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+    lab = {"engine": "0", "model_name": "m"}
+    samples = []
+    # queries 100, 200, 50 (restart), 150 ; hits 50, 120, 10, 60
+    for t, qv, hv in ((0, 100, 50), (10, 200, 120), (20, 50, 10), (30, 150, 60)):
+        samples += [("A:8000", t, q, lab, qv), ("A:8000", t, h, lab, hv)]
+    path = make_db(tmp_path, [call("x", "s", 0, 1, 1000, 250)], samples=samples)
+    r = compute("fleet_hit_rate", db=path, settings=Settings()).to_dicts()[0]
+    # Δqueries = 100 + 50 (after the restart the increase is the new value) + 100 = 250; Δhits = 70 + 10 + 50 = 130
+    assert (r["query_tokens"], r["hit_tokens"], r["restarts"]) == (250, 130, 1)
+    assert r["hit_rate"] == pytest.approx(130 / 250) and r["span_hit_rate"] == pytest.approx(0.25)
+
+
+# -- §7 -----------------------------------------------------------------------------------------------
+def test_concurrency_window_boundary_cuts_a_call_in_two(tmp_path):
+    path = make_db(tmp_path, [call("a", "s", 50, 70, 10, 0), call("b", "s2", 0, 120, 10, 0)])
+    s = Settings(values={"metrics_bucket_s": 60.0})
+    df = compute("concurrency", db=path, since=T0, until=T0 + 120, settings=s).to_dicts()
+    # bucket [0,60): a overlaps 10 s, b 60 s -> 70/60; bucket [60,120): a 10 s, b 60 s -> 70/60
+    assert [round(r["concurrency"], 6) for r in df] == [round(70 / 60, 6)] * 2
+    assert [r["request_s"] for r in df] == [pytest.approx(70.0)] * 2
+    # a window that starts mid-call clips it: [60, 90) sees a for 10 s and b for 30 s over 30 s
+    df = compute("concurrency", db=path, since=T0 + 60, until=T0 + 90, settings=s).to_dicts()
+    assert len(df) == 1 and df[0]["concurrency"] == pytest.approx(40 / 30)
+
+
+def test_duty_cycle_throughput_and_cost(tmp_path):
+    path = make_db(tmp_path, [
+        call("d1", "s", 0, 10, 1000, 0, O=100), call("d2", "s", 5, 12, 2000, 992, O=100),
+        call("d3", "s", 30, 40, 3000, 1984, O=200, sys_tokens=300, tool_tokens=300),
+    ])
+    d = compute("duty_cycle", db=path, settings=Settings()).to_dicts()[0]
+    # union [0, 12] + [30, 40] = 22 s over a 40 s life
+    assert d["duty_cycle_p50"] == pytest.approx(22 / 40) and d["busy_s"] == pytest.approx(22)
+    th = compute("throughput", db=path, settings=Settings()).to_dicts()[0]
+    # processed = 6000 + 400; computed = (1000 + 1008 + 1016) + 400 = 3424; window 0..40 s
+    assert th["processed_tokens"] == pytest.approx(6400) and th["computed_tokens"] == pytest.approx(3424)
+    assert th["computed_tokens_per_s"] == pytest.approx(3424 / 40)
+    cfg = Settings(values={"cost": {"usd_per_hour": 3600.0, "prefill_tokens_per_s": 1000.0, "decode_tokens_per_s": 100.0,
+                                    "list_price": {"input": 1.0, "cached_input": 0.1, "output": 2.0}}})
+    t = compute("task_cost", db=path, settings=cfg).to_dicts()[0]
+    # GPU-time at $1/s: (3024 / 1000 + 400 / 100) s = 7.024 $
+    assert t["cost_usd"] == pytest.approx(7.024) and t["gpu_s"] == pytest.approx(7.024)
+    # d2 started before d1 ended, so it has no prev (cold); d3's prev is d2: R_eff = floor(2000 / 16) * 16 = 2000,
+    # C = 1984 -> X = 16 tokens -> re-prefill cost 16 / 1000 tok/s × $1/s
+    assert t["reprefill_tokens"] == 16 and t["reprefill_cost_usd"] == pytest.approx(0.016)
+    # list price: computed 3024 × $1/M + cached 2976 × $0.1/M + output 400 × $2/M
+    assert t["list_price_usd"] == pytest.approx((3024 * 1 + 2976 * 0.1 + 400 * 2) / 1e6)
+    assert t["control_plane_share"] == pytest.approx(600 / 3000)
+    assert "usd_per_hour=3,600 ([cost])" in t["cost_basis"]
+
+
+def test_capacity_idle_vs_running_kv(tmp_path):
+    path = make_db(tmp_path, [call("a", "s", 0, 10, 1000, 0, O=0), call("b", "s", 40, 50, 1200, 992, O=0)])
+    s = Settings(values={"metrics_bucket_s": 60.0})
+    r = compute("capacity", db=path, since=T0, until=T0 + 60, settings=s).to_dicts()[0]
+    # running: 1000 tokens × 10 s + 1200 × 10 s over 60 s; idle retained: K = 1000 over the 30 s gap
+    assert r["running_kv_tokens"] == pytest.approx(22000 / 60)
+    assert r["idle_kv_tokens"] == pytest.approx(30000 / 60)
+    assert r["note"] == "idle sessions hold more KV than running requests"
+
+
+# -- API properties -----------------------------------------------------------------------------------
+def test_read_only_and_sandboxed_connections_and_compute_all(tmp_path):
+    from agentobs.store.db import sandboxed
+
+    path = make_db(tmp_path, [call("a", "s", 0, 1, 1000, 0), call("b", "s", 2, 3, 1200, 992)])
+    ro = duckdb.connect(path, read_only=True)
+    try:
+        assert compute("reuse", db=ro, settings=Settings()).to_dicts()[0]["reuse_hit_rate"] == 1.0
+        # the caller's connection is left open and its catalog untouched by our temp tables
+        assert ro.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchone()[0] == 0
+    finally:
+        ro.close()
+    sb = sandboxed(path)
+    try:
+        suite = compute_all(db=sb, settings=Settings())
+    finally:
+        sb.close()
+    assert set(suite) >= {"reuse", "reprefill", "idle_kv_rent", "itl_tail", "capacity", "fleet_hit_rate"}
+
+
+def test_filters_are_parameters_and_windows_use_start_time(tmp_path):
+    path = make_db(tmp_path, [call("a", "s", 0, 1, 1000, 0, inst="A:8000"), call("b", "s", 2, 3, 1200, 0, inst="B:8000")])
+    s = Settings()
+    # routed_away is judged on all calls, the filter only picks which calls are reported
+    r = compute("reprefill", db=path, filters={"instance": "B:8000"}, settings=s).to_dicts()
+    assert [(x["cause"], x["calls"]) for x in r] == [("routed_away", 1)]
+    assert compute("reprefill", db=path, filters={"instance": "x' OR '1'='1"}, settings=s).is_empty()
+    assert compute("reprefill", db=path, since=T0 + 1, settings=s).to_dicts()[0]["cause"] == "routed_away"
+    from agentobs.errors import QueryError
+
+    with pytest.raises(QueryError, match=r"cannot filter on 'instanse' \(did you mean 'instance'\?\)"):
+        compute("reuse", db=path, filters={"instanse": "A"}, settings=s)
+    with pytest.raises(QueryError, match="cannot be grouped by 'cause'"):
+        compute("reuse", db=path, by="cause", settings=s)
+    with pytest.raises(QueryError, match="until .* must be after since"):
+        compute("reuse", db=path, since=T0 + 10, until=T0, settings=s)
+    # T0 is 2027-01-15T08:00:00Z: from T0 + 1.5 s only call b (start T0 + 2) is in the window
+    assert compute("reuse", db=path, since="2027-01-15T08:00:01.5Z", settings=s).to_dicts()[0]["calls"] == 1
+    # relative windows use the injected clock: 10 s before T0 + 2.5 s covers both calls
+    assert compute("reuse", db=path, since="10s", clock=lambda: T0 + 2.5, settings=s).to_dicts()[0]["calls"] == 2
+    assert math.isclose(compute("reuse", db=path, since="1s", clock=lambda: T0 + 60, settings=s).height, 0)
