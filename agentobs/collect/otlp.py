@@ -200,7 +200,23 @@ def _pb_any(v) -> Any:
 
 
 def _pb_attrs(lst) -> dict[str, Any]:
-    return {kv.key: _pb_any(kv.value) for kv in lst}
+    # the scalar cases inline (the hot path of the receiver); nested values via _pb_any
+    out: dict[str, Any] = {}
+    for kv in lst:
+        v = kv.value
+        which = v.WhichOneof("value")
+        if which == "string_value":
+            s = v.string_value
+            out[kv.key] = s[:MAX_ATTR_BYTES] if len(s) > MAX_ATTR_BYTES else s
+        elif which == "int_value":
+            out[kv.key] = v.int_value
+        elif which == "double_value":
+            out[kv.key] = v.double_value
+        elif which == "bool_value":
+            out[kv.key] = v.bool_value
+        else:
+            out[kv.key] = _pb_any(v)
+    return out
 
 
 def _to_int(v: Any, what: str) -> int:
@@ -232,6 +248,7 @@ def _add(
     resource: dict,
     attrs: dict,
     events: list[dict],
+    resource_json: str | None = None,
 ) -> None:
     if end_ns and end_ns < start_ns:
         raise ValueError(f"endTimeUnixNano {end_ns} is before startTimeUnixNano {start_ns}")
@@ -250,7 +267,7 @@ def _add(
     c["status_message"].append(status_message or None)
     c["service_name"].append(service)
     c["scope_name"].append(scope)
-    c["resource"].append(_json_enc.encode(resource).decode())
+    c["resource"].append(resource_json if resource_json is not None else _json_enc.encode(resource).decode())
     c["attributes"].append(_json_enc.encode(attrs).decode())
     c["events"].append(_json_enc.encode(events).decode() if events else None)
     for k in COLUMNS:
@@ -274,6 +291,7 @@ def decode_request(req: ExportTraceServiceRequest, settings: Settings, source: s
     out = Decoded()
     for ri, rs in enumerate(req.resource_spans):
         resource = _pb_attrs(rs.resource.attributes)
+        resource_json = _json_enc.encode(resource).decode()
         service = resource.get("service.name")
         for si, ss in enumerate(rs.scope_spans):
             scope = ss.scope.name
@@ -286,10 +304,11 @@ def decode_request(req: ExportTraceServiceRequest, settings: Settings, source: s
                     events = [
                         {"name": e.name, "time_ns": e.time_unix_nano, **({"attributes": _pb_attrs(e.attributes)} if e.attributes else {})}
                         for e in sp.events
-                    ]
+                    ] if sp.events else []
                     _add(out, settings, source, w, tid, sid, parent, sp.name, int(sp.kind),
                          int(sp.start_time_unix_nano), int(sp.end_time_unix_nano), int(sp.status.code),
-                         sp.status.message, service, scope, resource, _pb_attrs(sp.attributes), events)
+                         sp.status.message, service, scope, resource, _pb_attrs(sp.attributes), events,
+                         resource_json)
                 except ValueError as e:
                     out.rejected += 1
                     out.errors.append(f"{w}: {e}")
