@@ -79,8 +79,9 @@ for model in models:
         lambda v: "–" if ui.is_missing(v) else f"{v:,.0f} ms", "inter-token gap p99 (METRICS.md §6).", inverse=True)
     st.caption(f"tokens: ΣP {ui.n(first(r_now, 'prompt_tokens'))} · ΣC {ui.n(first(r_now, 'cached_tokens'))} · "
                f"ΣR_eff {ui.n(first(r_now, 'reusable_tokens_eff'))} · ΣX {ui.n(first(x_now, 'reprefill_tokens'))} · "
-               f"sessions {ui.n(first(r_now, 'sessions'))} · H = ΣC/ΣP {ui.pct(first(r_now, 'hit_rate'))} · "
-               f"basis: {first(x_now, 'cost_basis') or '–'}")
+               f"sessions {ui.n(first(r_now, 'sessions'))} · H = ΣC/ΣP {ui.pct(first(r_now, 'hit_rate'))}")
+    with st.expander("Cost basis of the $ figures"):
+        st.write(first(x_now, "cost_basis") or "–")
 
 st.divider()
 st.subheader("Top findings")

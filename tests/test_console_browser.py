@@ -1,0 +1,174 @@
+"""End to end in a real browser: `agentobs console` (the real CLI, a real Streamlit server on a free loopback
+port) driven by Playwright through Debian's chromium. Visits every page, opens a session timeline from the
+Sessions page, runs a SQL query, checks a refused write, and saves a screenshot of each step under
+test-output/screenshots/ (gitignored)."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_console_store import LLAMA, WORKED_SESSION, build_store
+
+from agentobs.console.shell import PAGES
+
+CHROMIUM = Path("/usr/bin/chromium")
+SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "screenshots"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
+                                                     "(apt-get install -y chromium)"),
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("browser")
+    db = build_store(tmp / "console.duckdb", tmp)
+    port = _free_port()
+    env = dict(os.environ, AGENTOBS_CONSOLE_QUERIES=str(tmp / "queries.json"))
+    env.pop("AGENTOBS_CONFIG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "agentobs.cli", "console", "--db", str(db), "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:  # readiness: poll the health endpoint (no fixed sleep)
+        try:
+            with urllib.request.urlopen(base + "/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out = proc.stdout.read().decode(errors="replace")
+            pytest.fail(f"agentobs console did not start: {out[-2000:]}")
+        time.sleep(0.2)
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (dev extra)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    yield pg
+    ctx.close()
+
+
+def settle(pg) -> None:
+    """Wait until the script run is over (no 'Running…' status, no stale elements) and charts have drawn."""
+    pg.wait_for_selector("[data-testid='stAppViewContainer']")
+    pg.wait_for_function("""() => !document.querySelector("[data-testid='stStatusWidget']")
+                                  && !document.querySelector("[data-stale='true']")""")
+    for chart in pg.locator("[data-testid='stVegaLiteChart']").all():
+        chart.locator("canvas, svg").first.wait_for()
+    pg.wait_for_load_state("networkidle")
+
+
+def shot(pg, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def no_exception(pg) -> None:
+    assert pg.locator("[data-testid='stException']").count() == 0, pg.locator("[data-testid='stException']").first.inner_text()
+
+
+def test_every_page(console, page):
+    for file, title, url, _icon, _section in PAGES:
+        page.goto(f"{console}/{'' if url == 'overview' else url}")  # the default page lives at /
+        page.get_by_role("heading", name=title, level=1).wait_for()
+        settle(page)
+        no_exception(page)
+        shot(page, f"page-{url}")
+
+
+def test_open_session_timeline_from_sessions(console, page):
+    page.goto(f"{console}/sessions")
+    page.get_by_role("heading", name="Sessions", level=1).wait_for()
+    settle(page)
+    # pick the worked-example session in the "Session" selectbox, then "Open timeline"
+    page.get_by_label("Session", exact=True).click()
+    page.get_by_role("option", name=WORKED_SESSION).click()
+    settle(page)
+    page.get_by_role("button", name="Open timeline").click()
+    page.get_by_role("heading", name="Session timeline", level=1).wait_for()
+    settle(page)
+    assert f"session={WORKED_SESSION}" in page.url
+    no_exception(page)
+    # the timeline chart drew; the KPI row shows ΣP of the worked example
+    page.locator("[data-testid='stVegaLiteChart'] canvas, [data-testid='stVegaLiteChart'] svg").first.wait_for()
+    page.locator("[data-testid='stMetricValue']", has_text="15,661").wait_for()
+    settle(page)
+    assert page.locator("[data-testid='stVegaLiteChart']").count() == 1
+    shot(page, "session-timeline")
+
+
+def test_filters_live_in_the_url(console, page):
+    page.goto(f"{console}/sessions?model={LLAMA}")
+    settle(page)
+    sidebar = page.locator("[data-testid='stSidebar']")
+    assert sidebar.get_by_text(LLAMA).count() >= 1  # the multiselect shows the URL's model
+    # navigate with the sidebar: the filter follows into the next page's URL
+    sidebar.get_by_role("link", name="Engines").click()
+    page.get_by_role("heading", name="Engines", level=1).wait_for()
+    settle(page)
+    page.wait_for_url(re.compile(r".*/engines\?.*model=meta-llama"))
+    shot(page, "filters-in-url")
+
+
+def _run_sql(page, sql: str) -> None:
+    box = page.locator("[data-testid='stTextArea'] textarea")
+    box.fill(sql)
+    box.press("Control+Enter")  # commit the text area
+    settle(page)
+    page.get_by_role("button", name="Run query").click()
+    settle(page)
+
+
+def test_sql_query_and_refused_write(console, page):
+    page.goto(f"{console}/sql")
+    page.get_by_role("heading", name="SQL", level=1).wait_for()
+    settle(page)
+    _run_sql(page, "SELECT session_id, calls FROM sessions ORDER BY calls DESC, session_id")
+    page.get_by_text(re.compile(r"^5 rows in \d+ ms$")).wait_for()
+    page.locator("[data-testid='stDownloadButton']", has_text="Download CSV").wait_for()
+    no_exception(page)
+    shot(page, "sql-result")
+    _run_sql(page, "DROP TABLE spans")
+    page.get_by_text("refused: DROP statements are not allowed").wait_for()
+    shot(page, "sql-refused")
+    _run_sql(page, "SELECT * FROM read_csv('/etc/passwd')")
+    page.get_by_text(re.compile("refused: file and network access is disabled")).wait_for()
+    no_exception(page)
