@@ -441,40 +441,47 @@ class _Builder:
             return sec
         finally:
             self.timings["findings"] = time.perf_counter() - t0
-        rows = [_finding_row(f) for f in items]
-        rows.sort(key=lambda r: -(r["usd_per_week"] or 0.0))
-        schema = pa.schema([("id", pa.string()), ("severity", pa.string()), ("title", pa.string()),
-                            ("usd_per_week", pa.float64()), ("tokens_per_week", pa.float64()),
-                            ("evidence", pa.string()), ("fix", pa.string())])
-        tbl = pa.Table.from_pylist(rows, schema=schema)
+        rows = [_finding_row(f) for f in items]  # run() orders them: most severe, then most $, first
+        tbl = pa.Table.from_pylist(rows, schema=FINDINGS_SCHEMA)
         if not rows:
             sec.notes.append("No rule fired for this week.")
         sec.figures.append(Figure("findings_usd_per_week", "Money at stake in findings",
                                   sum(r["usd_per_week"] or 0.0 for r in rows), "usd",
-                                  "sum of the findings' $/week (rules may overlap)"))
+                                  "sum of the findings' $/week (rules may overlap; each states its basis)"))
         sec.tables.append(Table("findings", "Findings", sec.basis, tbl,
-                                show=["severity", "title", "usd_per_week", "evidence", "fix"], show_rows=50))
+                                show=["severity", "scope", "title", "usd_per_week", "tax_basis", "evidence", "fix"],
+                                show_rows=50))
         return sec
-
-
-def _get(f, key, default=None):
-    return f.get(key, default) if isinstance(f, dict) else getattr(f, key, default)
 
 
 def _text(v) -> str:
     if v is None:
         return ""
     if isinstance(v, dict):
-        return "; ".join(f"{k}={v2}" for k, v2 in v.items())
+        return "; ".join(f"{k}={_short(v2)}" for k, v2 in v.items())
     if isinstance(v, (list, tuple)):
-        return "; ".join(map(str, v))
+        return "; ".join(f"{x[0]}={_short(x[1])}" if isinstance(x, tuple) and len(x) == 2 else str(x) for x in v)
     return str(v)
 
 
+def _short(v) -> str:
+    return f"{v:,.4g}" if isinstance(v, float) else str(v)
+
+
 def _finding_row(f) -> dict:
-    return {"id": _text(_get(f, "id")), "severity": _text(_get(f, "severity")), "title": _text(_get(f, "title")),
-            "usd_per_week": _num(_get(f, "usd_per_week")), "tokens_per_week": _num(_get(f, "tokens_per_week")),
-            "evidence": _text(_get(f, "evidence")), "fix": _text(_get(f, "fix"))}
+    """One agentobs.findings.Finding as a table row (docs/findings.md)."""
+    tax, rec = f.tax, f.recoverable
+    return {"id": f.id, "severity": f.severity, "confidence": f.confidence, "scope": f.scope.key(),
+            "title": f.title, "usd_per_week": _num(tax.usd_week), "tokens_per_week": _num(tax.tokens_week),
+            "recoverable_usd_per_week": _num(rec.usd_week), "tax_basis": f"{tax.method}: {tax.basis}",
+            "summary": f.summary, "evidence": _text(f.evidence.numbers), "fix": f.remediation}
+
+
+FINDINGS_SCHEMA = pa.schema([
+    ("id", pa.string()), ("severity", pa.string()), ("confidence", pa.string()), ("scope", pa.string()),
+    ("title", pa.string()), ("usd_per_week", pa.float64()), ("tokens_per_week", pa.float64()),
+    ("recoverable_usd_per_week", pa.float64()), ("tax_basis", pa.string()), ("summary", pa.string()),
+    ("evidence", pa.string()), ("fix", pa.string())])
 
 
 def _histogram(values: list[float], title: str, bins: int = 20) -> Chart:

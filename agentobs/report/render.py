@@ -20,7 +20,7 @@ h3{margin-top:1.4rem;font-size:1.05rem}.basis{color:#5b6578;font-size:.85rem}.no
 padding:.4rem .6rem;border-left:3px solid #e0b400;margin:.4rem 0}.empty{background:#eef3fb;padding:1rem;
 border-left:4px solid #3b6fb6;font-size:1.1rem}
 table{border-collapse:collapse;font-size:.82rem;margin:.4rem 0 1rem}th,td{border-bottom:1px solid #e6e9ef;
-padding:.25rem .5rem;text-align:right;vertical-align:top}th{background:#f4f6fa}td.t,th.t{text-align:left}
+padding:.25rem .5rem;text-align:right;vertical-align:top}th{background:#f4f6fa}td.t,th.t{text-align:left;white-space:pre-wrap}
 .kpis{display:grid;grid-template-columns:repeat(auto-fill,minmax(250px,1fr));gap:.6rem}.kpi{border:1px solid #dde3ec;
 border-radius:6px;padding:.5rem .7rem}.kpi .v{font-size:1.3rem;font-weight:600}.kpi .l{font-size:.85rem}
 .up{color:#b3261e}.down{color:#1e7b34}.kpi .b{color:#5b6578;font-size:.72rem}svg{display:block;margin:.5rem 0}
