@@ -106,7 +106,7 @@ def no_exception(pg) -> None:
 
 
 def test_every_page(console, page):
-    for file, title, url, _icon, _section in PAGES:
+    for _file, title, url, _icon, _section in PAGES:
         page.goto(f"{console}/{'' if url == 'overview' else url}")  # the default page lives at /
         page.get_by_role("heading", name=title, level=1).wait_for()
         settle(page)
@@ -148,6 +148,12 @@ def test_filters_live_in_the_url(console, page):
     shot(page, "filters-in-url")
 
 
+def expect(locator):
+    from playwright.sync_api import expect as pw_expect
+
+    return pw_expect(locator)
+
+
 def _run_sql(page, sql: str) -> None:
     box = page.locator("[data-testid='stTextArea'] textarea")
     box.fill(sql)
@@ -168,6 +174,7 @@ def test_sql_query_and_refused_write(console, page):
     shot(page, "sql-result")
     _run_sql(page, "DROP TABLE spans")
     page.get_by_text("refused: DROP statements are not allowed").wait_for()
+    expect(page.locator("[data-testid='stDataFrame']")).to_have_count(0)  # the previous result is gone
     shot(page, "sql-refused")
     _run_sql(page, "SELECT * FROM read_csv('/etc/passwd')")
     page.get_by_text(re.compile("refused: file and network access is disabled")).wait_for()
