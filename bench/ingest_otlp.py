@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _spans import payload  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
 from agentobs.collect import otlp  # noqa: E402
 from agentobs.collect.otlp_http import OtlpHttpServer  # noqa: E402
@@ -28,7 +29,6 @@ from agentobs.collect.receiver import Ingest  # noqa: E402
 from agentobs.config import load_settings  # noqa: E402
 from agentobs.store.db import connect  # noqa: E402
 from agentobs.store.writer import Writer  # noqa: E402
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
 
 def _client(port, bodies, start, q):

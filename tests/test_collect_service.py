@@ -47,7 +47,7 @@ snapshot: {{every_s: {snapshot_every}}}
             return proc, http_port, health_port
         except OSError:
             if proc.poll() is not None:
-                raise AssertionError(proc.stdout.read().decode())
+                raise AssertionError(proc.stdout.read().decode()) from None
             time.sleep(0.1)
     proc.kill()
     raise AssertionError("collector did not start")

@@ -15,8 +15,8 @@ from concurrent import futures
 
 import grpc
 from google.protobuf.duration_pb2 import Duration
-from google.rpc.error_details_pb2 import RetryInfo
 from google.protobuf.message import DecodeError
+from google.rpc.error_details_pb2 import RetryInfo
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,

@@ -21,7 +21,6 @@ import heapq
 import http.client
 import json
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -93,7 +92,7 @@ def http_fetch(url: str, timeout: float) -> Response:
                 conn.close()
                 conns.pop(key, None)
             return Response(r.status, body, r.getheader("Content-Type", ""))
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             conn.close()
             conns.pop(key, None)
             raise FetchError("timeout", f"no answer within {timeout:g} s") from None
