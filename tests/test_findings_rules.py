@@ -185,6 +185,12 @@ def test_hicache_off_fires_with_sizing(store, tmp_path):
     assert "scaled ×168.0 to a week" in f.tax.basis
     assert "--enable-hierarchical-cache --hicache-ratio 3 --hicache-write-policy write_through" in f.remediation
     assert f.severity == "low" and f.confidence == "low"    # $16.8 < 50; 10 calls < findings_min_calls 20
+    # the same tax as the reprefill metric's evicted_full row (METRICS.md §3), scaled ×168
+    from agentobs.metrics import compute
+
+    m = compute("reprefill", db=store[0], since=WINDOW[0], until=WINDOW[1], by="cause", settings=settings())
+    row = m.filter(m["cause"] == "evicted_full").to_dicts()[0]
+    assert f.tax.usd_week == pytest.approx(row["reprefill_cost_usd"] * WEEK)
 
 
 def test_hicache_silent_when_enabled(store, tmp_path):
@@ -341,6 +347,14 @@ def test_itl_long_prefill_fires(store, tmp_path):
     assert f.tax.tokens_week == pytest.approx(16000 * WEEK)
     # chunked_prefill_size 8192 → half, a power of two: 4096
     assert "`--chunked-prefill-size 4096`" in f.remediation and "`--enable-priority-scheduling`" in f.remediation
+    # the same numbers as the itl_tail metric (METRICS.md §6) the console and report show
+    from agentobs.metrics import compute
+
+    m = compute("itl_tail", db=store[0], since=WINDOW[0], until=WINDOW[1], by="instance", settings=settings())
+    row = m.filter(m["instance"] == SG).to_dicts()[0]
+    assert row["tail_gaps"] == ev["tail_gaps"] and row["unattributed_tail_gaps"] == ev["tail_gaps_unattributed"]
+    assert row["tail_long_prefill_share"] == pytest.approx(ev["share_tail_long_prefill"])
+    assert row["p99_without_long_prefill_ms"] == pytest.approx(ev["itl_p99_without_long_ms"])
 
 
 def test_itl_silent_when_share_below_threshold(store, tmp_path):
