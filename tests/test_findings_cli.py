@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from test_findings_rules import SG, WINDOW, Fleet, build, settings, two_turn_sessions
 
 from agentobs.cli import cli
+from agentobs.errors import InputError
 from agentobs.findings import run
 from agentobs.findings.acks import parse_until
-from agentobs.errors import InputError
 
 FID = f"hicache_off/instance={SG}"
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import re
 
-from test_findings_rules import SG, VL, VL2, Fleet, build, findings_by_rule, itl_fleet, settings, two_turn_sessions
+from test_findings_rules import (
+    SG,
+    VL,
+    VL2,
+    Fleet,
+    build,
+    findings_by_rule,
+    itl_fleet,
+    settings,
+    two_turn_sessions,
+)
 
 # reference/sglang.md §2 "Server args that matter for agent workloads" (SGLang f7101b0ae6 / v0.5.18)
 SGLANG_FLAGS = {

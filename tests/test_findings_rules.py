@@ -40,7 +40,7 @@ class Call:
     dur: float
     P: int
     C: int | None
-    O: int = 100
+    O: int = 100  # noqa: E741 - METRICS.md notation
     ttft: float | None = None
     itl: list[float] | None = None
     model: str = "Qwen/Qwen3-8B"
