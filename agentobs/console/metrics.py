@@ -11,6 +11,7 @@ import importlib.util
 import polars as pl
 import streamlit as st
 
+from . import data
 from .shell import Context
 
 
@@ -41,21 +42,32 @@ def _window(ctx: Context, period: str):
     return ctx.since, ctx.until
 
 
-@st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
-def _suite(stamp, names: tuple[str, ...], by: tuple[tuple[str, str], ...], since, until, filters: tuple
-           ) -> tuple[dict[str, pl.DataFrame], dict[str, str]]:
-    """One preparation (``agentobs.metrics.prepare``), then each metric; a failing metric is reported, not fatal."""
+# The (metric, grouping) pairs the pages show by default: computed together from ONE preparation per
+# db stamp + window + filters, so moving between pages does not prepare again. Other groupings (a page's
+# "Group by" selector) are computed on demand.
+DEFAULT_PAIRS = (
+    ("reuse", "model"), ("reuse", "session"), ("reprefill", "model"), ("reprefill", "session"),
+    ("idle_kv_rent", "model"), ("idle_kv_rent", None), ("turn_resume_ttft", "model"), ("turn_resume_ttft", None),
+    ("itl_tail", "model"), ("itl_tail", None), ("task_cost", "task_type"), ("task_cost", "task"),
+    ("capacity", None), ("concurrency", None), ("fleet_hit_rate", "instance"),
+)
+
+
+@st.cache_data(show_spinner="computing metrics…", max_entries=256, ttl=3600)
+def _suite(stamp, pairs: tuple[tuple[str, str], ...], since, until, filters: tuple
+           ) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], str]]:
+    """One preparation (``agentobs.metrics.prepare``), then each (metric, grouping); a failing metric is
+    reported, not fatal."""
     from agentobs.metrics import prepare
 
     run, close = prepare(stamp[0], since=since, until=until, filters={k: list(v) for k, v in filters} or None)
     out, errors = {}, {}
-    groupings = dict(by)
     try:
-        for n in names:
+        for pair in pairs:
             try:
-                out[n] = run.compute(n, groupings.get(n))
+                out[pair] = run.compute(*pair)
             except Exception as e:  # noqa: BLE001 - shown on the page next to the metric
-                errors[n] = str(e)
+                errors[pair] = str(e)
     finally:
         close()
     return out, errors
@@ -69,23 +81,31 @@ def known(names) -> list[str]:
     return [n for n in names if n in cat]
 
 
+def _pair(name: str, by: str | None) -> tuple[str, str]:
+    from agentobs.metrics import catalogue
+
+    return (name, by or catalogue()[name].default_by)
+
+
 def suite(ctx: Context, wanted: dict[str, str | None], period: str = "current") -> dict[str, pl.DataFrame] | None:
-    """``agentobs.metrics.compute_all`` for the view: {metric: grouping} → {metric: DataFrame}, one preparation.
-    Metrics the installed API does not have yet are left out. None when the API is missing, or for
-    ``period='previous'`` when the view is open-ended (no previous period of the same length)."""
+    """{metric: grouping} → {metric: DataFrame} for the view, from the metrics API. Metrics the installed API
+    does not have yet are left out. None when the API is missing, or for ``period='previous'`` when the view
+    is open-ended (no previous period of the same length)."""
     if not metrics_available():
         return None
     win = _window(ctx, period)
     if win is None:
         return None
-    names = tuple(known(wanted))
-    if not names:
+    pairs = tuple(_pair(n, wanted[n]) for n in known(wanted))
+    if not pairs:
         return {}
-    by = tuple((n, wanted[n]) for n in names if wanted[n])
-    out, errors = _suite(ctx.stamp, names, by, win[0], win[1], _filters_key(ctx))
-    for n, e in errors.items():
-        st.error(f"metric {n!r}: {e}")
-    return out
+    defaults = tuple(dict.fromkeys(_pair(n, b) for n, b in DEFAULT_PAIRS if known([n])))
+    batch = defaults if set(pairs) <= set(defaults) else pairs
+    out, errors = _suite(ctx.stamp, batch, win[0], win[1], _filters_key(ctx))
+    for pair in pairs:
+        if pair in errors:
+            st.error(f"metric {pair[0]!r} by {pair[1]}: {errors[pair]}")
+    return {p[0]: out[p] for p in pairs if p in out}
 
 
 def compute(ctx: Context, name: str, by: str | None = None, period: str = "current") -> pl.DataFrame | None:
@@ -111,20 +131,25 @@ def missing_metrics_notice() -> None:
 
 
 @st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
-def _call_reuse(stamp, session_id: str) -> pl.DataFrame:
-    from agentobs.metrics import prepare
+def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame:
+    """The metrics API's ``call_reuse`` body (agentobs.metrics.reuse.reuse_sql) over ONE session's calls:
+    reuse is defined within a session (prev(c), earlier blocks of the session), so restricting the input to
+    the session gives the same rows as the fleet-wide run, without materializing every call."""
+    from agentobs.metrics.reuse import reuse_sql
 
-    run, close = prepare(stamp[0], filters={"session_id": [session_id]})
+    sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size")
+    con = data.open_ro(stamp)
     try:
-        calls = run.table("m_calls")
+        df = con.sql(sql, params={"sid": session_id, "default_block_size": default_block_size}).pl()
     finally:
-        close()
-    return calls.filter(pl.col("in_filter")).rename({"reusable_tokens_eff": "r_eff"}, strict=False)
+        con.close()
+    return df.rename({"reusable_tokens_eff": "r_eff"}, strict=False)
 
 
 def call_reuse(ctx: Context, session_id: str) -> pl.DataFrame | None:
-    """Per-call R_eff, re-prefill X, hit class and miss cause of one session: the metrics API's
-    ``call_reuse`` rows (``MetricRun.table('m_calls')``) for that session."""
+    """Per-call R_eff, re-prefill X, hit class and miss cause of one session (the metrics API's call_reuse)."""
     if not metrics_available():
         return None
-    return _call_reuse(ctx.stamp, session_id)
+    from agentobs.config import load_settings
+
+    return _call_reuse(ctx.stamp, session_id, int(load_settings().default_block_size))

@@ -1,0 +1,150 @@
+"""Console page render times, measured with Streamlit's AppTest (the same script runner the server uses).
+
+    .venv/bin/python bench/console_pages.py                     # synthetic 1,000,000-call store
+    .venv/bin/python bench/console_pages.py --calls 20000       # smaller synthetic store
+    .venv/bin/python bench/console_pages.py --db sample.duckdb  # an existing store (e.g. agentobs demo)
+
+For each page: the first render (cold: nothing cached for this db stamp + filters) and a second render
+(warm: st.cache_data hits), in seconds, plus the ratio cold/warm. Targets (docs/console.md): < 2 s on
+sample_data, < 5 s on 1M calls. The synthetic store is written through the one Writer as gateway spans:
+sessions of 10 calls on 8 instances, 2 models, 4 task types, prompts growing by ~1,500 tokens a turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from agentobs.console import APP  # noqa: E402
+from agentobs.console.shell import PAGES  # noqa: E402
+from agentobs.store.db import connect  # noqa: E402
+from agentobs.store.writer import Writer  # noqa: E402
+
+T0_NS = 1_791_969_665 * 10**9
+
+
+def synth_spans(n_calls: int, seed: int = 7, calls_per_session: int = 10) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    n = n_calls
+    i = np.arange(n)
+    sess = i // calls_per_session
+    turn = i % calls_per_session
+    n_sess = int(sess.max()) + 1
+    sess_start = rng.uniform(0, 2 * 3600, n_sess)  # sessions start over 2 hours
+    gap = rng.exponential(20.0, n)                  # tool / think time between calls
+    dur = rng.uniform(1.0, 8.0, n)
+    # call start = session start + cumulated (dur + gap) of the earlier turns of the session
+    step = dur + gap
+    cum = np.cumsum(step)
+    first = np.repeat(cum[::calls_per_session] - step[::calls_per_session], calls_per_session)[:n]
+    start = sess_start[sess] + (cum - step - first)
+    prompt = (2000 + 1500 * turn + rng.integers(0, 400, n)).astype(np.int64)
+    keep = rng.uniform(0, 1, n)
+    prev_p = np.where(turn > 0, 2000 + 1500 * (turn - 1), 0)
+    cached = np.where(turn == 0, 1024, np.where(keep < 0.7, (prev_p // 16) * 16, np.where(keep < 0.9, 0, 512)))
+    inst_of_sess = rng.integers(0, 8, n_sess)
+    moved = (rng.uniform(0, 1, n) < 0.05) & (turn > 0)
+    inst = np.where(moved, (inst_of_sess[sess] + 1) % 8, inst_of_sess[sess])
+    models = np.array(["Qwen/Qwen3-32B", "meta-llama/Llama-3.1-8B-Instruct"])
+    ttypes = np.array(["swe-fixer", "researcher", "triage", "coder"])
+    instances = np.array([f"10.42.8.{k}:8000" for k in range(8)])
+    start_ns = (T0_NS + start * 1e9).astype(np.int64)
+    end_ns = start_ns + (dur * 1e9).astype(np.int64)
+    sess_ids = np.char.add("sess-", sess.astype(str))
+    return pa.table({
+        "trace_id": np.char.add("t", sess.astype(str)),
+        "span_id": np.char.add("c", i.astype(str)),
+        "parent_span_id": pa.nulls(n, pa.string()),
+        "name": np.full(n, "chat"),
+        "kind": np.full(n, 3, dtype=np.int8),
+        "start_ns": start_ns, "end_ns": end_ns,
+        "status_code": np.where(rng.uniform(0, 1, n) < 0.01, 2, 0).astype(np.int8),
+        "role": np.full(n, "gateway"), "op": np.full(n, "chat"),
+        "session_id": sess_ids, "task_id": np.char.add("task-", sess.astype(str)),
+        "task_type": ttypes[sess % 4], "tenant": np.char.add("team-", (sess % 5).astype(str)),
+        "attempt": np.ones(n, dtype=np.int32), "model": models[sess % 2], "provider": np.full(n, "vllm"),
+        "engine": np.full(n, "vllm"), "instance": instances[inst],
+        "input_tokens": prompt, "cached_tokens": cached.astype(np.int64),
+        "output_tokens": rng.integers(50, 400, n).astype(np.int64),
+        "ttft_s": np.where(cached > 0, 0.15, 0.8) + rng.uniform(0, 0.1, n),
+        "ingest_source": np.full(n, "bench"),
+    })
+
+
+def build(db: Path, n_calls: int) -> float:
+    t = time.perf_counter()
+    con = connect(db)
+    spans = synth_spans(n_calls)
+    with Writer(con, batch_rows=200_000, flush_s=5.0) as w:
+        for off in range(0, spans.num_rows, 200_000):
+            w.submit("spans", spans.slice(off, 200_000))
+    con.execute("CHECKPOINT")
+    con.close()
+    return time.perf_counter() - t
+
+
+def measure(db: Path, session_id: str | None) -> list[tuple[str, float, float]]:
+    from streamlit.testing.v1 import AppTest
+
+    os.environ["AGENTOBS_DB"] = str(db)
+    at = AppTest.from_file(str(APP), default_timeout=600)
+    t = time.perf_counter()
+    at.run()  # the first run renders the default page (Overview) cold
+    first = time.perf_counter() - t
+    rows = []
+    for file, title, url, _icon, _section in PAGES:
+        times = [first] if url == "overview" else []
+        while len(times) < 2:  # cold, then warm (cached)
+            at.switch_page(f"views/{file}")
+            if url == "session" and session_id:
+                at.query_params["session"] = session_id
+            t = time.perf_counter()
+            at.run()
+            times.append(time.perf_counter() - t)
+            if at.exception:
+                raise SystemExit(f"{title}: {at.exception[0].value}")
+        rows.append((title, times[0], times[1]))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", type=Path, help="measure an existing store instead of a synthetic one")
+    ap.add_argument("--calls", type=int, default=1_000_000)
+    args = ap.parse_args()
+    tmp = None
+    if args.db:
+        db = args.db
+    else:
+        tmp = tempfile.TemporaryDirectory()
+        db = Path(tmp.name) / "bench.duckdb"
+        print(f"building a synthetic store of {args.calls:,} calls ...", flush=True)
+        print(f"  built in {build(db, args.calls):.1f} s ({db.stat().st_size / 1e6:.0f} MB)")
+    import duckdb
+
+    con = duckdb.connect(str(db), read_only=True)
+    n_calls = con.execute("SELECT count(*) FROM llm_calls").fetchone()[0]
+    sid = con.execute("SELECT session_id FROM sessions ORDER BY calls DESC, session_id LIMIT 1").fetchone()
+    con.close()
+    print(f"store: {db} — {n_calls:,} calls")
+    rows = measure(db, sid[0] if sid else None)
+    print(f"{'page':<22}{'cold (s)':>10}{'warm (s)':>10}{'cold/warm':>11}")
+    for title, cold, warm in rows:
+        print(f"{title:<22}{cold:>10.2f}{warm:>10.2f}{cold / warm if warm else float('inf'):>10.1f}x")
+    print(f"slowest cold page: {max(r[1] for r in rows):.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s")
+    if tmp:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
