@@ -206,18 +206,22 @@ class _Builder:
         self.findings_fn, self.db = findings_fn, db
         self.available = set(metric_names())
         self.timings: dict[str, float] = {}
+        self.cache: dict[tuple[str, str | None], pl.DataFrame] = {}
         self.base_url = str(settings.get("console_url", "http://127.0.0.1:8501"))
 
     def sql(self, q: str, params: dict | None = None) -> pl.DataFrame:
         return self.run.cur.sql(q, params=params or {}).pl()
 
     def metric(self, name: str, by: str | None = None) -> pl.DataFrame | None:
+        """The metrics API's table (computed once per name and grouping); None when not in this build."""
         if name not in self.available:
             return None
-        t0 = time.perf_counter()
-        df = self.run.compute(name, by)
-        self.timings[f"metric {name}" + (f" by {by}" if by else "")] = time.perf_counter() - t0
-        return df
+        key = (name, by)
+        if key not in self.cache:
+            t0 = time.perf_counter()
+            self.cache[key] = self.run.compute(name, by)
+            self.timings[f"metric {name}" + (f" by {by}" if by else "")] = time.perf_counter() - t0
+        return self.cache[key]
 
     def missing(self, name: str) -> str:
         return f"The metric {name!r} is not in this build of agentobs.metrics; this part is left out."
