@@ -1,0 +1,1 @@
+"""Storage backends other than the embedded DuckDB store (see docs/clickhouse.md)."""

@@ -1,0 +1,223 @@
+"""DuckDB SQL → ClickHouse SQL: sqlglot's transpiler plus the few rewrites our SQL needs.
+
+The model views and metric SQL are written once, in DuckDB's dialect (agentobs/model/views.sql,
+agentobs/metrics/). This module turns them into ClickHouse SQL at run time:
+
+- named parameters ``$x`` → typed query parameters ``{x:Type}`` (types from PARAM_TYPES);
+- ``quantile_cont`` → ``quantileExactInclusive`` (both are linear interpolation, R-7), also inside
+  ``list_aggregate``; ``string_agg(DISTINCT …)`` → sorted ``groupUniqArray`` joined;
+- ``unnest(generate_series(a, b))`` → ``arrayJoin(range(a, b + 1))``; ``unnest(x)`` with
+  ``generate_subscripts(x, 1)`` → one ``arrayJoin`` over ``arrayZip(x, arrayEnumerate(x))``;
+- ``lag``/``lead`` → ``lagInFrame``/``leadInFrame`` over a Nullable argument and a whole-partition frame
+  (so "no previous row" is NULL, as in DuckDB);
+- ``epoch_us``/``make_timestamp`` → ``toUnixTimestamp64Micro``/``fromUnixTimestamp64Micro``;
+- arrays cannot be NULL in ClickHouse: ``x IS [NOT] NULL`` and ``coalesce`` on the array columns
+  (ARRAY_COLUMNS) test emptiness instead;
+- ``AS MATERIALIZED`` CTE hints are dropped.
+
+Session settings in conn.SESSION_SETTINGS supply SQL NULL semantics (join_use_nulls, …).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import sqlglot
+from sqlglot import exp
+
+ARRAY_COLUMNS = {"itl_ms", "block_hashes", "h_block_hashes"}
+PARAM_TYPES = {
+    "since": "Nullable(Float64)", "until": "Nullable(Float64)", "by": "String",
+    "instances": "Array(String)", "metrics": "Array(String)",
+    "bucket_s": "Float64", "itl_slo_ms": "Float64", "itl_tail_mode": "String", "long_prefill_tokens": "Int64",
+    "ttft_slo_s": "Float64", "default_block_size": "Int32",
+}
+
+
+def param_type(name: str) -> str:
+    if name.startswith("f_"):
+        return "Array(String)"
+    if name not in PARAM_TYPES:
+        raise KeyError(f"no ClickHouse type for parameter ${name}")
+    return PARAM_TYPES[name]
+
+
+def _fn(name: str, *args) -> exp.Anonymous:
+    return exp.Anonymous(this=name, expressions=list(args))
+
+
+def _is_array_col(e) -> bool:
+    return isinstance(e, exp.Column) and e.name in ARRAY_COLUMNS
+
+
+def _rewrite(node: exp.Expression) -> exp.Expression:
+    # $param → placeholder kept by name; typed when rendered (see _render_params)
+    if isinstance(node, exp.CTE) and node.args.get("materialized") is not None:
+        node.set("materialized", None)
+        return node
+    if isinstance(node, exp.Is) and _is_array_col(node.this) and isinstance(node.expression, exp.Null):
+        return _fn("empty", node.this)
+    if isinstance(node, exp.Coalesce) and _is_array_col(node.this):
+        args = [node.this, *node.expressions]
+        out = args[-1]
+        for a in reversed(args[:-1]):
+            out = exp.If(this=_fn("notEmpty", a.copy()), true=a.copy(), false=out)
+        return out
+    if isinstance(node, exp.Anonymous):
+        n = node.name.lower()
+        if n == "epoch_us":
+            return _fn("toUnixTimestamp64Micro", *node.expressions)
+        if n == "make_timestamp" and len(node.expressions) == 1:
+            return _fn("fromUnixTimestamp64Micro", exp.cast(node.expressions[0], "Int64"))
+        if n == "list_aggregate":
+            arr, fname, *rest = node.expressions
+            if isinstance(fname, exp.Literal) and fname.this == "quantile_cont" and rest:
+                return _fn("arrayReduce", exp.Literal.string(f"quantileExactInclusive({rest[0].sql()})"), arr)
+        if n == "generate_subscripts":
+            return node
+    if isinstance(node, exp.Window) and isinstance(node.this, (exp.Lag, exp.Lead)):
+        f = node.this
+        name = "lagInFrame" if isinstance(f, exp.Lag) else "leadInFrame"
+        args = [_fn("toNullable", f.this)]
+        if f.args.get("offset") is not None:
+            args.append(f.args["offset"])
+        node.set("this", _fn(name, *args))
+        if node.args.get("spec") is None and not node.args.get("alias"):
+            node.set("spec", exp.WindowSpec(kind="ROWS", start="UNBOUNDED", start_side="PRECEDING",
+                                            end="UNBOUNDED", end_side="FOLLOWING"))
+        return node
+    return node
+
+
+def _quantiles(node):
+    if isinstance(node, (exp.PercentileCont, exp.Quantile)):
+        q = node.expression if isinstance(node, exp.PercentileCont) else node.args.get("quantile")
+        this = node.this
+        return exp.Anonymous(this=f"quantileExactInclusive({q.sql()})", expressions=[this])
+    return node
+
+
+def _unnest(select: exp.Select) -> None:
+    """unnest(...) in a SELECT list → arrayJoin; pair unnest(x) with generate_subscripts(x, 1)."""
+    subs = {}
+    for e in select.expressions:
+        inner = e.this if isinstance(e, exp.Alias) else e
+        if isinstance(inner, exp.Anonymous) and inner.name.lower() == "generate_subscripts":
+            subs[inner.expressions[0].sql()] = inner
+    for e in list(select.expressions):
+        inner = e.this if isinstance(e, exp.Alias) else e
+        if isinstance(inner, (exp.Unnest, exp.Explode)):
+            arg = inner.expressions[0] if isinstance(inner, exp.Unnest) else inner.this
+            if isinstance(arg, exp.GenerateSeries):
+                new = _fn("arrayJoin", _fn("range", arg.args["start"],
+                                           exp.Add(this=exp.Paren(this=arg.args["end"]), expression=exp.Literal.number(1))))
+            elif arg.sql() in subs:
+                z = _fn("arrayJoin", _fn("arrayZip", arg.copy(), _fn("arrayEnumerate", arg.copy())))
+                new = _fn("tupleElement", z, exp.Literal.number(1))
+                subs[arg.sql()].replace(_fn("tupleElement", z.copy(), exp.Literal.number(2)))
+            else:
+                new = _fn("arrayJoin", arg)
+            inner.replace(new)
+
+
+def _string_agg(node):
+    if isinstance(node, exp.GroupConcat):
+        this, sep = node.this, node.args.get("separator") or exp.Literal.string(",")
+        if isinstance(this, exp.Distinct):
+            arr = _fn("arraySort", _fn("groupUniqArray", this.expressions[0]))
+        else:
+            arr = _fn("groupArray", this)
+        return _fn("arrayStringConcat", arr, sep)
+    return node
+
+
+def _params(node):
+    if isinstance(node, exp.Placeholder) and node.name:
+        return exp.Var(this="{%s:%s}" % (node.name, param_type(node.name)))
+    if isinstance(node, exp.Parameter):
+        name = node.this.name if isinstance(node.this, exp.Expression) else str(node.this)
+        return exp.Var(this="{%s:%s}" % (name, param_type(name)))
+    return node
+
+
+def _instances_null(node):
+    # `$instances IS NULL` (a list parameter) → empty({instances:Array(String)}): lists cannot be NULL
+    if isinstance(node, exp.Is) and isinstance(node.expression, exp.Null) and isinstance(node.this, exp.Var) \
+            and node.this.name.startswith("{") and ":Array(" in node.this.name:
+        return _fn("empty", node.this)
+    return node
+
+
+def _intdiv(node):
+    if isinstance(node, exp.IntDiv):
+        return _fn("intDiv", node.this, node.expression)
+    return node
+
+
+def _alias_columns(select: exp.Select) -> None:
+    """ClickHouse names an unaliased ``t.col`` projection ``t.col``; DuckDB names it ``col``."""
+    if isinstance(select.parent, exp.Union) and select.arg_key == "expression":
+        return  # later UNION members take the first member's names
+    names = [e.alias_or_name for e in select.expressions]
+    for e in list(select.expressions):
+        if isinstance(e, exp.Column) and e.table and not isinstance(e.this, exp.Star) and names.count(e.name) == 1:
+            e.replace(exp.alias_(e.copy(), e.name, quoted=False))
+
+
+def _expand_stars(select: exp.Select, schema: dict[str, tuple[str, ...]]) -> None:
+    """``s.*`` over a joined relation whose columns we know → explicit ``s.col AS col`` (ClickHouse would
+    name a column that is ambiguous across the join ``s.col``)."""
+    joins = select.args.get("joins") or []
+    for src in [select.args.get("from_") or select.args.get("from"), *joins]:
+        t = src.this if src is not None else None
+        if joins and isinstance(t, exp.Table) and not t.alias:  # `FROM n JOIN n AS p` is ambiguous to ClickHouse
+            t.set("alias", exp.TableAlias(this=exp.to_identifier(f"{t.name}__t")))
+            for col in select.find_all(exp.Column):
+                if col.table == t.name and col.find_ancestor(exp.Select) is select:
+                    col.set("table", exp.to_identifier(f"{t.name}__t"))
+    sources = {}
+    for src in [select.args.get("from_") or select.args.get("from"), *joins]:
+        t = src.this if src is not None else None
+        if isinstance(t, exp.Table):
+            sources[t.alias_or_name] = t.name
+    new = []
+    for e in select.expressions:
+        if isinstance(e, exp.Column) and isinstance(e.this, exp.Star) and sources.get(e.table) in schema:
+            new += [exp.alias_(exp.column(c, table=e.table), c) for c in schema[sources[e.table]]]
+        elif isinstance(e, exp.Star) and len(sources) == 1 and not joins and next(iter(sources.values())) in schema:
+            new += [exp.column(c) for c in schema[next(iter(sources.values()))]]
+        else:
+            new.append(e)
+    select.set("expressions", new)
+
+
+def to_clickhouse(sql: str, schema: dict[str, tuple[str, ...]] | None = None) -> str:
+    """One DuckDB statement as ClickHouse SQL. ``schema``: columns of relations that ``t.*`` may expand."""
+    return _to_clickhouse(sql, tuple(sorted((schema or {}).items())))
+
+
+@lru_cache(maxsize=512)
+def _to_clickhouse(sql: str, schema_items: tuple) -> str:
+    schema = dict(schema_items)
+    tree = sqlglot.parse_one(sql, read="duckdb")
+    # CTE by CTE, in order: expand `t.*` over joins with the columns known so far, then record the CTE's own
+    for w in reversed(list(tree.find_all(exp.With))):
+        for cte in w.expressions:
+            for sel in reversed(list(cte.this.find_all(exp.Select))):
+                _expand_stars(sel, schema)
+            body = cte.this
+            if isinstance(body, exp.Select) and not any(isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)) for e in body.expressions):
+                schema[cte.alias] = tuple(e.alias_or_name for e in body.expressions)
+    for sel in reversed(list(tree.find_all(exp.Select))):
+        _expand_stars(sel, schema)
+    tree = tree.transform(_intdiv)
+    for sel in list(tree.find_all(exp.Select)):
+        _alias_columns(sel)
+    tree = tree.transform(_string_agg)
+    tree = tree.transform(_quantiles)
+    for sel in list(tree.find_all(exp.Select)):
+        _unnest(sel)
+    tree = tree.transform(_rewrite)
+    tree = tree.transform(_params)
+    tree = tree.transform(_instances_null)
+    return tree.sql(dialect="clickhouse")

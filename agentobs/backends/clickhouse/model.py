@@ -1,0 +1,234 @@
+"""The agentobs model on ClickHouse: raw relations over the exporter's tables, then the shared views.
+
+- ``spans``: ``otel_traces`` with the promoted columns of agentobs/collect/normalize.py resolved in SQL
+  at read time. The alias lists come from normalize.py and the settings (one source of truth); the
+  SQL mirrors ``promote`` for the OTel GenAI / vLLM / SGLang attributes. Python-only paths (LiteLLM's
+  stringified dicts, malformed-value warnings) are not repeated here; see docs/clickhouse.md.
+- ``metric_samples``: ``otel_metrics_gauge`` / ``_sum`` / ``_histogram`` (Prometheus receiver data) in the
+  shape the scraper writes (histograms back as cumulative ``_bucket`` / ``_count`` / ``_sum`` series).
+- ``engine_config``: ``vllm:cache_config_info`` labels plus ``agentobs_engine_config``; ``kv_events``:
+  ``agentobs_kv_events`` (the exporter has no place for either).
+- then agentobs/model/views.sql and the call_reuse view, transpiled by agentobs.backends.clickhouse.dialect.
+
+Arrays cannot be NULL in ClickHouse: an empty ``itl_ms`` / ``block_hashes`` means unknown.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from ...collect import normalize as N
+from ...config import Settings, load_settings
+from ...model import split_statements, views_sql
+from .conn import ClickHouse
+from .dialect import to_clickhouse
+
+
+def _q(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _arr(xs) -> str:
+    return "[" + ", ".join(_q(x) for x in xs) + "]"
+
+
+def _a(key: str) -> str:
+    return f"SpanAttributes[{_q(key)}]"
+
+
+def _has(key: str) -> str:
+    return f"mapContains(SpanAttributes, {_q(key)})"
+
+
+def _merged(key: str) -> str:
+    """value of key in {**resource, **attrs} ('' when absent)."""
+    return f"if({_has(key)}, {_a(key)}, ResourceAttributes[{_q(key)}])"
+
+
+def _first_elem(v: str) -> str:
+    # an array attribute arrives as JSON text (pcommon Value.AsString); _first_str takes its first element
+    return f"if(startsWith({v}, '['), JSONExtractString({v}, 1), {v})"
+
+
+def _first_str(keys, merged: bool = True) -> str:
+    parts = []
+    for k in keys:
+        v = _first_elem(_merged(k) if merged else _a(k))
+        parts.append(f"{v} != '', {v}")
+    return f"multiIf({', '.join(parts)}, NULL)" if parts else "CAST(NULL AS Nullable(String))"
+
+
+def _num(keys, as_int: bool) -> str:
+    """The first key present; a value that is not a number is unknown (NULL), as normalize._num."""
+    parts = []
+    for k in keys:
+        v = f"toFloat64OrNull({_a(k)})"
+        parts.append(f"{_has(k)}, {f'toInt64({v})' if as_int else v}")
+    typ = "Nullable(Int64)" if as_int else "Nullable(Float64)"
+    return f"CAST(multiIf({', '.join(parts)}, NULL) AS {typ})"
+
+
+def spans_view_sql(settings: Settings) -> str:
+    lit_keys = list(N.LITELLM_OPS)
+    lit_vals = [N.LITELLM_OPS[k] for k in lit_keys]
+    chunk = _q(N.CHUNK_EVENT)
+    return f"""
+CREATE OR REPLACE VIEW spans AS
+WITH
+    toUnixTimestamp64Nano(Timestamp) AS _start_ns,
+    transform(SpanKind, ['Unspecified', 'Internal', 'Server', 'Client', 'Producer', 'Consumer',
+              'SPAN_KIND_UNSPECIFIED', 'SPAN_KIND_INTERNAL', 'SPAN_KIND_SERVER', 'SPAN_KIND_CLIENT',
+              'SPAN_KIND_PRODUCER', 'SPAN_KIND_CONSUMER'], [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5], 0) AS _kind,
+    lower(ScopeName) AS _scope,
+    if({_has('gen_ai.operation.name')}, {_a('gen_ai.operation.name')}, NULL) AS _op_attr,
+    ({_has('gen_ai.latency.e2e')} OR {_has('gen_ai.latency.time_to_first_token')}
+     OR {_has('gen_ai.usage.prompt_tokens')}) AS _per_request,
+    (SpanName = 'llm_request' OR (_per_request AND (_kind = 2 OR startsWith(_scope, 'vllm') OR startsWith(_scope, 'sglang')))) AS _is_engine,
+    if(_op_attr IN {_arr(lit_keys)} AND (SpanName = 'litellm_request' OR _scope = 'litellm'),
+       transform(assumeNotNull(_op_attr), {_arr(lit_keys)}, {_arr(lit_vals)}, ''), _op_attr) AS _op1,
+    if(_op1 IS NULL,
+       multiIf(startsWith(SpanName, 'chat ') OR SpanName = 'litellm_request', 'chat',
+               {_has('llm.request.type')}, {_a('llm.request.type')},
+               startsWith(SpanName, 'execute_tool'), 'execute_tool',
+               startsWith(SpanName, 'invoke_agent'), 'invoke_agent', NULL),
+       _op1) AS _op2,
+    multiIf(_is_engine, 'engine', _op2 IN {_arr(sorted(N.CALL_OPS))}, 'gateway',
+            _op2 IN {_arr(sorted(N.AGENT_OPS))}, 'agent', _op2 = 'execute_tool', 'tool', 'other') AS _role,
+    {_first_str(('gen_ai.provider.name', 'gen_ai.system'), merged=False)} AS _provider,
+    {_first_str(('server.address', 'agentobs.instance'))} AS _addr,
+    {_merged('server.port')} AS _port,
+    {_num(N.INPUT_KEYS, True)} AS _p0,
+    {_num(N.CACHED_KEYS, True)} AS _c,
+    ((_provider IN {_arr(sorted(N.ANTHROPIC_STYLE_PROVIDERS))}) OR {_a('agentobs.usage.input_excludes_cache')} = 'true') AS _excl,
+    arraySort(arrayFilter((t, n) -> n = {chunk} AND toUnixTimestamp64Nano(t) != 0, Events.Timestamp, Events.Name)) AS _chunks,
+    {_a('gen_ai.response.finish_reasons')} AS _fr,
+    {_a('agentobs.itl_ms')} AS _itl,
+    multiIf(_fr = '', NULL, startsWith(trimLeft(_fr), '['), nullIf(JSONExtractRaw(_fr, 1), ''), trimBoth(_fr)) AS _fr1
+SELECT
+    TraceId AS trace_id, SpanId AS span_id, nullIf(ParentSpanId, '') AS parent_span_id, SpanName AS name,
+    toInt8(_kind) AS kind, _start_ns AS start_ns, toInt64(_start_ns + Duration) AS end_ns,
+    toInt8(transform(StatusCode, ['Unset', 'Ok', 'Error', 'STATUS_CODE_UNSET', 'STATUS_CODE_OK', 'STATUS_CODE_ERROR'],
+                     [0, 1, 2, 0, 1, 2], 0)) AS status_code,
+    nullIf(StatusMessage, '') AS status_message, nullIf(ServiceName, '') AS service_name, ScopeName AS scope_name,
+    ResourceAttributes AS resource, SpanAttributes AS attributes,
+    _role AS role,
+    if(_is_engine, coalesce(_op_attr, 'engine'), _op2) AS op,
+    {_first_str(settings.session_keys)} AS session_id,
+    {_first_str(settings.task_keys)} AS task_id,
+    {_first_str(settings.task_type_keys)} AS task_type,
+    {_first_str(settings.tenant_keys)} AS tenant,
+    {_first_str(('gen_ai.agent.name',), merged=False)} AS agent_name,
+    CAST({_num(('agentobs.attempt', 'gen_ai.request.attempt'), True)} AS Nullable(Int32)) AS attempt,
+    {_first_str(('agentobs.branch',), merged=False)} AS branch,
+    {_first_str(('gen_ai.response.model', 'gen_ai.request.model', 'llm.request.model'), merged=False)} AS model,
+    _provider AS provider,
+    multiIf(position(concat(_scope, ' ', lower(ServiceName)), 'sglang') > 0, 'sglang',
+            _role = 'engine' AND (position(concat(_scope, ' ', lower(ServiceName)), 'vllm') > 0 OR SpanName = 'llm_request'), 'vllm',
+            _provider IN ('vllm', 'sglang'), _provider, NULL) AS engine,
+    if(_addr IS NOT NULL AND _port != '' AND position(arrayElement(splitByChar(']', assumeNotNull(_addr)), -1), ':') = 0,
+       concat(_addr, ':', _port), _addr) AS instance,
+    {_first_str(('gen_ai.response.id',), merged=False)} AS response_id,
+    {_first_str(('gen_ai.request.id',), merged=False)} AS request_id,
+    multiIf(_p0 IS NOT NULL AND _c IS NOT NULL AND _excl, _p0 + _c + coalesce({_num(N.CACHE_WRITE_KEYS, True)}, 0),
+            _p0 IS NOT NULL AND _c IS NOT NULL AND _c > _p0, _p0 + _c, _p0) AS input_tokens,
+    _c AS cached_tokens,
+    {_num(N.OUTPUT_KEYS, True)} AS output_tokens,
+    {_num(('agentobs.prompt.system_tokens',), True)} AS system_tokens,
+    {_num(('agentobs.prompt.tool_tokens',), True)} AS tool_def_tokens,
+    coalesce({_num(N.TTFT_KEYS, False)},
+             if(empty(_chunks), NULL, (toUnixTimestamp64Nano(_chunks[1]) - _start_ns) / 1e9)) AS ttft_s,
+    {_num(('gen_ai.latency.time_in_queue',), False)} AS queue_s,
+    {_num(('gen_ai.latency.time_in_model_prefill',), False)} AS prefill_s,
+    {_num(('gen_ai.latency.time_in_model_decode',), False)} AS decode_s,
+    if(startsWith(_fr1, '"'), JSONExtractString(concat('[', _fr1, ']'), 1), _fr1) AS finish_reason,
+    {_first_str(('error.type',), merged=False)} AS error_type,
+    {_first_str(('gen_ai.tool.name',), merged=False)} AS tool_name,
+    multiIf(_itl != '', JSONExtract(_itl, 'Array(Float64)'),
+            length(_chunks) >= 2,
+            arrayMap((a, b) -> (toUnixTimestamp64Nano(b) - toUnixTimestamp64Nano(a)) / 1e6,
+                     arrayPopBack(_chunks), arrayPopFront(_chunks)),
+            CAST([] AS Array(Float64))) AS itl_ms,
+    arrayMap(x -> if(startsWith(x, '"'), JSONExtractString(concat('[', x, ']'), 1), x),
+             JSONExtractArrayRaw({_a('agentobs.prompt.block_hashes')})) AS block_hashes,
+    'otel_traces' AS ingest_source
+FROM otel_traces
+"""
+
+
+METRIC_SAMPLES_SQL = """
+CREATE OR REPLACE VIEW metric_samples AS
+WITH series AS (
+    SELECT TimeUnix, ResourceAttributes, MetricName AS metric, Attributes AS attrs, Value AS value FROM otel_metrics_gauge
+    UNION ALL
+    SELECT TimeUnix, ResourceAttributes,
+           if(IsMonotonic AND NOT endsWith(MetricName, '_total'), concat(MetricName, '_total'), MetricName),
+           Attributes, Value FROM otel_metrics_sum
+    UNION ALL
+    SELECT TimeUnix, ResourceAttributes, concat(MetricName, '_count'), Attributes, toFloat64(Count) FROM otel_metrics_histogram
+    UNION ALL
+    SELECT TimeUnix, ResourceAttributes, concat(MetricName, '_sum'), Attributes, Sum FROM otel_metrics_histogram
+    UNION ALL
+    -- OTLP buckets are per bucket, Prometheus' _bucket series are cumulative up to le
+    SELECT TimeUnix, ResourceAttributes, concat(MetricName, '_bucket'),
+           mapUpdate(Attributes, map('le', if(b.2 = 0, '+Inf', toString(b.2)))), toFloat64(b.1)
+    FROM otel_metrics_histogram
+    ARRAY JOIN arrayZip(arrayCumSum(BucketCounts),
+                        arrayMap(i -> if(i <= length(ExplicitBounds), ExplicitBounds[i], 0), arrayEnumerate(BucketCounts)),
+                        arrayMap(i -> i > length(ExplicitBounds), arrayEnumerate(BucketCounts))) AS bz
+    ARRAY JOIN [(bz.1, if(bz.3, 0, bz.2))] AS b
+)
+SELECT toDateTime64(TimeUnix, 6) AS ts,
+       coalesce(nullIf(ResourceAttributes['service.instance.id'], ''), ResourceAttributes['server.address']) AS instance,
+       metric,
+       attrs AS labels,
+       arrayStringConcat(arrayMap(kv -> concat(kv.1, '=', kv.2), arraySort(CAST(attrs AS Array(Tuple(String, String))))), ',') AS labels_key,
+       value,
+       multiIf(startsWith(metric, 'vllm:'), 'vllm', startsWith(metric, 'sglang:'), 'sglang', NULL) AS engine
+FROM series
+"""
+
+ENGINE_CONFIG_SQL = """
+CREATE OR REPLACE VIEW engine_config AS
+SELECT instance, ts, CAST(engine AS Nullable(String)) AS engine, key, CAST(value AS Nullable(String)) AS value,
+       CAST(source AS Nullable(String)) AS source
+FROM agentobs_engine_config
+UNION ALL
+SELECT instance, ts, 'vllm', kv.1, kv.2, 'vllm:cache_config_info'
+FROM (SELECT instance, ts, any(labels) AS labels FROM metric_samples
+      WHERE metric = 'vllm:cache_config_info' GROUP BY instance, ts)
+ARRAY JOIN CAST(labels AS Array(Tuple(String, String))) AS kv
+"""
+
+KV_EVENTS_SQL = "CREATE OR REPLACE VIEW kv_events AS SELECT * FROM agentobs_kv_events"
+
+
+def reuse_schema() -> dict[str, tuple[str, ...]]:
+    from ...metrics.reuse import CALL_COLUMNS
+
+    return {"calls_src": tuple(c.strip() for c in CALL_COLUMNS.split(","))}
+
+
+def exporter_ddl() -> list[str]:
+    return split_statements(resources.files(__package__).joinpath("exporter_ddl.sql").read_text())
+
+
+def model_statements(settings: Settings | None = None) -> list[str]:
+    """Every CREATE VIEW of the model on ClickHouse, in order."""
+    from ...metrics.reuse import reuse_sql
+
+    settings = settings if settings is not None else load_settings()
+    out = [spans_view_sql(settings), METRIC_SAMPLES_SQL, ENGINE_CONFIG_SQL, KV_EVENTS_SQL]
+    out += [to_clickhouse(s) for s in split_statements(views_sql())]
+    out.append(to_clickhouse("CREATE OR REPLACE VIEW call_reuse AS " + reuse_sql(), reuse_schema()))
+    return out
+
+
+def create_tables(ch: ClickHouse) -> None:
+    """The exporter's tables (IF NOT EXISTS) and agentobs' two side tables."""
+    for stmt in exporter_ddl():
+        ch.command(stmt)
+
+
+def create_views(ch: ClickHouse, settings: Settings | None = None) -> None:
+    for stmt in model_statements(settings):
+        ch.command(stmt)
