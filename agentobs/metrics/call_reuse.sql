@@ -15,8 +15,9 @@
 --   hit_class        hit (C ≥ R_eff − B) | partial | miss (C = 0) | NULL
 --   window_outcome   the idle window before c: retained | evicted | routed_away | unknown
 --   rent_*           token-seconds of KV at rest K = P(prev)+O(prev) over that window (§4)
-WITH c AS (
+WITH c AS MATERIALIZED (
     SELECT s.*,
+           row_number() OVER () AS rid,
            coalesce(s.session_id, 'call:' || s.call_id) AS sess_key,
            coalesce(ic.block_size, rp.default_block_size) AS block_size,
            CASE WHEN ic.block_size IS NOT NULL THEN 'engine_config' ELSE 'default' END AS block_size_source,
@@ -25,40 +26,61 @@ WITH c AS (
     CROSS JOIN reuse_params rp
     LEFT JOIN cfg_src ic ON ic.instance = s.instance
 ),
--- prev(c) within the session and branch
-pb AS (
-    SELECT c.call_id, p.call_id AS prev_call_id
+-- the narrow working set: every step below carries only these columns (the wide rows join back at the end)
+n AS MATERIALIZED (
+    SELECT rid, call_id, session_id, branch, sess_key, instance, start_s, end_s, prompt_tokens, cached_tokens,
+           output_tokens, status, attempt, block_size, prefix_caching, queue_s, ttft_s,
+           block_hashes IS NOT NULL AS has_hashes
     FROM c
-    ASOF LEFT JOIN c p
-      ON p.session_id = c.session_id AND p.branch = c.branch AND c.start_s >= p.end_s
 ),
--- first call of a branch: the fork point is the latest earlier call of the session on any branch
+-- prev(c) within the session and branch. Calls that started before c are the only candidates (a call
+-- ends after it starts); when all of them had ended by t0(c) and the one that started last also ended
+-- last (the common, sequential case), prev is that one: a single window pass (lag). Otherwise (parallel
+-- or overlapping calls) search that session's calls that ended before t0(c).
+lagw AS (
+    SELECT rid, session_id, branch, start_s,
+           max(end_s) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m_end,
+           lag(end_s) OVER w AS lag_end,
+           lag(rid) OVER w AS lag_rid
+    FROM n
+    WHERE session_id IS NOT NULL
+    WINDOW w AS (PARTITION BY session_id, branch ORDER BY start_s, rid)
+),
+slow AS (
+    SELECT l.rid, arg_max(p.rid, p.end_s) AS prev_rid
+    FROM (SELECT * FROM lagw WHERE m_end > start_s OR lag_end < m_end) l
+    JOIN n p ON p.session_id = l.session_id AND p.branch = l.branch AND p.end_s <= l.start_s AND p.rid <> l.rid
+    GROUP BY l.rid
+),
+pb AS (
+    SELECT l.rid, CASE WHEN l.m_end <= l.start_s AND l.lag_end = l.m_end THEN l.lag_rid ELSE s.prev_rid END AS prev_rid,
+           l.session_id,
+           l.branch, l.start_s
+    FROM lagw l LEFT JOIN slow s USING (rid)
+),
+-- first call of a non-main branch: the fork point is the latest earlier call of the session on any branch
 pf AS (
-    SELECT c.call_id, p.call_id AS prev_call_id
-    FROM (SELECT c.* FROM c JOIN pb USING (call_id)
-          WHERE (pb.prev_call_id IS NULL OR pb.prev_call_id = c.call_id)
-            AND c.session_id IS NOT NULL AND c.branch <> 'main') c
-    ASOF JOIN (SELECT * FROM c WHERE session_id IS NOT NULL) p
-      ON p.session_id = c.session_id AND c.start_s >= p.end_s
-    WHERE p.call_id <> c.call_id
+    SELECT b.rid, arg_max(p.rid, p.end_s) AS prev_rid
+    FROM (SELECT * FROM pb WHERE prev_rid IS NULL AND branch <> 'main') b
+    JOIN n p ON p.session_id = b.session_id AND p.end_s <= b.start_s AND p.rid <> b.rid
+    GROUP BY b.rid
 ),
 prev_id AS (
-    SELECT pb.call_id,
-           coalesce(pf.prev_call_id, CASE WHEN pb.prev_call_id <> pb.call_id THEN pb.prev_call_id END) AS prev_call_id
-    FROM pb LEFT JOIN pf USING (call_id)
+    SELECT pb.rid, coalesce(pb.prev_rid, pf.prev_rid) AS prev_rid
+    FROM pb LEFT JOIN pf USING (rid)
 ),
 j AS (
-    SELECT c.*, pi.prev_call_id,
+    SELECT n.*, p.call_id AS prev_call_id,
            p.instance AS prev_instance, p.prompt_tokens AS prev_prompt_tokens,
            p.output_tokens AS prev_output_tokens, p.end_s AS prev_end_s, p.status AS prev_status,
-           p.block_hashes IS NOT NULL AS prev_has_hashes
-    FROM c
-    JOIN prev_id pi USING (call_id)
-    LEFT JOIN c p ON p.call_id = pi.prev_call_id
+           p.has_hashes AS prev_has_hashes
+    FROM n
+    LEFT JOIN prev_id pi USING (rid)
+    LEFT JOIN n p ON p.rid = pi.prev_rid
 ),
 -- exact R: leading blocks of c already present among the blocks of earlier calls of the session
 bh AS (
-    SELECT call_id, session_id, start_s, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i
+    SELECT rid, session_id, start_s, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i
     FROM c
     WHERE block_hashes IS NOT NULL AND session_id IS NOT NULL
 ),
@@ -66,10 +88,10 @@ first_seen AS (
     SELECT session_id, h, min(start_s) AS first_s FROM bh GROUP BY session_id, h
 ),
 lead_blocks AS (
-    SELECT b.call_id,
+    SELECT b.rid,
            coalesce(min(b.i) FILTER (WHERE NOT (f.first_s < b.start_s)) - 1, max(b.i)) AS n_lead
     FROM bh b JOIN first_seen f ON f.session_id = b.session_id AND f.h = b.h
-    GROUP BY b.call_id
+    GROUP BY b.rid
 ),
 r AS (
     SELECT j.*,
@@ -83,7 +105,7 @@ r AS (
                 ELSE NULL END AS reusable_tokens,
            (j.prev_call_id IS NOT NULL AND NOT (lb.n_lead IS NOT NULL AND j.prev_has_hashes)
             AND j.prompt_tokens < j.prev_prompt_tokens) AS context_reset
-    FROM j LEFT JOIN lead_blocks lb USING (call_id)
+    FROM j LEFT JOIN lead_blocks lb USING (rid)
 ),
 x AS (
     SELECT r.*,
@@ -104,7 +126,7 @@ y AS (
                 ELSE 'partial' END AS hit_class
     FROM x
 ),
-z AS (
+z AS MATERIALIZED (
     SELECT y.*,
            CASE WHEN session_id IS NULL THEN NULL
                 WHEN prev_call_id IS NULL THEN 'cold'
@@ -145,36 +167,41 @@ kv_rm AS (
 kv_end AS (SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_src GROUP BY instance),
 -- first removal after the previous call ended (the idle window's eviction), on prev's instance
 ev AS (
-    SELECT z.call_id, rm.ts_s AS evict_ts_s
-    FROM (SELECT z.call_id, z.session_id, z.prev_instance, z.prev_end_s FROM z
+    SELECT z.rid, rm.ts_s AS evict_ts_s
+    FROM (SELECT z.rid, z.session_id, z.prev_instance, z.prev_end_s FROM z
           JOIN kv_sess k ON k.instance = z.prev_instance AND k.session_id = z.session_id) z
     ASOF JOIN kv_rm rm
       ON rm.instance = z.prev_instance AND rm.session_id = z.session_id AND z.prev_end_s <= rm.ts_s
 ),
 -- first removal after the call itself ended (for a session's last call: abandoned KV)
 ab AS (
-    SELECT z.call_id, rm.ts_s AS abandon_evict_ts_s
-    FROM (SELECT z.call_id, z.session_id, z.instance, z.end_s FROM z
+    SELECT z.rid, rm.ts_s AS abandon_evict_ts_s
+    FROM (SELECT z.rid, z.session_id, z.instance, z.end_s FROM z
           JOIN kv_sess k ON k.instance = z.instance AND k.session_id = z.session_id) z
     ASOF JOIN kv_rm rm
       ON rm.instance = z.instance AND rm.session_id = z.session_id AND z.end_s <= rm.ts_s
 ),
+tw AS (
+    SELECT rid,
+           CAST(sum(CASE WHEN is_retry THEN 0 ELSE 1 END) OVER (t ROWS UNBOUNDED PRECEDING) AS BIGINT) AS turn_no,
+           coalesce(NOT lead(is_retry) OVER t, true) AS is_last_attempt,
+           NOT coalesce(last_value(start_s) OVER (t ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) >= end_s, false) AS is_last
+    FROM (SELECT rid, sess_key, branch, start_s, end_s, is_retry FROM z)
+    WINDOW t AS (PARTITION BY sess_key, branch ORDER BY start_s, rid)
+),
 w AS (
-    SELECT z.*,
-           CAST(sum(CASE WHEN is_retry THEN 0 ELSE 1 END)
-               OVER (PARTITION BY sess_key, branch ORDER BY start_s, call_id ROWS UNBOUNDED PRECEDING) AS BIGINT) AS turn_no,
-           coalesce(NOT lead(is_retry) OVER (PARTITION BY sess_key, branch ORDER BY start_s, call_id), true) AS is_last_attempt,
-           NOT coalesce(max(start_s) OVER (PARTITION BY sess_key, branch) >= end_s, false) AS is_last,
+    SELECT z.*, tw.turn_no, tw.is_last_attempt, tw.is_last,
            ks.session_id IS NOT NULL AS prev_kv_known,
            ka.session_id IS NOT NULL AS own_kv_known
     FROM z
+    JOIN tw USING (rid)
     LEFT JOIN kv_sess ks ON ks.instance = z.prev_instance AND ks.session_id = z.session_id
     LEFT JOIN kv_sess ka ON ka.instance = z.instance AND ka.session_id = z.session_id
 )
-SELECT w.call_id, w.trace_id, w.session_id, w.task_id, w.task_type, w.tenant, w.agent_name, w.attempt, w.branch,
-       w.instance, w.engine, w.model, w.start_s, w.end_s, w.ttft_s, w.queue_s, w.prefill_s, w.decode_s,
-       w.prompt_tokens, w.cached_tokens, w.output_tokens, w.system_tokens, w.tool_def_tokens, w.status, w.itl_ms,
-       w.block_size, w.block_size_source, w.prefix_caching,
+SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.agent_name, c.attempt, c.branch,
+       c.instance, c.engine, c.model, c.start_s, c.end_s, c.ttft_s, c.queue_s, c.prefill_s, c.decode_s,
+       c.prompt_tokens, c.cached_tokens, c.output_tokens, c.system_tokens, c.tool_def_tokens, c.status, c.itl_ms,
+       w.block_size, c.block_size_source, w.prefix_caching,
        w.prev_call_id, w.prev_instance, w.gap_before_s, w.mode,
        w.reusable_tokens, w.reusable_tokens_eff, w.reprefill_tokens, w.miss_cause, w.context_reset, w.hit_class,
        w.is_retry, w.turn_no, w.is_last_attempt, w.is_last,
@@ -198,6 +225,7 @@ SELECT w.call_id, w.trace_id, w.session_id, w.task_id, w.task_type, w.tenant, w.
                  * (coalesce(ab.abandon_evict_ts_s, ke.last_s) - w.end_s) END AS abandon_rent_token_s,
        CASE WHEN w.is_last AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored
 FROM w
-LEFT JOIN ev USING (call_id)
-LEFT JOIN ab USING (call_id)
+JOIN c USING (rid)
+LEFT JOIN ev USING (rid)
+LEFT JOIN ab USING (rid)
 LEFT JOIN kv_end ke ON ke.instance = w.instance

@@ -149,7 +149,6 @@ class MetricRun:
                        "default_block_size": int(self.settings.default_block_size)})
         select = (
             "r.*, k.usd_per_s, k.prefill_tps, k.decode_tps, k.usd_per_token_s, k.bytes_per_token, k.g_star_s,\n"
-            "k.basis AS cost_basis,\n"
             "(r.prompt_tokens - coalesce(r.cached_tokens, 0)) / k.prefill_tps + coalesce(r.output_tokens, 0) / k.decode_tps AS gpu_s,\n"
             "((r.prompt_tokens - coalesce(r.cached_tokens, 0)) / k.prefill_tps + coalesce(r.output_tokens, 0) / k.decode_tps)"
             " * k.usd_per_s AS cost_usd,\n"

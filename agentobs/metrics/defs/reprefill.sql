@@ -9,6 +9,7 @@
 -- grain: one row per group (default: one per miss cause)
 -- sources: call_reuse (llm_calls, instance_config, kv_events), cost model ([cost] settings, instance_config)
 -- by: cause, session, task, instance, model, task_type
+WITH agg AS (
 WITH base AS (
     SELECT CASE $by WHEN 'cause' THEN coalesce(miss_cause, CASE WHEN session_id IS NULL THEN 'no_session'
                                                                 WHEN context_reset THEN 'context_reset'
@@ -40,7 +41,12 @@ SELECT grp,
        sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS cost_share,
        sum(reprefill_cost_usd) / nullif(any_value(fleet.fleet_cost_usd), 0) AS fleet_cost_share,
        string_agg(DISTINCT mode, ',') AS mode,
-       string_agg(DISTINCT cost_basis, ' | ') AS cost_basis
+       list(DISTINCT coalesce(instance, '')) AS cost_instances
 FROM base CROSS JOIN fleet
 GROUP BY grp
-ORDER BY sum(reprefill_tokens) DESC NULLS LAST, grp
+)
+SELECT agg.* EXCLUDE (cost_instances),
+       (SELECT string_agg(k.instance || ': ' || k.basis, ' | ' ORDER BY k.instance) FROM m_cost k
+        WHERE list_contains(agg.cost_instances, k.instance)) AS cost_basis
+FROM agg
+ORDER BY reprefill_tokens DESC NULLS LAST, grp

@@ -10,6 +10,7 @@
 -- grain: one row per group (default: one per task)
 -- sources: call_reuse (llm_calls), cost model ([cost] settings, instance_config, engine spans)
 -- by: task, task_type, session, model, instance
+WITH agg AS (
 WITH base AS (
     SELECT CASE $by WHEN 'task' THEN task_id WHEN 'task_type' THEN task_type WHEN 'session' THEN session_id
                     WHEN 'model' THEN model WHEN 'instance' THEN instance END AS grp,
@@ -40,7 +41,12 @@ SELECT grp,
        sum(reprefill_cost_usd) AS reprefill_cost_usd,
        sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS reprefill_cost_share,
        sum(list_cost_usd) AS list_price_usd,
-       string_agg(DISTINCT cost_basis, ' | ') AS cost_basis
+       list(DISTINCT coalesce(instance, '')) AS cost_instances
 FROM base
 GROUP BY grp
-ORDER BY sum(cost_usd) DESC NULLS LAST, grp
+)
+SELECT agg.* EXCLUDE (cost_instances),
+       (SELECT string_agg(k.instance || ': ' || k.basis, ' | ' ORDER BY k.instance) FROM m_cost k
+        WHERE list_contains(agg.cost_instances, k.instance)) AS cost_basis
+FROM agg
+ORDER BY cost_usd DESC NULLS LAST, grp

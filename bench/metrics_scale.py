@@ -1,0 +1,108 @@
+"""Scale benchmark of the metric suite.
+
+Generates N model calls of realistic agent sessions (15 calls per session, context growing by ~1.5k
+tokens a turn, 12–27 s tool gaps, 8 instances with 5% of turns routed away, 75% full / 15% partial /
+10% missed prefix hits, 1% failed calls, 0.5% of calls with a 40-gap ITL array) directly in DuckDB
+with SQL, then in the same run times:
+
+1. one window pass over ``llm_calls`` (previous call's prompt per session, summed) — the baseline;
+2. the whole metric suite (``agentobs.metrics.compute_all``: one preparation + every metric);
+
+and prints both, their ratio and the process's peak memory (ru_maxrss: DuckDB runs in-process).
+
+    .venv/bin/python bench/metrics_scale.py                 # 1M calls
+    .venv/bin/python bench/metrics_scale.py --calls 10000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentobs.config import Settings  # noqa: E402
+from agentobs.metrics import compute_all  # noqa: E402
+from agentobs.store.db import connect  # noqa: E402
+
+GENERATE = """
+INSERT INTO spans (trace_id, span_id, name, kind, start_ns, end_ns, status_code, role, op, session_id, task_id,
+                   task_type, attempt, branch, instance, engine, model, input_tokens, cached_tokens, output_tokens,
+                   ttft_s, itl_ms)
+WITH c AS (
+    SELECT i, i // 15 AS s, i % 15 AS k,
+           (hash(i, 1) % 10000) / 10000.0 AS u1, (hash(i, 2) % 10000) / 10000.0 AS u2,
+           (hash(i, 3) % 10000) / 10000.0 AS u3, (hash(i - 1, 1) % 10000) / 10000.0 AS u1_prev,
+           (hash(i, 5) % 10000) / 10000.0 AS u5, (hash(i // 15, 4) % 10000) / 10000.0 AS us
+    FROM range($n) t(i)
+),
+t AS (
+    SELECT *,
+           3000 + k * 1500 + CAST(u1 * 500 AS BIGINT) AS p,
+           3000 + (k - 1) * 1500 + CAST(u1_prev * 500 AS BIGINT) AS p_prev,
+           1.8e9 + us * 86400 + k * 30 + u2 * 5 AS t0,
+           3 + u3 * 10 AS dur
+    FROM c
+)
+SELECT printf('t%015x', s), printf('%016x', i), 'chat', 3,
+       CAST(t0 * 1e9 AS BIGINT), CAST((t0 + dur) * 1e9 AS BIGINT),
+       CASE WHEN u5 > 0.99 THEN 2 ELSE 0 END, 'gateway', 'chat',
+       printf('sess-%d', s), printf('task-%d', s), CASE s % 3 WHEN 0 THEN 'swe' WHEN 1 THEN 'research' ELSE 'data' END,
+       1, 'main',
+       printf('10.0.0.%d:8000', CASE WHEN u2 > 0.95 THEN (s + 1) % 8 ELSE s % 8 END), 'vllm', 'Qwen/Qwen3-32B',
+       p,
+       CASE WHEN k = 0 THEN 2048 WHEN u5 < 0.75 THEN (p_prev // 16) * 16 WHEN u5 < 0.9 THEN 2048 ELSE 0 END,
+       100 + CAST(u3 * 300 AS BIGINT),
+       0.1 + u1 * 0.5,
+       CASE WHEN u3 < 0.005 THEN list_transform(range(40), lambda x: 20.0 + (hash(i, x) % 100) * CASE WHEN x % 13 = 0 THEN 4 ELSE 1 END) END
+FROM t
+"""
+
+BASELINE = """
+SELECT sum(prev_p) FROM (
+    SELECT lag(prompt_tokens) OVER (PARTITION BY session_id ORDER BY start_ts) AS prev_p FROM llm_calls
+)
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calls", type=int, default=1_000_000)
+    ap.add_argument("--db", default=None, help="DuckDB file to create (default: a temp file)")
+    args = ap.parse_args()
+    tmp = tempfile.TemporaryDirectory()
+    path = args.db or str(Path(tmp.name) / "bench.duckdb")
+    con = connect(path)
+    t = time.perf_counter()
+    con.execute(GENERATE, {"n": args.calls})
+    con.execute("CHECKPOINT")
+    gen_s = time.perf_counter() - t
+    con.close()
+
+    con = connect(path, read_only=True)
+    t = time.perf_counter()
+    con.execute(BASELINE).fetchall()
+    base_s = time.perf_counter() - t
+
+    t = time.perf_counter()
+    suite = compute_all(db=con, settings=Settings())
+    suite_s = time.perf_counter() - t
+    con.close()
+    peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
+
+    reuse = suite["reprefill"].to_dicts()
+    print(f"calls: {args.calls:,}  (generated in {gen_s:.1f} s)")
+    print(f"window pass over llm_calls (lag per session, summed): {base_s:.2f} s")
+    print(f"metric suite ({len(suite)} metrics, one preparation):   {suite_s:.2f} s")
+    print(f"ratio suite / window pass: {suite_s / base_s:.2f}x")
+    print(f"peak memory (ru_maxrss): {peak_gib:.2f} GiB")
+    print("rows per metric: " + ", ".join(f"{k}={v.height}" for k, v in suite.items()))
+    print("re-prefill by cause: " + ", ".join(f"{r['cause']}={r['reprefill_tokens']}" for r in reuse))
+
+
+if __name__ == "__main__":
+    main()
