@@ -48,6 +48,9 @@ TTFT_KEYS = (
     "gen_ai.server.time_to_first_token",
 )
 ANTHROPIC_STYLE_PROVIDERS = {"anthropic", "aws.bedrock.anthropic"}
+# LiteLLM (seen on 1.108.7) writes its call type as gen_ai.operation.name on the litellm_request span
+LITELLM_OPS = {"acompletion": "chat", "completion": "chat", "atext_completion": "text_completion",
+               "text_completion": "text_completion", "aresponses": "responses", "responses": "responses"}
 
 COLUMNS = (
     "role", "op", "session_id", "task_id", "task_type", "tenant", "agent_name", "attempt", "branch",
@@ -92,7 +95,36 @@ def _num(attrs: dict[str, Any], keys: Sequence[str], warnings: list[str], as_int
 
 def _litellm_usage(attrs: dict[str, Any]) -> dict[str, Any]:
     """LiteLLM's legacy callback stringifies usage into ``metadata.usage_object``."""
-    raw = attrs.get("metadata.usage_object")
+    return _litellm_dict(attrs, "metadata.usage_object")
+
+
+def _litellm_session(attrs: dict[str, Any]) -> str | None:
+    """LiteLLM's proxy keeps the caller's session (``x-litellm-session-id`` / ``litellm_session_id`` /
+    ``metadata.session_id``) only inside the stringified ``metadata.requester_metadata`` dict."""
+    v = _litellm_dict(attrs, "metadata.requester_metadata").get("session_id")
+    return str(v) if v not in (None, "") else None
+
+
+def _litellm_instance(attrs: dict[str, Any]) -> str | None:
+    """host:port of the upstream LiteLLM called: ``hidden_params`` (a JSON string) ``api_base``."""
+    api_base = _litellm_dict(attrs, "hidden_params").get("api_base")
+    if not isinstance(api_base, str):
+        return None
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(api_base)
+        port = u.port or (443 if u.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if not u.hostname:
+        return None
+    return f"[{u.hostname}]:{port}" if ":" in u.hostname else f"{u.hostname}:{port}"
+
+
+def _litellm_dict(attrs: dict[str, Any], key: str) -> dict[str, Any]:
+    """A dict LiteLLM stringified into one attribute (JSON or a Python repr); {} when it is not one."""
+    raw = attrs.get(key)
     if not isinstance(raw, str):
         return {}
     try:
@@ -102,7 +134,7 @@ def _litellm_usage(attrs: dict[str, Any]) -> dict[str, Any]:
             import ast
 
             obj = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return {}
     return obj if isinstance(obj, dict) else {}
 
@@ -133,6 +165,9 @@ def classify(name: str, kind: int, scope: str, attrs: dict[str, Any]) -> tuple[s
         or "gen_ai.usage.prompt_tokens" in attrs
     if name == "llm_request" or (per_request and (kind == 2 or scope_l.startswith(("vllm", "sglang")))):
         return "engine", op or "engine"
+    if op in LITELLM_OPS and (name == "litellm_request" or scope_l == "litellm"):
+        # LiteLLM's otel callback puts its call type (acompletion, ...) in gen_ai.operation.name
+        op = LITELLM_OPS[op]
     if op is None:
         if name.startswith("chat ") or name == "litellm_request":
             op = "chat"
@@ -177,7 +212,7 @@ def promote(
     role, op = classify(name, kind, scope, attrs)
     out: dict[str, Any] = {"role": role, "op": op}
     merged = attrs if not resource else {**resource, **attrs}
-    out["session_id"] = _first_str(merged, settings.session_keys)
+    out["session_id"] = _first_str(merged, settings.session_keys) or _litellm_session(attrs)
     out["task_id"] = _first_str(merged, settings.task_keys)
     out["task_type"] = _first_str(merged, settings.task_type_keys)
     out["tenant"] = _first_str(merged, settings.tenant_keys)
@@ -193,7 +228,7 @@ def promote(
     port = merged.get("server.port")
     if addr is not None and port not in (None, "") and ":" not in addr.split("]")[-1]:
         addr = f"{addr}:{port}"
-    out["instance"] = addr
+    out["instance"] = addr if addr is not None else (_litellm_instance(attrs) if role == "gateway" else None)
     out["response_id"] = _first_str(attrs, ("gen_ai.response.id",))
     out["request_id"] = _first_str(attrs, ("gen_ai.request.id",))
 

@@ -43,7 +43,6 @@ import random
 import sys
 import threading
 import time
-from pathlib import Path
 from urllib.parse import urlparse
 
 from opentelemetry import propagate, trace
@@ -220,7 +219,7 @@ def run_session(k: int, a, tracer, chat: Chat, sink, lock: threading.Lock) -> No
                         ch = rec["chunk_arrival_s"]
                         if stream and ch:
                             span.set_attribute("gen_ai.response.time_to_first_chunk", ch[0])
-                            span.set_attribute("agentobs.itl_ms", [round((b - x) * 1000, 3) for x, b in zip(ch, ch[1:])])
+                            span.set_attribute("agentobs.itl_ms", [round((b - x) * 1000, 3) for x, b in zip(ch, ch[1:], strict=False)])
                         if rec["status"] != 200:
                             span.set_status(Status(StatusCode.ERROR, f"HTTP {rec['status']}"))
                             span.set_attribute("error.type", str(rec["status"]))

@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -128,6 +129,63 @@ class Procs:
             self.stop(name)
 
 
+class Recorder:
+    """OTLP/HTTP pass-through: saves every request body (as sent) under ``dir`` and forwards it to
+    the collector's HTTP receiver, answering with the collector's answer. Used by the ``litellm``
+    configuration so the real LiteLLM / driver / vLLM exports can be kept as a test fixture."""
+
+    def __init__(self, target: str, out_dir: Path):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock, counter = threading.Lock(), [0]
+        index = open(out_dir / "index.jsonl", "a")
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                hdrs = {k: v for k, v in self.headers.items()
+                        if k.lower() in ("content-type", "content-encoding", "user-agent")}
+                with lock:
+                    counter[0] += 1
+                    n = counter[0]
+                name = f"{n:06d}{'.json' if 'json' in hdrs.get('Content-Type', '') else '.pb'}"
+                if self.path.startswith("/v1/traces"):
+                    (out_dir / name).write_bytes(body)
+                req = urllib.request.Request(target + self.path, data=body, method="POST",
+                                             headers={k: v for k, v in hdrs.items() if k.lower() != "user-agent"})
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as r:
+                        status, data, ctype = r.status, r.read(), r.headers.get("Content-Type", "")
+                except urllib.error.HTTPError as e:
+                    status, data, ctype = e.code, e.read(), e.headers.get("Content-Type", "")
+                except OSError as e:
+                    status, data, ctype = 502, str(e).encode(), "text/plain"
+                with lock:
+                    index.write(json.dumps({"n": n, "path": self.path, "file": name if self.path.startswith(
+                        "/v1/traces") else None, "headers": hdrs, "bytes": len(body), "status": status}) + "\n")
+                    index.flush()
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.srv.server_address[1]
+        self.index = index
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.srv.shutdown()
+        self.srv.server_close()
+        self.index.close()
+
+
 def write_fleet(path: Path, grpc: int, http: int, health: int, vllm_port: int, kv_ep: str) -> None:
     path.write_text(f"""# written by scripts/vllm/e2e.py
 receiver: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
@@ -147,7 +205,7 @@ kv_events:
 """)
 
 
-def write_litellm_config(path: Path, vllm_port: int, otlp_http: int) -> None:
+def write_litellm_config(path: Path, vllm_port: int) -> None:
     # hosted_vllm/ is LiteLLM's OpenAI-compatible vLLM provider
     path.write_text(f"""model_list:
   - model_name: tiny-llama
@@ -157,8 +215,6 @@ def write_litellm_config(path: Path, vllm_port: int, otlp_http: int) -> None:
       api_key: none
 litellm_settings:
   callbacks: ["otel"]
-general_settings:
-  forward_client_headers_to_llm_api: true
 """)
 
 
@@ -174,6 +230,11 @@ def run_config(name: str, out: Path, args) -> dict:
     write_fleet(d / "fleet.yaml", grpc, http, health, vllm_port, kv_ep)
     health_url = f"http://127.0.0.1:{health}/metrics"
     procs = Procs()
+    rec = None
+    otlp_http = f"http://127.0.0.1:{http}"
+    if cfg["litellm"]:  # everything exported over OTLP/HTTP through the recorder (kept as a fixture)
+        rec = Recorder(otlp_http, d / "otlp_recorded")
+        otlp_http = f"http://127.0.0.1:{rec.port}"
     timings: dict[str, float] = {}
     t_all = time.time()
     try:
@@ -183,6 +244,7 @@ def run_config(name: str, out: Path, args) -> dict:
         env = {
             "VLLM_PORT": str(vllm_port), "VLLM_NUM_BLOCKS": str(cfg["num_blocks"]),
             "VLLM_OTLP_ENDPOINT": f"http://127.0.0.1:{grpc}", "VLLM_OTLP_PROTOCOL": "grpc",
+            **({"VLLM_OTLP_ENDPOINT": f"{otlp_http}/v1/traces", "VLLM_OTLP_PROTOCOL": "http/protobuf"} if rec else {}),
             "VLLM_KV_EVENTS_ENDPOINT": kv_ep, "VLLM_CMD_OUT": str(d / "server_cmd.txt"),
         }
         t0 = time.time()
@@ -197,10 +259,10 @@ def run_config(name: str, out: Path, args) -> dict:
         driver_extra: list[str] = []
         if cfg["litellm"]:
             lport = free_port()
-            write_litellm_config(d / "litellm.yaml", vllm_port, http)
+            write_litellm_config(d / "litellm.yaml", vllm_port)
             lvenv = Path(args.litellm_venv)
             lenv = {
-                "OTEL_EXPORTER": "otlp_http", "OTEL_ENDPOINT": f"http://127.0.0.1:{http}/v1/traces",
+                "OTEL_EXPORTER": "otlp_http", "OTEL_ENDPOINT": f"{otlp_http}/v1/traces",
                 "OTEL_SERVICE_NAME": "litellm-proxy",
                 "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
                 "LITELLM_LOG": "INFO", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "DISABLE_SCHEMA_UPDATE": "true",
@@ -217,7 +279,7 @@ def run_config(name: str, out: Path, args) -> dict:
         t2 = time.time()
         drv = subprocess.run([PY, str(HERE / "agent_driver.py"), "--base-url", base_url,
                               "--engine-address", f"127.0.0.1:{vllm_port}",
-                              "--otlp", f"http://127.0.0.1:{http}/v1/traces", "--out", str(d / "responses.jsonl"),
+                              "--otlp", f"{otlp_http}/v1/traces", "--out", str(d / "responses.jsonl"),
                               "--service", f"agent-driver-{name}", *driver_extra, *args.driver_args],
                              stdout=open(d / "driver.log", "w"), stderr=subprocess.STDOUT, cwd=REPO, timeout=600)
         timings["workload_s"] = round(time.time() - t2, 1)
@@ -245,6 +307,8 @@ def run_config(name: str, out: Path, args) -> dict:
         wait_for(lambda: health_value(health_url, "agentobs_scrapes_total") >= scrapes1 + 2, 30, "final scrapes")
     finally:
         procs.stop_all()
+        if rec:
+            rec.close()
         for p in Path("/tmp").glob(f"agentobs-e2e-{os.getpid()}-{name}.kv"):
             p.unlink(missing_ok=True)
     timings["config_total_s"] = round(time.time() - t_all, 1)
