@@ -106,3 +106,14 @@ def test_cli_metrics_catalogue_json_and_errors(tmp_path):
     assert r.returncode == 3 and "cannot be grouped by 'cause'" in r.stderr
     r = run("reuse", "--filter", "instance")
     assert r.returncode != 0 and "expected KEY=VALUE" in r.stderr
+
+
+def test_shipped_cost_example_is_valid():
+    import tomllib
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "collectors" / "cost.example.toml").read_bytes()
+    m = parse_cost(tomllib.loads(text.decode())["cost"])
+    assert m.defaults["usd_per_hour"] == 2.5 and m.instances["10.42.7.31:8000"]["usd_per_hour"] == 19.6
+    assert m.list_price == {"input": 0.40, "cached_input": 0.04, "output": 1.60}
+    assert [g.bytes_per_token() for _, g in m.geometries] == [2 * 48 * 8 * 128 * 2, 61 * (512 + 64) * 2]
