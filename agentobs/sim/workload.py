@@ -1,0 +1,384 @@
+"""Workloads: what agent sessions send, as prompt block chains, output lengths and gaps.
+
+A session is a list of segments run in order. A ``seq`` segment is one thread of calls, each after
+an idle gap (tool execution / think time) following the previous call's end (closed loop, as an
+agent behaves). A ``par`` segment runs several threads at once (parallel branches / sub-agents) and
+ends when all have finished. A call's prompt is the first ``nblk`` full blocks of a block-hash
+chain (shared list, append-only), plus ``P mod B`` tokens in a trailing partial block.
+
+Sources: synthetic task mixes (task types as data below), the Claude Code traces and the Mooncake
+conversation trace shipped in ``agentobs/sim/datasets``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from ..errors import ConfigError, InputError
+
+
+class IdAlloc:
+    """Unique block ids for one run (workload chains and engine output blocks share the space)."""
+
+    def __init__(self, start: int = 1):
+        self.next = start
+
+    def take(self, n: int) -> list[int]:
+        a = self.next
+        self.next += n
+        return list(range(a, a + n))
+
+
+@dataclass(slots=True)
+class CallSpec:
+    chain: list
+    nblk: int
+    P: int
+    O: int
+    gap_s: float = 0.0          # idle time before this call (after the previous call of its thread ended)
+    at_s: float | None = None   # open-loop arrival time (trace replays), relative to the session start
+    tool: str | None = None     # tool executed in the gap before this call
+    fail: bool = False          # this attempt fails (client sees an error) and is retried
+    backoff_s: float = 1.0
+    system_tokens: int = 0
+    tool_tokens: int = 0
+    model: str | None = None
+
+
+@dataclass
+class Segment:
+    kind: str                         # seq | par
+    threads: list[tuple[str, list[CallSpec]]]  # (branch, calls)
+
+
+@dataclass
+class Session:
+    sid: str
+    task_id: str
+    task_type: str
+    tenant: str
+    agent_name: str
+    start_s: float
+    segments: list[Segment]
+    n_calls: int = 0
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Lognormal with a median and a spread, clipped; ``fixed`` makes it a constant; ``uniform``."""
+
+    median: float
+    sigma: float = 0.0
+    lo: float = 0.0
+    hi: float = math.inf
+    uniform: bool = False
+
+    def draw(self, rng: random.Random) -> float:
+        if self.uniform:
+            return rng.uniform(self.lo, self.hi)
+        v = self.median if self.sigma == 0 else rng.lognormvariate(math.log(self.median), self.sigma)
+        return min(self.hi, max(self.lo, v))
+
+
+@dataclass(frozen=True)
+class TaskType:
+    name: str
+    agent: str
+    turns: tuple[int, int]
+    system_tokens: int
+    tool_def_tokens: int
+    first_input: Dist
+    growth: Dist                 # new context per turn (tool output / user text), tokens
+    output: Dist
+    gap: Dist                    # tool / think time between calls, seconds
+    tools: tuple[str, ...]
+    retry_p: float = 0.0
+    human_p: float = 0.0         # share of gaps that are a human turn instead of a tool
+    human_gap: Dist = Dist(60.0, 1.0, 5.0, 1800.0)
+    branches: tuple[int, int] = (0, 0)   # parallel branches forked once (research sub-agents)
+    branch_turns: tuple[int, int] = (3, 6)
+    compact_at: int = 0          # context compaction threshold (tokens), 0 = never
+
+
+TASK_TYPES: dict[str, TaskType] = {
+    t.name: t
+    for t in (
+        TaskType("coding", "swe-fixer", (10, 30), 2500, 5500, Dist(900, 0.8, 200, 4000), Dist(700, 1.1, 40, 12000),
+                 Dist(180, 0.7, 20, 2000), Dist(9.0, 1.1, 0.5, 900.0), ("read_file", "grep", "run_tests", "edit_file"),
+                 retry_p=0.02, human_p=0.05, compact_at=90_000),
+        TaskType("support", "support-bot", (3, 8), 1800, 1200, Dist(200, 0.6, 40, 1500), Dist(250, 0.7, 40, 1500),
+                 Dist(120, 0.6, 20, 600), Dist(1.2, 0.7, 0.2, 10.0), ("lookup_order", "search_kb"),
+                 retry_p=0.01, human_p=0.4, human_gap=Dist(40.0, 0.9, 5.0, 600.0)),
+        TaskType("research", "deep-researcher", (5, 10), 2200, 2600, Dist(400, 0.5, 100, 2000),
+                 Dist(2500, 0.7, 300, 9000), Dist(300, 0.6, 50, 1500), Dist(6.0, 0.8, 1.0, 60.0),
+                 ("web_search", "fetch_url"), retry_p=0.03, branches=(2, 4), branch_turns=(3, 6)),
+        TaskType("batch-eval", "eval-runner", (1, 1), 1200, 0, Dist(3000, 0.5, 500, 12000), Dist(0, 0, 0, 0),
+                 Dist(40, 0.8, 2, 300), Dist(0.05, 0.5, 0.0, 1.0), ()),
+        TaskType("toolcall20", "tool-agent", (20, 20), 4000, 2000, Dist(600, 0.3, 200, 1500),
+                 Dist(1500, 0.4, 600, 3000), Dist(180, 0.4, 60, 400), Dist(0, 0, 5.0, 30.0, uniform=True),
+                 ("run_tool",)),
+    )
+}
+
+TENANTS = ("team-platform", "team-search", "team-support", "acme-corp")
+
+
+def _tokens(d: Dist, rng: random.Random) -> int:
+    return int(round(d.draw(rng)))
+
+
+class _Chain:
+    """Grows one thread's block chain: a prompt of P tokens uses its first P // B blocks."""
+
+    def __init__(self, ids: IdAlloc, B: int, head: list[int]):
+        self.ids, self.B = ids, B
+        self.chain = list(head)
+
+    def prompt(self, P: int) -> tuple[list, int]:
+        n = P // self.B
+        if n > len(self.chain):
+            self.chain.extend(self.ids.take(n - len(self.chain)))
+        return self.chain, n
+
+
+def synthetic(mix: dict[str, float], duration_s: float, sessions_per_min: float, seed: int, block_size: int,
+              ids: IdAlloc, n_sessions: int | None = None, bursts: bool = True) -> list[Session]:
+    """Sessions of the named task types, Poisson arrivals over ``duration_s`` (or exactly
+    ``n_sessions``), deterministic for a seed."""
+    for name in mix:
+        if name not in TASK_TYPES:
+            raise ConfigError(f"unknown task type {name!r}; known: {', '.join(TASK_TYPES)}")
+    rng = random.Random(seed)
+    names = list(mix)
+    weights = [mix[n] for n in names]
+    B = block_size
+    shared = {n: ids.take((TASK_TYPES[n].system_tokens + TASK_TYPES[n].tool_def_tokens) // B) for n in names}
+    out: list[Session] = []
+    t = 0.0
+    rate = sessions_per_min / 60.0
+    i = 0
+    while True:
+        if n_sessions is not None:
+            if i >= n_sessions:
+                break
+        t += rng.expovariate(rate) if rate > 0 else 0.0
+        if n_sessions is None and t > duration_s:
+            break
+        tt = TASK_TYPES[rng.choices(names, weights)[0]]
+        burst = rng.randint(5, 20) if (bursts and tt.name == "batch-eval") else 1
+        for _ in range(burst):
+            out.append(_synthetic_session(tt, i, t, rng, ids, B, shared[tt.name], seed))
+            i += 1
+    return out
+
+
+def _synthetic_session(tt: TaskType, i: int, t0: float, rng: random.Random, ids: IdAlloc, B: int, shared: list,
+                       seed: int) -> Session:
+    sid = f"sess-{seed:x}-{i:06d}"
+    head_tokens = tt.system_tokens + tt.tool_def_tokens
+    main = _Chain(ids, B, shared)
+    P = head_tokens + _tokens(tt.first_input, rng)
+    turns = rng.randint(*tt.turns)
+    fork_at = rng.randint(1, max(1, turns - 2)) if tt.branches[1] else -1
+    segments: list[Segment] = []
+    calls: list[CallSpec] = []
+    n = 0
+
+    def mk(ch: _Chain, P: int, gap: float, tool: str | None) -> CallSpec:
+        chain, nblk = ch.prompt(P)
+        O = max(1, _tokens(tt.output, rng))
+        fail = rng.random() < tt.retry_p
+        return CallSpec(chain, nblk, P, O, gap, None, tool, fail, rng.uniform(0.5, 3.0), tt.system_tokens,
+                        tt.tool_def_tokens)
+
+    prevO = 0
+    for k in range(turns):
+        if k == 0:
+            gap, tool = 0.0, None
+        else:
+            human = rng.random() < tt.human_p
+            gap = tt.human_gap.draw(rng) if human else tt.gap.draw(rng)
+            tool = None if human or not tt.tools else rng.choice(tt.tools)
+            P = P + prevO + _tokens(tt.growth, rng)
+            if tt.compact_at and P > tt.compact_at:  # compaction: a new context (summary)
+                main = _Chain(ids, B, shared)
+                P = head_tokens + rng.randint(2000, 5000)
+        c = mk(main, P, gap, tool)
+        calls.append(c)
+        n += 1
+        prevO = c.O
+        if k == fork_at:
+            segments.append(Segment("seq", [("main", calls)]))
+            calls = []
+            threads = []
+            base = list(main.chain[: P // B])
+            for b in range(rng.randint(*tt.branches)):
+                ch = _Chain(ids, B, base)
+                bp = P + prevO + _tokens(tt.growth, rng)
+                bcalls = []
+                for j in range(rng.randint(*tt.branch_turns)):
+                    if j:
+                        bp += bcalls[-1].O + _tokens(tt.growth, rng)
+                    bt = rng.choice(tt.tools) if tt.tools else None
+                    bcalls.append(mk(ch, bp, tt.gap.draw(rng), bt))
+                    n += 1
+                threads.append((f"b{b + 1}", bcalls))
+            segments.append(Segment("par", threads))
+            P = P + prevO + sum(300 for _ in threads)  # branch summaries come back to the main thread
+            prevO = 0
+    if calls:
+        segments.append(Segment("seq", [("main", calls)]))
+    return Session(sid, f"task-{seed:x}-{i:06d}", tt.name, rng.choice(TENANTS), tt.agent, t0, segments, n)
+
+
+# -- trace replays ---------------------------------------------------------------------------------
+def dataset_dir() -> Path:
+    return Path(str(resources.files("agentobs.sim") / "datasets"))
+
+
+def _load_json(path: Path):
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    try:
+        return json.loads(data)
+    except ValueError as e:
+        raise InputError(f"not JSON: {e}", str(path)) from None
+
+
+def _expand(ids: list[int], k: int, base: int) -> list[int]:
+    if k == 1:
+        return [base + h for h in ids]
+    return [base + h * k + j for h in ids for j in range(k)]
+
+
+def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing_s: float = 30.0,
+                limit: int | None = None) -> list[Session]:
+    """Replay Claude Code sessions (kv-cache-tester traces): each file one session; prompts keep
+    their 64-token block ids (split into ``64 / block_size`` sub-blocks); gaps are ``think_time``;
+    sub-agents run as a parallel branch while the parent waits."""
+    if 64 % block_size:
+        raise ConfigError(f"the Claude Code traces have 64-token blocks; block size {block_size} must divide 64")
+    k = 64 // block_size
+    if paths is None:
+        paths = sorted((dataset_dir() / "claude_code").glob("trace_*.json*"))
+    out = []
+    for i, p in enumerate(paths[:limit] if limit else paths):
+        doc = _load_json(p)
+        if not isinstance(doc, dict) or "requests" not in doc:
+            raise InputError("not a kv-cache-tester trace (no 'requests')", str(p))
+        base = ids.next
+        maxid = 0
+        sysn, tooln = int(doc.get("system_tokens", 0)), int(doc.get("tool_tokens", 0))
+        segments: list[Segment] = []
+        calls: list[CallSpec] = []
+        n = 0
+
+        def conv(reqs, prefix_tool=True):
+            nonlocal maxid
+            res = []
+            prev_stop = None
+            for r in reqs:
+                if r.get("type") == "subagent":
+                    continue
+                h = r.get("hash_ids") or []
+                if h:
+                    maxid = max(maxid, max(h))
+                chain = _expand(h, k, base)
+                P = int(r["in"])
+                nblk = min(len(chain), P // block_size)
+                tool = "tool_use" if prev_stop == "tool_use" else None
+                res.append(CallSpec(chain, nblk, P, max(1, int(r.get("out", 1))), float(r.get("think_time", 0) or 0),
+                                    None, tool, False, 1.0, sysn, tooln, r.get("model")))
+                prev_stop = r.get("stop")
+            return res
+
+        for r in doc["requests"]:
+            if r.get("type") == "subagent":
+                if calls:
+                    segments.append(Segment("seq", [("main", calls)]))
+                    calls = []
+                sub = conv(r.get("requests") or [])
+                if sub:
+                    sub[0].gap_s = 0.0
+                    segments.append(Segment("par", [(str(r.get("agent_id") or "subagent"), sub)]))
+                    n += len(sub)
+            else:
+                c = conv([r])[0]
+                calls.append(c)
+                n += 1
+        if calls:
+            segments.append(Segment("seq", [("main", calls)]))
+        ids.next = base + (maxid + 1) * k + 1
+        if segments and segments[0].threads[0][1]:
+            segments[0].threads[0][1][0].gap_s = 0.0
+        name = p.name.split(".")[0]
+        out.append(Session(f"cc-{name}", f"task-cc-{name}", "coding", "team-platform", "claude-code", i * spacing_s,
+                           segments, n))
+    return out
+
+
+def mooncake(path: Path | None, block_size: int, ids: IdAlloc, limit: int | None = None,
+             popular: int = 50) -> list[Session]:
+    """Replay the Mooncake conversation trace: open-loop arrivals at the recorded timestamps; 512-token
+    block ids split into ``512 / block_size`` sub-blocks; a request continues an earlier one (same
+    session) when that one's full blocks are a prefix of it, past any node ≥ ``popular`` requests
+    pass through (README heuristic)."""
+    if 512 % block_size:
+        raise ConfigError(f"the Mooncake trace has 512-token blocks; block size {block_size} must divide 512")
+    k = 512 // block_size
+    if path is None:
+        path = dataset_dir() / "mooncake" / "conversation_trace.jsonl.gz"
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    rows = []
+    for ln, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            raise InputError(f"not JSON: {e}", f"{path}:{ln}") from None
+        if limit and len(rows) >= limit:
+            break
+    passes: dict[int, int] = {}
+    for r in rows:
+        for h in r["hash_ids"]:
+            passes[h] = passes.get(h, 0) + 1
+    base = ids.next
+    maxid = max((max(r["hash_ids"]) for r in rows if r["hash_ids"]), default=0)
+    ids.next = base + (maxid + 1) * k + 1
+    end_of: dict[int, Session] = {}  # last full block id of a request -> its session
+    sessions: list[Session] = []
+    for i, r in enumerate(rows):
+        h = r["hash_ids"]
+        P = int(r["input_length"])
+        full = h[: P // 512]
+        sess = None
+        for j in range(len(h) - 1, -1, -1):
+            if passes.get(h[j], 0) >= popular:
+                break
+            s = end_of.get(h[j])
+            if s is not None:
+                sess = s
+                break
+        t = r["timestamp"] / 1000.0
+        chain = _expand(h, k, base)
+        c = CallSpec(chain, min(len(chain), P // block_size), P, max(1, int(r["output_length"])), 0.0, None, None)
+        if sess is None:
+            sess = Session(f"mc-{i:06d}", f"task-mc-{i:06d}", "chat", "kimi", "chat", t,
+                           [Segment("seq", [("main", [])])], 0)
+            sessions.append(sess)
+        c.at_s = t - sess.start_s
+        sess.segments[0].threads[0][1].append(c)
+        sess.n_calls += 1
+        if full:
+            end_of[full[-1]] = sess
+    return sessions
