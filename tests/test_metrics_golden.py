@@ -25,7 +25,8 @@ def _ts(s: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(T0 + s, dt.UTC).replace(tzinfo=None)
 
 
-def call(cid, sess, start, end, P, C, O=100, inst="A:8000", attempt=None, branch=None, ttft=0.5, status=0,
+def call(cid, sess, start, end, P, C, O=100,  # noqa: E741 - METRICS.md notation
+         inst="A:8000", attempt=None, branch=None, ttft=0.5, status=0,
          itl=None, hashes=None, task="t1", model="Qwen/Qwen3-32B", sys_tokens=None, tool_tokens=None):
     return {
         "trace_id": f"tr-{task}", "span_id": cid, "parent_span_id": None, "name": "chat m", "kind": 3,

@@ -10,7 +10,17 @@ See docs/metrics.md for the catalogue, formulas, assumptions and the cost model.
 from __future__ import annotations
 
 from .catalog import Metric, catalogue, parse_metric
-from .run import FILTER_COLUMNS, MetricRun, catalogue_table, compute, compute_all, get_metric, names, parse_time, prepare
+from .run import (
+    FILTER_COLUMNS,
+    MetricRun,
+    catalogue_table,
+    compute,
+    compute_all,
+    get_metric,
+    names,
+    parse_time,
+    prepare,
+)
 
 __all__ = [
     "FILTER_COLUMNS", "Metric", "MetricRun", "catalogue", "catalogue_table", "compute", "compute_all", "get_metric",
