@@ -280,7 +280,7 @@ def settings_cmd(ctx: Ctx):
     console.print(settings_markdown(), markup=False, highlight=False)
 
 
-# -- demo ------------------------------------------------------------------------------------------
+# --- simulator -------------------------------------------------------------------------------------
 def sample_dir() -> Path:
     """sample_data/ of a checkout, else the copy shipped inside the package."""
     here = Path(__file__).resolve().parent
@@ -290,29 +290,137 @@ def sample_dir() -> Path:
     raise AgentobsError("sample_data/ not found (neither in the checkout nor in the installed package)")
 
 
-@cli.command("demo")
-@common
-def demo_cmd(ctx: Ctx):
-    """Build the store from the bundled sample data and show the sessions."""
-    from .collect.files import import_otlp, import_prom, import_server_info
+def _bundle_import(ctx: Ctx, root) -> None:
+    from .sim.bundle import import_bundle
 
-    root = sample_dir() / "fixtures"
     con = _open(ctx)
     with _writer(con, ctx) as w:
-        res = import_otlp([root / "otlp"], w, ctx.settings)
-        _summary(res, "spans")
-        for prom_file, instance in ((root / "vllm_metrics.prom", "10.42.7.31:8000"), (root / "sglang_metrics.prom", "10.42.7.40:30000")):
-            r = import_prom([prom_file], instance, w, at=1791969725.0)
-            _summary(r, f"samples ({instance})")
-        r = import_server_info(root / "sglang_server_info.json", "10.42.7.40:30000", w, at=1791969725.0)
-        _summary(r, "config keys (10.42.7.40:30000)")
+        p, adv = _progress(sum(f.stat().st_size for f in Path(root).rglob("*") if f.is_file()), "bundle")
+        with p:
+            res = import_bundle(root, w, ctx.settings, progress=adv)
+    con.close()
+    for what, r in res.items():
+        _summary(r, what)
+
+
+@import_.command("bundle")
+@click.argument("path", type=click.Path(exists=True, file_okay=False))
+@common
+def import_bundle_cmd(ctx: Ctx, path):
+    """A simulator output directory (manifest.json): spans, Prometheus snapshots, server info, KV events."""
+    _bundle_import(ctx, path)
+
+
+@cli.command("simulate")
+@click.option("--scenario", default="quick", show_default=True,
+              help="Named fleet + workload (sample, quick, bench, claude-code, mooncake).")
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="Write the bundle here (telemetry + ground truth).")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--router", type=click.Choice(["round_robin", "least_loaded", "cache_aware", "session_affinity"]), default=None,
+              help="Override the scenario's router policy.")
+@click.option("--duration", type=float, default=None, help="Seconds of simulated arrivals (synthetic workloads).")
+@click.option("--sessions-per-min", type=float, default=None, help="Session arrival rate (synthetic workloads).")
+@click.option("--scrape-every", type=int, default=1, show_default=True, help="Keep one Prometheus snapshot in N (5 s each).")
+@click.option("--gzip-prom", is_flag=True, default=False, help="Gzip the Prometheus snapshots.")
+@click.option("--no-kv-events", is_flag=True, default=False, help="Do not write KV-event captures.")
+@click.option("--block-hashes", is_flag=True, default=False, help="Put agentobs.prompt.block_hashes on gateway spans.")
+@click.option("--import", "do_import", is_flag=True, default=False, help="Also import the bundle into --db.")
+@click.option("--compare", is_flag=True, default=False,
+              help="What-if: the 20-turn tool-calling trace under radix/prefix cache, HiCache and routing configs.")
+@common
+def simulate_cmd(ctx: Ctx, scenario, out, seed, router, duration, sessions_per_min, scrape_every, gzip_prom,
+                 no_kv_events, block_hashes, do_import, compare):
+    """Simulate an engine fleet serving agent sessions; emit real telemetry formats plus ground truth."""
+    from dataclasses import replace
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from .sim.run import compare as run_compare
+    from .sim.run import compare_table, simulate
+    from .sim.scenarios import scenario as get_scenario
+    from .sim.scenarios import whatif_configs
+
+    prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                    console=err_console, transient=True, disable=not err_console.is_terminal)
+    if compare:
+        configs = whatif_configs()
+        with prog:
+            task = prog.add_task("what-if", total=None)
+            sums = run_compare(seed, configs, progress=lambda n: prog.advance(task, n))
+        _emit(compare_table(sums), "table", "what-if: 20-turn tool-calling sessions, gaps 5–30 s, 3 replicas")
+        return
+    sc = get_scenario(scenario)
+    if router:
+        sc = replace(sc, router=router)
+    if duration:
+        sc = replace(sc, duration_s=duration)
+    if sessions_per_min:
+        sc = replace(sc, sessions_per_min=sessions_per_min)
+    if do_import and not out:
+        raise click.UsageError("--import needs --out DIR")
+    import time
+
+    t = time.perf_counter()
+    with prog:
+        task = prog.add_task(f"simulate {sc.name}", total=None)
+        fleet = simulate(sc, seed, out, progress=lambda n: prog.advance(task, n), prom_every=scrape_every,
+                         gzip_prom=gzip_prom, kv_events=not no_kv_events, block_hashes=block_hashes)
+    wall = time.perf_counter() - t
+    err_console.print(f"simulated {fleet.calls_done:,} calls of {fleet.sessions_done:,} sessions, "
+                      f"{fleet.now / 3600:.2f} h on {len(fleet.instances)} replicas in {wall:.1f} s"
+                      + (f" → {out}" if out else ""))
+    if do_import:
+        _bundle_import(ctx, out)
+
+
+HEADLINE_SQL = """
+SELECT count(*) AS calls, count(DISTINCT session_id) AS sessions, count(DISTINCT instance) AS instances,
+       round(sum(cached_tokens) / sum(prompt_tokens), 3) AS hit_rate,
+       round(median(ttft_s), 3) AS ttft_p50_s, round(quantile_cont(ttft_s, 0.99), 3) AS ttft_p99_s
+FROM llm_calls
+"""
+
+
+@cli.command("demo")
+@click.option("--no-console", is_flag=True, default=False, help="Build the store and print the headline metrics only.")
+@click.option("--live", is_flag=True, default=False,
+              help="Serve simulated engines (/metrics, /server_info) and export OTLP to a running `agentobs collect`.")
+@click.option("--otlp", default="http://127.0.0.1:4318", show_default=True, help="OTLP/HTTP endpoint for --live.")
+@click.option("--speed", type=float, default=10.0, show_default=True, help="Simulated seconds per wall second (--live).")
+@click.option("--port", type=int, default=8501, show_default=True, help="Console port.")
+@common
+def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
+    """Build a store from sample_data/ (2 h of simulated fleet traffic) and open the console."""
+    if live:
+        from .sim.live import run_live
+
+        run_live(otlp_endpoint=otlp, speed=speed, seed=1, console=err_console)
+        return
+    root = sample_dir()
+    bundle = root / "fleet"
+    if (bundle / "manifest.json").exists():
+        _bundle_import(ctx, bundle)
+    from .collect.files import import_otlp
+
+    con = _open(ctx)
+    with _writer(con, ctx) as w:  # the METRICS.md worked example, always present
+        import_otlp([root / "fixtures" / "otlp"], w, ctx.settings)
     con.close()
     con = _open(ctx, read_only=True)
-    _emit(con.sql(SESSIONS_SQL, params=[50]).to_arrow_table(), "table", "sessions")
-    sid = con.sql("SELECT session_id FROM sessions ORDER BY calls DESC LIMIT 1").fetchone()
-    if sid:
-        _emit(con.sql(CALLS_SQL, params=[sid[0]]).to_arrow_table(), "table", f"session {sid[0]}")
-    err_console.print(f"store: {ctx.db} — try `agentobs sql \"SELECT * FROM llm_calls\" --db {ctx.db}`")
+    _emit(con.sql(HEADLINE_SQL).to_arrow_table(), "table", "sample fleet")
+    try:
+        from .metrics import compute
+
+        reuse = compute("reuse", db=con, by="instance", settings=ctx.settings)
+        _emit(reuse.to_arrow(), "table", "session reuse by instance (agentobs metrics reuse --by instance)")
+    except AgentobsError as e:  # the metrics layer reports its own problems; the store is still there
+        err_console.print(f"[yellow]metrics unavailable:[/yellow] {e}")
+    con.close()
+    err_console.print(f"store: {ctx.db} — try `agentobs metrics --db {ctx.db}` or `agentobs sql \"SELECT * FROM llm_calls\" --db {ctx.db}`")
+    if not no_console:
+        click_ctx = click.get_current_context()
+        click_ctx.invoke(console_cmd, port=port, host="127.0.0.1", db=ctx.db, config=ctx.config, debug=ctx.debug)
+# --- end simulator ---------------------------------------------------------------------------------
 
 
 # --- collectors ------------------------------------------------------------------------------------

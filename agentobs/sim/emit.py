@@ -55,6 +55,11 @@ def _ns(t: float) -> str:
     return str(int(round(t * 1e9)))
 
 
+def _ns_at(epoch: float, t: float) -> str:
+    """Epoch nanoseconds of simulated time ``t`` (integer arithmetic: no float rounding at 1e18)."""
+    return str(int(round(epoch * 1e6)) * 1000 + int(round(t * 1e9)))
+
+
 def inst_dir(name: str) -> str:
     return name.replace(":", "_").replace("/", "_")
 
@@ -90,6 +95,7 @@ class BundleSink:
         self._snap_n = 0
         self.truth: dict[str, list] = {k: [] for k in TRUTH_COLUMNS}
         self._last_calls: list[Call] = []
+        self._routed: list = []
         self.n_spans = 0
 
     # -- spans -------------------------------------------------------------------------------------------
@@ -135,6 +141,7 @@ class BundleSink:
         self._buf[res] = []
 
     def call_done(self, call: Call, fleet: Fleet) -> None:
+        self._epoch = fleet.spec.start_epoch
         r = call.req
         sess = call.sess
         inst: Instance = r.inst
@@ -150,8 +157,8 @@ class BundleSink:
             if t_b > t_a:
                 self._span(fleet, "agent", {
                     "traceId": trace, "spanId": fleet.span_id(10**12 + int(call.span_id[:8], 16)), "parentSpanId": root,
-                    "name": f"execute_tool {call.spec.tool}", "kind": 1, "startTimeUnixNano": _ns(t_a),
-                    "endTimeUnixNano": _ns(t_b), "status": {},
+                    "name": f"execute_tool {call.spec.tool}", "kind": 1, "startTimeUnixNano": _ns_at(self._epoch, t_a),
+                    "endTimeUnixNano": _ns_at(self._epoch, t_b), "status": {},
                     "attributes": _attrs({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.spec.tool,
                                           "gen_ai.tool.type": "function", "app.task.id": sess.task_id})})
         ok = r.status == "ok"
@@ -184,7 +191,7 @@ class BundleSink:
             end = call.t2
         self._span(fleet, "gateway", {
             "traceId": trace, "spanId": call.span_id, "parentSpanId": root, "name": f"chat {model}", "kind": 3,
-            "startTimeUnixNano": _ns(call.t0), "endTimeUnixNano": _ns(end), "status": status,
+            "startTimeUnixNano": _ns_at(self._epoch, call.t0), "endTimeUnixNano": _ns_at(self._epoch, end), "status": status,
             "attributes": _attrs(attrs)})
         if not call.rejected:
             self._engine_span(fleet, call, trace, resp_id, model)
@@ -216,10 +223,11 @@ class BundleSink:
             name = f" Req {resp_id[9:17]}"
         self._span(fleet, inst.spec.name, {
             "traceId": trace, "spanId": sid, "parentSpanId": call.span_id, "name": name, "kind": 2,
-            "startTimeUnixNano": _ns(r.t_arrive), "endTimeUnixNano": _ns(r.t_end),
+            "startTimeUnixNano": _ns_at(self._epoch, r.t_arrive), "endTimeUnixNano": _ns_at(self._epoch, r.t_end),
             "status": {} if r.status == "ok" else {"code": 2}, "attributes": _attrs(a)})
 
     def session_done(self, st: _SessState, fleet: Fleet) -> None:
+        self._epoch = fleet.spec.start_epoch
         sess = st.sess
         if not st.calls:
             return
@@ -229,7 +237,7 @@ class BundleSink:
         O = sum(c.req.O for c in st.calls if not c.rejected)
         self._span(fleet, "agent", {
             "traceId": trace, "spanId": fleet.span_id_for(sess.sid), "name": f"invoke_agent {sess.agent_name}",
-            "kind": 1, "startTimeUnixNano": _ns(st.first_t - 0.001), "endTimeUnixNano": _ns(st.last_t + 0.001),
+            "kind": 1, "startTimeUnixNano": _ns_at(self._epoch, st.first_t - 0.001), "endTimeUnixNano": _ns_at(self._epoch, st.last_t + 0.001),
             "status": {}, "attributes": _attrs({
                 "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": sess.agent_name,
                 "gen_ai.conversation.id": sess.sid, "app.task.id": sess.task_id, "agentobs.task.type": sess.task_type,
@@ -277,7 +285,10 @@ class BundleSink:
                 when = "idle"
             if outcome == "retained":
                 paid = K * gap
-            if pe is not None and pe < (r.t_admit or r.t_arrive):
+            if outcome == "routed_away":
+                # the KV stays on the previous replica, unused, until it is evicted there (or the end)
+                self._routed.append((len(T["call_id"]), prev))
+            elif pe is not None and pe < (r.t_admit or r.t_arrive):
                 ev = pe
                 wasted = K * max(0.0, pe - prev.t2)
         E = fleet.spec.start_epoch
@@ -363,6 +374,11 @@ class BundleSink:
                 continue
             T["abandoned_evict_s"][i] = fleet.spec.start_epoch + c.req.evict_first
             T["abandoned_wasted_tok_s"][i] = (c.req.P + c.req.O) * max(0.0, c.req.evict_first - c.t2)
+        for i, prev in self._routed:
+            pe = prev.req.evict_first
+            if pe is not None:
+                T["evict_s"][i] = fleet.spec.start_epoch + pe
+                T["rent_wasted_tok_s"][i] = (prev.req.P + prev.req.O) * max(0.0, pe - prev.t2)
         (self.dir / "truth").mkdir(exist_ok=True)
         tbl = pa.table(T)
         pq.write_table(tbl, self.dir / "truth" / "calls.parquet")

@@ -189,7 +189,7 @@ class Fleet:
             if not calls:
                 continue
             th = _Thread(branch, calls)
-            th.prev = prev_main if branch == "main" else None
+            th.prev = prev_main  # a branch forks from the main thread's latest call
             st.active += 1
             first = calls[0]
             self._push(self._when(st, first, t), ARRIVE, st, th)

@@ -1,0 +1,100 @@
+"""Named scenarios (fleet + workload), declared as data, and the what-if comparison set."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..errors import ConfigError
+from .engine import InstanceSpec
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    help: str
+    instances: tuple[InstanceSpec, ...]
+    router: str = "round_robin"
+    workload: str = "synthetic"            # synthetic | claude-code | mooncake
+    mix: dict = field(default_factory=dict)
+    duration_s: float = 3600.0
+    sessions_per_min: float = 6.0
+    n_sessions: int | None = None
+    block_size: int = 16
+    snapshot_s: float = 5.0
+
+
+def _v(name, **kw) -> InstanceSpec:
+    return InstanceSpec(name, "vllm", **kw)
+
+
+def _s(name, **kw) -> InstanceSpec:
+    return InstanceSpec(name, "sglang", **kw)
+
+
+SAMPLE_MIX = {"coding": 3.0, "support": 4.0, "research": 1.0, "batch-eval": 0.3}
+
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in (
+        Scenario(
+            "sample", "2 h of a 4-replica fleet behind a round-robin gateway: 2 vLLM (Qwen3-32B, TP2), "
+            "2 SGLang (Llama-3.1-8B); planted problems: round-robin routing, an SGLang replica on a small "
+            "A100 pool with HiCache off, a vLLM replica with prefix caching off.",
+            (_v("10.42.7.31:8000"), _v("10.42.7.32:8000", prefix_caching=False),
+             _s("10.42.7.40:30000", preset="h100-llama3.1-8b", hicache=True),
+             _s("10.42.7.41:30000", preset="a100-llama3.1-8b", hicache=False)),
+            router="round_robin", mix=SAMPLE_MIX, duration_s=7200.0, sessions_per_min=5.0),
+        Scenario("quick", "10 minutes, 2 replicas (vLLM + SGLang): tests and first look.",
+                 (_v("10.0.0.1:8000"), _s("10.0.0.2:30000", preset="h100-llama3.1-8b")),
+                 router="round_robin", mix=SAMPLE_MIX, duration_s=600.0, sessions_per_min=6.0),
+        Scenario("bench", "synthetic mix on 8 vLLM replicas (block 16), for bench/sim_speed.py.",
+                 tuple(_v(f"10.1.0.{i}:8000") for i in range(8)), router="cache_aware", mix=SAMPLE_MIX,
+                 duration_s=4 * 3600.0, sessions_per_min=20.0),
+        Scenario("claude-code", "Replay of the 24 Claude Code sessions on 2 vLLM replicas (block 64), session-affine.",
+                 (_v("10.2.0.1:8000", block_size=64), _v("10.2.0.2:8000", block_size=64)),
+                 router="session_affinity", workload="claude-code", block_size=64, duration_s=10 * 86400.0),
+        Scenario("mooncake", "Replay of the Mooncake conversation trace (first 3,000 requests) on 4 vLLM replicas.",
+                 tuple(_v(f"10.3.0.{i}:8000") for i in range(4)), router="cache_aware", workload="mooncake",
+                 duration_s=86400.0),
+    )
+}
+
+
+def scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise ConfigError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}") from None
+
+
+# -- what-if: the open measurement --------------------------------------------------------------------
+# The same 20-turn tool-calling trace (gaps uniform 5–30 s), 3 replicas, each config changing one thing.
+WHATIF_BASE = dict(mix={"toolcall20": 1.0}, duration_s=1800.0, sessions_per_min=8.0, block_size=16, snapshot_s=0.0)
+
+
+def _fleet(engine: str, n: int = 3, **kw) -> tuple[InstanceSpec, ...]:
+    port = 8000 if engine == "vllm" else 30000
+    preset = "h100x2-qwen3-32b"
+    return tuple(InstanceSpec(f"10.9.0.{i + 1}:{port}", engine, preset=preset, kv_capacity_tokens=kw.pop("cap", None),
+                              **kw) for i in range(n))
+
+
+def whatif_configs() -> list[tuple[str, Scenario]]:
+    cap = 120_000  # a tight pool per replica so that idle sessions compete for KV
+    out = []
+
+    def sc(label, engine, router, **kw):
+        out.append((label, Scenario(label, label, _fleet(engine, cap=cap, **kw), router=router, **WHATIF_BASE)))
+
+    sc("vllm prefix cache off, RR", "vllm", "round_robin", prefix_caching=False)
+    sc("vllm prefix cache on, RR", "vllm", "round_robin")
+    sc("vllm prefix cache on, affine", "vllm", "session_affinity")
+    sc("sglang radix off, affine", "sglang", "session_affinity", prefix_caching=False)
+    sc("sglang radix on, HiCache off, affine", "sglang", "session_affinity")
+    sc("sglang radix on, HiCache on, affine", "sglang", "session_affinity", hicache=True)
+    sc("sglang radix on, HiCache on, RR", "sglang", "round_robin", hicache=True)
+    return out
+
+
+def with_router(s: Scenario, router: str | None) -> Scenario:
+    return replace(s, router=router) if router else s
