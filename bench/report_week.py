@@ -74,6 +74,8 @@ def main() -> None:
     print(f"report total: {total:.2f} s  ({'under' if total < 60 else 'OVER'} the 60 s target); "
           f"ratio to the window pass: {total / base_s:.1f}x")
     print(f"peak memory (ru_maxrss): {peak_gib:.2f} GiB")
+    steps = {k: v for k, v in rep.timings.items() if not k.startswith("prepare ")}
+    print(f"timed steps sum to {sum(steps.values()):.2f} s of the build's {build_s:.2f} s")
     slow = sorted(rep.timings.items(), key=lambda kv: -kv[1])[:8]
     print("slowest steps: " + ", ".join(f"{k} {v:.2f} s" for k, v in slow))
     print(f"spend ${rep.figure('cost_usd').value:,.2f}; recompute tax ${rep.figure('reprefill_cost_usd').value:,.2f}")
