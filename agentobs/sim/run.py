@@ -47,7 +47,7 @@ def simulate(sc: Scenario, seed: int = 1, out: str | Path | None = None, progres
                           block_hashes=block_hashes, workload=sc.name, seed=seed) if out else NullSink()
     fleet = Fleet(fleet_spec(sc, seed), sink, ids)
     fleet.total_calls = sum(s.n_calls for s in sessions)
-    fleet.run(sessions, until=sc.duration_s * 3 if sc.workload == "synthetic" else None, progress=progress)
+    fleet.run(sessions, progress=progress)
     return fleet
 
 

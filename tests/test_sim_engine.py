@@ -1,0 +1,177 @@
+"""Unit tests of the simulator's parts: caches, engine timing, routers, workloads (hand-computed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentobs.errors import ConfigError, InputError
+from agentobs.sim.cache import KVCache
+from agentobs.sim.engine import InstanceSpec
+from agentobs.sim.fleet import Fleet, FleetSpec
+from agentobs.sim.router import Router
+from agentobs.sim.run import CollectSink, simulate
+from agentobs.sim.scenarios import scenario
+from agentobs.sim.workload import CallSpec, IdAlloc, Segment, Session, claude_code, mooncake, synthetic
+
+
+def test_block_cache_lru_frees_tail_first():
+    ev = []
+    c = KVCache(6, 16, on_event=lambda k, h, m, p: ev.append((k, list(h))))
+    a = [1, 2, 3, 4]
+    assert c.allocate(4, 0)
+    c.store(a, 0, 4)
+    c.release(a, 4, 0)             # all four cached, unused
+    assert c.match(a, 4) == (4, 0)
+    b = [9, 8, 7]
+    assert c.allocate(3, 1)        # 6 blocks, 4 used: one must go — the tail of a (4), not its head
+    assert ev[-1] == ("BlockRemoved", [4])
+    assert c.match(a, 4) == (3, 0)
+    c.store(b, 0, 3)
+    assert not c.allocate(4, 2)    # b is pinned, a's 3 blocks are all that can go: 3 < 4
+    assert c.used == 6
+
+
+def test_pinned_blocks_are_never_evicted():
+    c = KVCache(4, 16)
+    a = [1, 2, 3]
+    c.allocate(3, 0)
+    c.store(a, 0, 3)               # still pinned by its running request
+    assert not c.allocate(2, 0)    # only 1 free block, nothing evictable
+    c.release(a, 3, 0)
+    assert c.allocate(2, 0)
+
+
+def test_prefix_caching_off_never_matches():
+    c = KVCache(10, 16, enabled=False)
+    c.allocate(3, 0)
+    c.store([1, 2, 3], 0, 3)
+    c.release([1, 2, 3], 0, 3)
+    assert c.match([1, 2, 3], 3) == (0, 0) and c.used == 0
+
+
+def test_host_tier_keeps_evicted_blocks():
+    c = KVCache(3, 16, host_blocks=10, write_through=False)
+    c.allocate(3, 0)
+    c.store([1, 2, 3], 0, 3)
+    c.release([1, 2, 3], 3, 0)
+    c.allocate(3, 1)               # evicts 3, 2, 1 (tail first) into the host tier
+    assert c.match([1, 2, 3], 3) == (0, 3)
+
+
+def test_radix_evicts_leaves_before_parents():
+    c = KVCache(4, 16, radix=True)
+    c.allocate(3, 0)
+    c.store([1, 2, 3], 0, 3)
+    c.release([1, 2, 3], 3, 0)
+    c.allocate(2, 1)  # 1 free + must evict 1: the leaf 3, never 1 or 2 while 3 is cached
+    assert c.match([1, 2, 3], 3) == (2, 0)
+
+
+def _one_call_session(P, O, chain, gap=0.0):
+    return Session("s1", "t1", "coding", "x", "agent", 0.0,
+                   [Segment("seq", [("main", [CallSpec(chain, P // 16, P, O, gap)])])], 1)
+
+
+def test_engine_timing_single_request():
+    # tiny-test preset: prefill 20,000 tok/s, weights 5 ms, overhead 2 ms, budget 8192 tokens/step.
+    # P = 8192: one prefill step = 2 ms + 8192/20000 s = 411.6 ms; then 9 decode steps of 7 ms
+    # (memory-bound: 5 ms + 1e-8 s × (8192 + 10//2) ≈ 5.08 ms, + 2 ms overhead).
+    sink = CollectSink()
+    fl = Fleet(FleetSpec([InstanceSpec("h:1", preset="tiny-test")], snapshot_s=0, net_s=0.0), sink)
+    fl.run([_one_call_session(8192, 10, list(range(1, 513)))])
+    (c,) = sink.calls
+    r = c.req
+    assert r.t_first == pytest.approx(0.002 + 8192 / 20000, rel=1e-6)
+    step = 0.002 + 0.005 + 1e-8 * (8192 + 5)
+    assert len(r.itl) == 1 and r.itl[0][1] == 9 and r.itl[0][0] == pytest.approx(step)
+    assert r.t_end - r.t_first == pytest.approx(9 * step)
+    assert r.C == 0
+
+
+def test_second_turn_hits_previous_prompt_blocks():
+    ids = IdAlloc(1)
+    chain = ids.take(40)
+    # turn 1: 330 tokens = 20 full blocks + 10; turn 2: 600 tokens sharing turn 1's 20 full blocks
+    calls = [CallSpec(chain, 20, 330, 5, 0.0), CallSpec(chain, 37, 600, 5, 3.0)]
+    s = Session("s", "t", "coding", "x", "a", 0.0, [Segment("seq", [("main", calls)])], 2)
+    sink = CollectSink()
+    fl = Fleet(FleetSpec([InstanceSpec("h:1", preset="tiny-test")], snapshot_s=0), sink, ids)
+    fl.run([s])
+    c1, c2 = sink.calls
+    assert c1.req.C == 0 and c2.req.C == 20 * 16 and c2.R == 20 * 16
+    assert c2.prev is c1 and c2.t0 == pytest.approx(c1.t2 + 3.0)
+
+
+class _I:
+    def __init__(self, name, idx, load, hits):
+        self.spec = InstanceSpec(name)
+        self.idx = idx
+        self._load = load
+        self.cache = type("C", (), {"gpu_match": staticmethod(lambda chain, n, h=hits: h)})()
+
+    def load(self):
+        return self._load
+
+
+def test_routers():
+    insts = [_I("a:1", 0, 3, 0), _I("b:1", 1, 1, 9), _I("c:1", 2, 2, 4)]
+    rr = Router("round_robin", insts)
+    assert [rr.pick("s", [], 10).spec.name for _ in range(4)] == ["a:1", "b:1", "c:1", "a:1"]
+    assert Router("least_loaded", insts).pick("s", [], 10).spec.name == "b:1"
+    aff = Router("session_affinity", insts)
+    assert len({aff.pick("sess-42", [], 10).spec.name for _ in range(5)}) == 1
+    ca = Router("cache_aware", insts)
+    assert ca.pick("s", [], 10).spec.name == "b:1"     # 9/10 > 0.5: best match
+    insts[1].cache.gpu_match = lambda chain, n: 4       # 4/10 ≤ 0.5 everywhere: least loaded
+    insts[1]._load = 5
+    assert Router("cache_aware", insts).pick("s", [], 10).spec.name == "c:1"
+    with pytest.raises(ConfigError, match="unknown router policy 'random'"):
+        Router("random", insts)
+
+
+def test_synthetic_is_deterministic_and_typed():
+    a = synthetic({"coding": 1, "support": 1, "research": 1, "batch-eval": 1}, 600, 10, 5, 16, IdAlloc(1))
+    b = synthetic({"coding": 1, "support": 1, "research": 1, "batch-eval": 1}, 600, 10, 5, 16, IdAlloc(1))
+    assert [(s.sid, s.n_calls) for s in a] == [(s.sid, s.n_calls) for s in b]
+    assert {s.task_type for s in a} == {"coding", "support", "research", "batch-eval"}
+    research = [s for s in a if s.task_type == "research"]
+    assert any(seg.kind == "par" and len(seg.threads) >= 2 for s in research for seg in s.segments)
+    with pytest.raises(ConfigError, match="unknown task type 'chess'"):
+        synthetic({"chess": 1}, 60, 1, 1, 16, IdAlloc(1))
+
+
+def test_trace_replays_load():
+    cc = claude_code(None, 64, IdAlloc(1))
+    assert len(cc) == 9
+    t0091 = next(s for s in cc if s.sid == "cc-trace_0091")
+    assert t0091.n_calls == 10                          # MANIFEST.csv: n_req 10, no sub-agents
+    t0277 = next(s for s in cc if s.sid == "cc-trace_0277")
+    assert t0277.n_calls == 9 + 44                      # 9 parent requests, 4 sub-agents with 44 requests
+    mc = mooncake(None, 16, IdAlloc(1), limit=500)
+    assert sum(s.n_calls for s in mc) == 500
+    with pytest.raises(ConfigError, match="must divide 64"):
+        claude_code(None, 48, IdAlloc(1))
+
+
+def test_bad_trace_file(tmp_path: Path):
+    p = tmp_path / "trace_x.json"
+    p.write_text("{not json")
+    with pytest.raises(InputError, match="trace_x.json: not JSON"):
+        claude_code([p], 64, IdAlloc(1))
+    p.write_text('{"id": 1}')
+    with pytest.raises(InputError, match="not a kv-cache-tester trace"):
+        claude_code([p], 64, IdAlloc(1))
+
+
+def test_simulation_is_deterministic():
+    from dataclasses import replace
+
+    sc = replace(scenario("quick"), duration_s=60.0, snapshot_s=0.0)
+    runs = []
+    for _ in range(2):
+        sink = CollectSink()
+        simulate(sc, 7, sink=sink)
+        runs.append([(c.span_id, c.req.C, round(c.t2, 9)) for c in sink.calls])
+    assert runs[0] == runs[1] and len(runs[0]) > 20
