@@ -4,7 +4,7 @@ Rules query the metric run's prepared tables (agentobs.metrics.MetricRun):
 
 - ``m_calls``   ``call_reuse`` (METRICS.md §1/§4 per call: R_eff, X, miss cause, idle window,
                 rent) joined with the cost model columns (usd_per_s, prefill_tps, g_star_s,
-                reprefill_cost_usd, cost_basis); ``in_win`` marks calls starting in the window;
+                reprefill_cost_usd); ``in_win`` marks calls starting in the window;
 - ``m_cost``    the cost basis per instance;
 - ``m_samples`` engine counters/gauges with reset-aware deltas;
 

@@ -27,7 +27,7 @@ SELECT count(*) AS calls,
        coalesce(sum(reprefill_cost_usd) FILTER (WHERE miss_cause = $cause2), 0) AS cause2_usd,
        count(*) FILTER (WHERE miss_cause = $cause2 AND mode = 'exact') AS cause2_exact,
        any_value(cost_basis) AS cost_basis
-FROM m_calls
+FROM m_calls LEFT JOIN (SELECT instance AS cb_instance, basis AS cost_basis FROM m_cost) cb ON cb.cb_instance = coalesce(m_calls.instance, '')
 WHERE in_win AND coalesce(instance, '') = $instance
 """
 

@@ -36,7 +36,7 @@ SELECT coalesce(model, '') AS model,
        CAST(coalesce(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS BIGINT) AS reusable_tokens,
        CAST(coalesce(sum(prompt_tokens - coalesce(cached_tokens, 0)), 0) AS BIGINT) AS computed_prefill,
        string_agg(DISTINCT cost_basis, ' | ') AS cost_basis
-FROM m_calls
+FROM m_calls LEFT JOIN (SELECT instance AS cb_instance, basis AS cost_basis FROM m_cost) cb ON cb.cb_instance = coalesce(m_calls.instance, '')
 WHERE in_win AND session_id IS NOT NULL
 GROUP BY ALL
 ORDER BY model

@@ -26,7 +26,7 @@ ID = "sglang_fcfs"
 SQL = """
 WITH c AS (
     SELECT m.*, q.value AS queue_len
-    FROM (SELECT * FROM m_calls WHERE in_win AND coalesce(instance, '') = $instance) m
+    FROM (SELECT * FROM m_calls LEFT JOIN (SELECT instance AS cb_instance, basis AS cost_basis FROM m_cost) cb ON cb.cb_instance = coalesce(m_calls.instance, '') WHERE in_win AND coalesce(instance, '') = $instance) m
     ASOF LEFT JOIN (SELECT instance, ts_s, max(value) AS value FROM m_samples
                     WHERE metric = 'sglang:num_queue_reqs' GROUP BY ALL) q
       ON q.instance = m.instance AND m.start_s >= q.ts_s
