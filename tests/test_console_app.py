@@ -202,8 +202,8 @@ def test_engines_page(app, db):
 
 def test_sql_page_runs_a_query(app):
     goto(app, "sql.py")
-    app.text_area(key="sql_text").input("SELECT session_id, calls FROM sessions ORDER BY calls DESC, session_id").run()
-    app.button[0].click().run()  # "Run query"
+    app.text_area(key="sql_text").input("SELECT session_id, calls FROM sessions ORDER BY calls DESC, session_id")
+    app.button(key="FormSubmitter:sql_form-Run query").click().run()
     df = df_of(app)
     assert df.height == 5 and df["calls"].to_list() == [3, 3, 3, 3, 2]
     assert "5 rows" in app.success[0].value
@@ -212,9 +212,9 @@ def test_sql_page_runs_a_query(app):
 
 def test_sql_page_row_cap_says_truncated(app):
     goto(app, "sql.py")
-    app.text_area(key="sql_text").input("SELECT * FROM range(100)").run()
+    app.text_area(key="sql_text").input("SELECT * FROM range(100)")
     app.number_input[0].set_value(7)
-    app.button[0].click().run()
+    app.button(key="FormSubmitter:sql_form-Run query").click().run()
     assert df_of(app).height == 7
     assert "truncated: showing the first 7 rows" in app.warning[0].value
 
@@ -232,20 +232,21 @@ def test_sql_page_row_cap_says_truncated(app):
 ])
 def test_sql_page_refuses(app, sql, message):
     goto(app, "sql.py")
-    app.text_area(key="sql_text").input(sql).run()
-    app.button[0].click().run()
+    app.text_area(key="sql_text").input(sql)
+    app.button(key="FormSubmitter:sql_form-Run query").click().run()
     assert not app.dataframe
     assert message in app.error[0].value
 
 
 def test_saved_queries_roundtrip(app, tmp_path):
     goto(app, "sql.py")
-    app.text_area(key="sql_text").input("SELECT 42 AS answer").run()
-    app.text_input[0].input("my answer")
-    app.button(key="FormSubmitter:save_query-Save query").click().run()
-    assert "saved to" in app.success[0].value
+    app.text_area(key="sql_text").input("SELECT 42 AS answer")
+    app.text_input(key="sql_save_name").input("my answer")
+    app.button(key="FormSubmitter:sql_form-Save query").click().run()
+    assert "saved 'my answer' to" in app.success[0].value
     assert saved.user_queries(tmp_path / "queries.json") == {"my answer": "SELECT 42 AS answer"}
-    app.text_area(key="sql_text").input("SELECT 1").run()
+    app.text_area(key="sql_text").input("SELECT 1")
+    app.button(key="FormSubmitter:sql_form-Run query").click().run()
     app.selectbox(key="sql_pick").set_value("my answer").run()
     assert app.text_area(key="sql_text").value == "SELECT 42 AS answer"
 

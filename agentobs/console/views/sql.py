@@ -29,14 +29,6 @@ with side:
         st.session_state["sql_text"] = dict(queries).get(pick, st.session_state["sql_text"])
 
     st.selectbox("Open", names, index=None, key="sql_pick", on_change=_load, placeholder="choose a query")
-    with st.form("save_query", clear_on_submit=True, border=False):
-        name = st.text_input("Save the editor's query as", placeholder="name")
-        if st.form_submit_button("Save query") and name.strip():
-            try:
-                where = saved.save(name.strip(), st.session_state["sql_text"])
-                st.success(f"saved to {where}")
-            except AgentobsError as e:
-                st.error(str(e))
     st.subheader("Schema")
     sch = ui.schema(ctx.stamp)
     for (obj, kind), cols in sch.group_by(["name", "kind"], maintain_order=True):
@@ -44,11 +36,26 @@ with side:
             st.markdown("\n".join(f"- `{c}` {t.lower()}" for c, t in zip(cols["column"], cols["type"], strict=True)))
 
 with editor:
-    st.text_area("Query", key="sql_text", height=220, label_visibility="collapsed")
-    c1, c2, c3 = st.columns([1, 1, 2])
-    row_cap = c1.number_input("Row cap", min_value=1, max_value=1_000_000, value=int(settings.sql_row_cap), step=1000)
-    timeout = c2.number_input("Time limit (s)", min_value=1.0, max_value=600.0, value=float(settings.sql_timeout_s))
-    run = c3.button("Run query", type="primary")
+    # one form: the query text and the click reach the app together (no lost edits before "Run query")
+    with st.form("sql_form", border=False):
+        st.text_area("Query", key="sql_text", height=220, label_visibility="collapsed")
+        c1, c2, c3 = st.columns([1, 1, 2])
+        row_cap = c1.number_input("Row cap", min_value=1, max_value=1_000_000, value=int(settings.sql_row_cap),
+                                  step=1000)
+        timeout = c2.number_input("Time limit (s)", min_value=1.0, max_value=600.0,
+                                  value=float(settings.sql_timeout_s))
+        run = c3.form_submit_button("Run query", type="primary")
+        s1, s2 = st.columns([3, 1])
+        name = s1.text_input("Save the query as", placeholder="name", key="sql_save_name")
+        save = s2.form_submit_button("Save query")
+    if save:
+        try:
+            if not name.strip():
+                raise AgentobsError("a saved query needs a name")
+            where = saved.save(name.strip(), st.session_state["sql_text"])
+            st.success(f"saved {name.strip()!r} to {where}")
+        except AgentobsError as e:
+            st.error(str(e))
     if run:
         st.session_state["sql_last"] = (st.session_state["sql_text"], int(row_cap), float(timeout))
     last = st.session_state.get("sql_last")
