@@ -277,6 +277,9 @@ class BundleSink:
             pe = prev.req.evict_first
             if prev.req.inst is not inst:
                 outcome = "routed_away"
+            elif not inst.spec.prefix_caching:
+                # nothing is cached: the KV is freed when the previous call ends (no rent, nothing kept)
+                outcome, when, ev, wasted = "evicted", "idle", prev.t2, 0.0
             elif pe is None or pe >= r.t_arrive:
                 outcome = "retained" if pe is None or pe >= (r.t_admit or r.t_arrive) else "evicted"
                 when = None if pe is None or pe >= (r.t_admit or r.t_arrive) else "queued"
@@ -288,6 +291,8 @@ class BundleSink:
             if outcome == "routed_away":
                 # the KV stays on the previous replica, unused, until it is evicted there (or the end)
                 self._routed.append((len(T["call_id"]), prev))
+            elif outcome == "evicted" and not inst.spec.prefix_caching:
+                pass
             elif pe is not None and pe < (r.t_admit or r.t_arrive):
                 ev = pe
                 wasted = K * max(0.0, pe - prev.t2)

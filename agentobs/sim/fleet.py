@@ -113,7 +113,9 @@ class Fleet:
 
     # sessions ---------------------------------------------------------------------------------------
     def run(self, sessions: list[Session], until: float | None = None,
-            progress: Callable[[int], None] | None = None) -> None:
+            progress: Callable[[int], None] | None = None, pace=None) -> None:
+        """Run to completion (or ``until`` simulated seconds). ``pace(t)``, when given, is called before
+        each event (live mode: wait for the wall clock; False stops the run)."""
         for s in sessions:
             st = _SessState(s)
             self._push(s.start_s, ARRIVE, st, None)
@@ -126,6 +128,8 @@ class Fleet:
         while heap:
             t, _, kind, obj, extra = pop(heap)
             if until is not None and t > until:
+                break
+            if pace is not None and not pace(t):
                 break
             self.now = t
             if kind == WAKE:
@@ -162,6 +166,8 @@ class Fleet:
             if progress is not None and self.calls_done - last_prog >= 1000:
                 progress(self.calls_done - last_prog)
                 last_prog = self.calls_done
+        if pace is not None:
+            pace.done()
         if progress is not None:
             progress(self.calls_done - last_prog)
         for inst in self.instances:
