@@ -18,10 +18,14 @@ from ...errors import ConfigError, QueryError, StoreError
 SESSION_SETTINGS = {
     "join_use_nulls": 1,
     "prefer_column_name_to_alias": 1,
+    "query_plan_max_optimizations_to_apply": 1000000,
+    "enable_materialized_cte": 1,
     "aggregate_functions_null_for_empty": 1,
     "cast_keep_nullable": 1,
     "allow_experimental_correlated_subqueries": 1,
-    "enable_named_columns_in_function_tuple": 0,
+    "enable_named_columns_in_function_tuple": 1,
+    "use_variant_as_common_type": 0,
+    "allow_lossy_numeric_supertype": 1,
 }
 
 

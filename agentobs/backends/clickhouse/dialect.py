@@ -13,7 +13,8 @@ agentobs/metrics/). This module turns them into ClickHouse SQL at run time:
 - ``epoch_us``/``make_timestamp`` → ``toUnixTimestamp64Micro``/``fromUnixTimestamp64Micro``;
 - arrays cannot be NULL in ClickHouse: ``x IS [NOT] NULL`` and ``coalesce`` on the array columns
   (ARRAY_COLUMNS) test emptiness instead;
-- ``AS MATERIALIZED`` CTE hints are dropped.
+- ``AS MATERIALIZED`` CTE hints are kept (ClickHouse inlines a CTE at every reference otherwise;
+  the session enables ``enable_materialized_cte``).
 
 Session settings in conn.SESSION_SETTINGS supply SQL NULL semantics (join_use_nulls, …).
 """
@@ -52,9 +53,6 @@ def _is_array_col(e) -> bool:
 
 def _rewrite(node: exp.Expression) -> exp.Expression:
     # $param → placeholder kept by name; typed when rendered (see _render_params)
-    if isinstance(node, exp.CTE) and node.args.get("materialized") is not None:
-        node.set("materialized", None)
-        return node
     if isinstance(node, exp.Is) and _is_array_col(node.this) and isinstance(node.expression, exp.Null):
         return _fn("empty", node.this)
     if isinstance(node, exp.Coalesce) and _is_array_col(node.this):
@@ -72,7 +70,9 @@ def _rewrite(node: exp.Expression) -> exp.Expression:
         if n == "list_aggregate":
             arr, fname, *rest = node.expressions
             if isinstance(fname, exp.Literal) and fname.this == "quantile_cont" and rest:
-                return _fn("arrayReduce", exp.Literal.string(f"quantileExactInclusive({rest[0].sql()})"), arr)
+                # DuckDB: NULL for a NULL list; ClickHouse arrays are never NULL and reduce [] to NaN
+                return exp.If(this=_fn("empty", arr.copy()), true=exp.Null(),
+                              false=_fn("arrayReduce", exp.Literal.string(f"quantileExactInclusive({rest[0].sql()})"), arr))
         if n == "generate_subscripts":
             return node
     if isinstance(node, exp.Window) and isinstance(node.this, (exp.Lag, exp.Lead)):
@@ -90,6 +90,11 @@ def _rewrite(node: exp.Expression) -> exp.Expression:
 
 
 def _quantiles(node):
+    if isinstance(node, exp.Median):
+        return exp.Anonymous(this="quantileExactInclusive(0.5)", expressions=[node.this])
+    if type(node).__name__ == "Mode" or (isinstance(node, exp.Anonymous) and node.name.lower() == "mode"):
+        arg = node.this if type(node).__name__ == "Mode" else node.expressions[0]
+        return _fn("arrayElement", exp.Anonymous(this="topK(1)", expressions=[arg]), exp.Literal.number(1))
     if isinstance(node, (exp.PercentileCont, exp.Quantile)):
         q = node.expression if isinstance(node, exp.PercentileCont) else node.args.get("quantile")
         this = node.this
@@ -121,8 +126,21 @@ def _unnest(select: exp.Select) -> None:
 
 
 def _string_agg(node):
+    if isinstance(node, exp.Struct):  # {'k': v, ...} → a named tuple
+        items = []
+        for e in node.expressions:
+            k, v = (e.this, e.expression) if isinstance(e, (exp.PropertyEQ, exp.Slice, exp.EQ)) else (None, e)
+            name = k.name if isinstance(k, (exp.Identifier, exp.Column, exp.Literal)) else str(k)
+            items.append(exp.alias_(v, name) if k is not None else v)
+        return _fn("tuple", *items)
     if isinstance(node, exp.GroupConcat):
         this, sep = node.this, node.args.get("separator") or exp.Literal.string(",")
+        if isinstance(this, exp.Order):  # string_agg(x, sep ORDER BY k) → sort (k, x) pairs
+            key = this.expressions[0].this
+            pairs = _fn("groupArray", _fn("tuple", key, this.this))
+            arr = _fn("arrayMap", exp.Lambda(this=_fn("tupleElement", exp.to_identifier("t"), exp.Literal.number(2)),
+                                             expressions=[exp.to_identifier("t")]), _fn("arraySort", pairs))
+            return _fn("arrayStringConcat", arr, sep)
         if isinstance(this, exp.Distinct):
             arr = _fn("arraySort", _fn("groupUniqArray", this.expressions[0]))
         else:
@@ -182,7 +200,10 @@ def _expand_stars(select: exp.Select, schema: dict[str, tuple[str, ...]]) -> Non
             sources[t.alias_or_name] = t.name
     new = []
     for e in select.expressions:
-        if isinstance(e, exp.Column) and isinstance(e.this, exp.Star) and sources.get(e.table) in schema:
+        star = e.this if isinstance(e, exp.Column) else e
+        if isinstance(star, exp.Star) and any(star.args.get(k) for k in ("except_", "except", "replace", "rename")):
+            new.append(e)  # `* EXCLUDE (...)`: left to ClickHouse's `* EXCEPT (...)`
+        elif isinstance(e, exp.Column) and isinstance(e.this, exp.Star) and sources.get(e.table) in schema:
             new += [exp.alias_(exp.column(c, table=e.table), c) for c in schema[sources[e.table]]]
         elif isinstance(e, exp.Star) and len(sources) == 1 and not joins and next(iter(sources.values())) in schema:
             new += [exp.column(c) for c in schema[next(iter(sources.values()))]]

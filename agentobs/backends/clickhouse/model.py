@@ -68,15 +68,14 @@ def _num(keys, as_int: bool) -> str:
     return f"CAST(multiIf({', '.join(parts)}, NULL) AS {typ})"
 
 
-def spans_view_sql(settings: Settings) -> str:
+def spans_select_sql(settings: Settings) -> str:
     lit_keys = list(N.LITELLM_OPS)
     lit_vals = [N.LITELLM_OPS[k] for k in lit_keys]
     chunk = _q(N.CHUNK_EVENT)
     return f"""
-CREATE OR REPLACE VIEW spans AS
 WITH
     toUnixTimestamp64Nano(Timestamp) AS _start_ns,
-    transform(SpanKind, ['Unspecified', 'Internal', 'Server', 'Client', 'Producer', 'Consumer',
+    transform(CAST(SpanKind AS String), ['Unspecified', 'Internal', 'Server', 'Client', 'Producer', 'Consumer',
               'SPAN_KIND_UNSPECIFIED', 'SPAN_KIND_INTERNAL', 'SPAN_KIND_SERVER', 'SPAN_KIND_CLIENT',
               'SPAN_KIND_PRODUCER', 'SPAN_KIND_CONSUMER'], [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5], 0) AS _kind,
     lower(ScopeName) AS _scope,
@@ -107,7 +106,7 @@ WITH
 SELECT
     TraceId AS trace_id, SpanId AS span_id, nullIf(ParentSpanId, '') AS parent_span_id, SpanName AS name,
     toInt8(_kind) AS kind, _start_ns AS start_ns, toInt64(_start_ns + Duration) AS end_ns,
-    toInt8(transform(StatusCode, ['Unset', 'Ok', 'Error', 'STATUS_CODE_UNSET', 'STATUS_CODE_OK', 'STATUS_CODE_ERROR'],
+    toInt8(transform(CAST(StatusCode AS String), ['Unset', 'Ok', 'Error', 'STATUS_CODE_UNSET', 'STATUS_CODE_OK', 'STATUS_CODE_ERROR'],
                      [0, 1, 2, 0, 1, 2], 0)) AS status_code,
     nullIf(StatusMessage, '') AS status_message, nullIf(ServiceName, '') AS service_name, ScopeName AS scope_name,
     ResourceAttributes AS resource, SpanAttributes AS attributes,
@@ -155,28 +154,25 @@ FROM otel_traces
 """
 
 
-METRIC_SAMPLES_SQL = """
-CREATE OR REPLACE VIEW metric_samples AS
-WITH series AS (
-    SELECT TimeUnix, ResourceAttributes, MetricName AS metric, Attributes AS attrs, Value AS value FROM otel_metrics_gauge
-    UNION ALL
-    SELECT TimeUnix, ResourceAttributes,
-           if(IsMonotonic AND NOT endsWith(MetricName, '_total'), concat(MetricName, '_total'), MetricName),
-           Attributes, Value FROM otel_metrics_sum
-    UNION ALL
-    SELECT TimeUnix, ResourceAttributes, concat(MetricName, '_count'), Attributes, toFloat64(Count) FROM otel_metrics_histogram
-    UNION ALL
-    SELECT TimeUnix, ResourceAttributes, concat(MetricName, '_sum'), Attributes, Sum FROM otel_metrics_histogram
-    UNION ALL
-    -- OTLP buckets are per bucket, Prometheus' _bucket series are cumulative up to le
-    SELECT TimeUnix, ResourceAttributes, concat(MetricName, '_bucket'),
-           mapUpdate(Attributes, map('le', if(b.2 = 0, '+Inf', toString(b.2)))), toFloat64(b.1)
+# one SELECT per exporter metric table, each yielding (TimeUnix, ResourceAttributes, metric, attrs, value)
+SAMPLE_SOURCES = {
+    "otel_metrics_gauge": "SELECT TimeUnix, ResourceAttributes, MetricName AS metric, Attributes AS attrs, Value AS value "
+                          "FROM otel_metrics_gauge",
+    "otel_metrics_sum": "SELECT TimeUnix, ResourceAttributes, "
+                        "if(IsMonotonic AND NOT endsWith(MetricName, '_total'), concat(MetricName, '_total'), MetricName) AS metric, "
+                        "Attributes AS attrs, Value AS value FROM otel_metrics_sum",
+    # OTLP buckets are per bucket; Prometheus' _bucket series are cumulative up to le. Plus _count and _sum.
+    "otel_metrics_histogram": """
+    SELECT TimeUnix, ResourceAttributes, concat(MetricName, x.1) AS metric,
+           if(x.1 = '_bucket', mapUpdate(Attributes, map('le', x.2)), Attributes) AS attrs, x.3 AS value
     FROM otel_metrics_histogram
-    ARRAY JOIN arrayZip(arrayCumSum(BucketCounts),
-                        arrayMap(i -> if(i <= length(ExplicitBounds), ExplicitBounds[i], 0), arrayEnumerate(BucketCounts)),
-                        arrayMap(i -> i > length(ExplicitBounds), arrayEnumerate(BucketCounts))) AS bz
-    ARRAY JOIN [(bz.1, if(bz.3, 0, bz.2))] AS b
-)
+    ARRAY JOIN arrayConcat(
+        [('_count', '', toFloat64(Count)), ('_sum', '', Sum)],
+        arrayMap(i -> ('_bucket', if(i > length(ExplicitBounds), '+Inf', toString(ExplicitBounds[i])),
+                       toFloat64(arrayCumSum(BucketCounts)[i])), arrayEnumerate(BucketCounts))) AS x""",
+}
+
+SAMPLES_SELECT = """
 SELECT toDateTime64(TimeUnix, 6) AS ts,
        coalesce(nullIf(ResourceAttributes['service.instance.id'], ''), ResourceAttributes['server.address']) AS instance,
        metric,
@@ -184,7 +180,7 @@ SELECT toDateTime64(TimeUnix, 6) AS ts,
        arrayStringConcat(arrayMap(kv -> concat(kv.1, '=', kv.2), arraySort(CAST(attrs AS Array(Tuple(String, String))))), ',') AS labels_key,
        value,
        multiIf(startsWith(metric, 'vllm:'), 'vllm', startsWith(metric, 'sglang:'), 'sglang', NULL) AS engine
-FROM series
+FROM ({source})
 """
 
 ENGINE_CONFIG_SQL = """
@@ -217,16 +213,37 @@ def model_statements(settings: Settings | None = None) -> list[str]:
     from ...metrics.reuse import reuse_sql
 
     settings = settings if settings is not None else load_settings()
-    out = [spans_view_sql(settings), METRIC_SAMPLES_SQL, ENGINE_CONFIG_SQL, KV_EVENTS_SQL]
+    out = [ENGINE_CONFIG_SQL, KV_EVENTS_SQL]
     out += [to_clickhouse(s) for s in split_statements(views_sql())]
     out.append(to_clickhouse("CREATE OR REPLACE VIEW call_reuse AS " + reuse_sql(), reuse_schema()))
     return out
 
 
-def create_tables(ch: ClickHouse) -> None:
-    """The exporter's tables (IF NOT EXISTS) and agentobs' two side tables."""
+def create_tables(ch: ClickHouse, settings: Settings | None = None, backfill: bool = True) -> None:
+    """The exporter's tables (IF NOT EXISTS), agentobs' side tables, and the two resolved tables the
+    model reads: ``spans`` and ``metric_samples``, each fed by materialized views on insert into the
+    exporter's tables (normalization at ingest, as the DuckDB store does). ``backfill`` resolves rows
+    that were already there. Changing the alias settings needs ``recreate`` (docs/clickhouse.md)."""
+    settings = settings if settings is not None else load_settings()
     for stmt in exporter_ddl():
         ch.command(stmt)
+    spans_sql = spans_select_sql(settings)
+    ch.command("CREATE TABLE IF NOT EXISTS spans ENGINE = MergeTree "
+               "PARTITION BY toDate(fromUnixTimestamp64Nano(start_ns)) ORDER BY (trace_id, span_id) "
+               f"EMPTY AS {spans_sql}")
+    ch.command(f"CREATE MATERIALIZED VIEW IF NOT EXISTS spans_mv TO spans AS {spans_sql}")
+    first = next(iter(SAMPLE_SOURCES.values()))
+    ch.command("CREATE TABLE IF NOT EXISTS metric_samples ENGINE = MergeTree "
+               "PARTITION BY toDate(ts) ORDER BY (instance, metric, labels_key, ts) "
+               f"EMPTY AS {SAMPLES_SELECT.format(source=first)}")
+    for table, src in SAMPLE_SOURCES.items():
+        ch.command(f"CREATE MATERIALIZED VIEW IF NOT EXISTS {table}_agentobs_mv TO metric_samples AS "
+                   f"{SAMPLES_SELECT.format(source=src)}")
+    if backfill and not ch.arrow("SELECT count() AS n FROM spans").column(0)[0].as_py():
+        ch.command(f"INSERT INTO spans {spans_sql}")
+    if backfill and not ch.arrow("SELECT count() AS n FROM metric_samples").column(0)[0].as_py():
+        for src in SAMPLE_SOURCES.values():
+            ch.command(f"INSERT INTO metric_samples {SAMPLES_SELECT.format(source=src)}")
 
 
 def create_views(ch: ClickHouse, settings: Settings | None = None) -> None:
