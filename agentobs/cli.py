@@ -412,7 +412,9 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
         from .metrics import compute
 
         reuse = compute("reuse", db=con, by="instance", settings=ctx.settings)
-        _emit(reuse.to_arrow(), "table", "session reuse by instance (agentobs metrics reuse --by instance)")
+        keep = [c for c in ("instance", "sessions", "calls", "hit_rate", "reuse_hit_rate", "reprefill_tokens", "mode")
+                if c in reuse.columns]
+        _emit(reuse.select(keep).to_arrow(), "table", "session reuse by instance (agentobs metrics reuse --by instance)")
     except AgentobsError as e:  # the metrics layer reports its own problems; the store is still there
         err_console.print(f"[yellow]metrics unavailable:[/yellow] {e}")
     con.close()
@@ -676,6 +678,119 @@ def findings_acks_cmd(ctx: Ctx, fmt):
     _emit(pa.table({c: [r[c] for r in rows] for c in cols}) if rows else
           pa.table({c: pa.array([], pa.string()) for c in cols}), fmt, "acknowledged findings")
 # --- end findings ----------------------------------------------------------------------------------
+
+
+# --- clickhouse (agentobs/backends/clickhouse, docs/clickhouse.md) ---------------------------------
+@cli.group("clickhouse")
+def clickhouse_grp():
+    """The model and metrics on ClickHouse, over what the OTel Collector's ClickHouse exporter writes."""
+
+
+def _ch_url(f):
+    return click.option("--clickhouse-url", "url", envvar="AGENTOBS_CLICKHOUSE_URL", default="chdb:///agentobs.chdb",
+                        show_default=True,
+                        help="chdb:///DIR (in-process chDB) or http(s)://user:pass@host:8123/db (a server).")(f)
+
+
+@clickhouse_grp.command("init")
+@_ch_url
+@common
+def ch_init_cmd(ctx: Ctx, url):
+    """Create the exporter's tables if missing, the resolving materialized views and the model views."""
+    from .backends.clickhouse import model
+    from .backends.clickhouse.conn import ClickHouse
+
+    ch = ClickHouse(url)
+    try:
+        model.create_tables(ch, ctx.settings)
+        model.create_views(ch, ctx.settings)
+        n = ch.arrow("SELECT count() AS n FROM spans").column(0)[0].as_py()
+    finally:
+        ch.close()
+    err_console.print(f"ClickHouse model ready at {url} ({n:,} spans resolved)")
+
+
+@clickhouse_grp.command("load")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--instance", default=None, help="Engine host:port for Prometheus text files.")
+@click.option("--at", default=None, help="Scrape time of Prometheus text files (ISO-8601 or epoch s; default: file mtime).")
+@_ch_url
+@common
+def ch_load_cmd(ctx: Ctx, paths, instance, at, url):
+    """Write OTLP JSON/protobuf files and Prometheus text into the exporter's tables, as the collector would."""
+    from pathlib import Path
+
+    from .backends.clickhouse import load, model
+    from .backends.clickhouse.conn import ClickHouse
+    from .collect.files import decode_otlp_file, parse_at, snapshot_time
+
+    ch = ClickHouse(url)
+    try:
+        model.create_tables(ch, ctx.settings)
+        for p in map(Path, paths):
+            if p.suffix in (".txt", ".prom"):
+                if not instance:
+                    raise click.UsageError(f"{p}: Prometheus text needs --instance HOST:PORT")
+                for table, rows in load.metrics_rows(p.read_text(), instance, snapshot_time(p, parse_at(at))).items():
+                    ch.insert_arrow(table, rows)
+                err_console.print(f"{p}: metrics")
+            else:
+                decoded, warnings = decode_otlp_file(p, ctx.settings)
+                rows = load.traces_rows(decoded.table())
+                if rows.num_rows:
+                    ch.insert_arrow("otel_traces", rows)
+                err_console.print(f"{p}: {rows.num_rows:,} spans")
+    finally:
+        ch.close()
+
+
+@clickhouse_grp.command("metrics")
+@click.argument("name")
+@click.option("--since", default=None, help="Window start: ISO-8601, epoch seconds, or a span before now (24h, 7d).")
+@click.option("--until", default=None, help="Window end (exclusive), same forms as --since.")
+@click.option("--by", "by", default=None, help="Grouping the metric supports (see agentobs metrics).")
+@click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE", help="Only calls with KEY=VALUE; repeatable.")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@_ch_url
+@common
+def ch_metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, url):
+    """One agent metric computed on ClickHouse (the same SQL as `agentobs metrics`, transpiled)."""
+    from .backends.clickhouse import metrics as chm
+    from .backends.clickhouse.conn import ClickHouse
+
+    flt: dict[str, list[str]] = {}
+    for f in filters:
+        key, sep, value = f.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
+        flt.setdefault(key.strip(), []).append(value)
+    ch = ClickHouse(url)
+    try:
+        df = chm.compute(name, ch, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
+    finally:
+        ch.close()
+    _emit(df.to_arrow(), fmt, f"{name} (ClickHouse)" + (f" by {by}" if by else ""))
+
+
+@clickhouse_grp.command("sql")
+@click.argument("query")
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@click.option("--max-rows", type=int, default=None, help="Row cap (default: setting sql_row_cap).")
+@_ch_url
+@common
+def ch_sql_cmd(ctx: Ctx, query, fmt, max_rows, url):
+    """One read-only SELECT (ClickHouse SQL) over the model views (llm_calls, sessions, call_reuse, ...)."""
+    from .backends.clickhouse.conn import ClickHouse
+    from .backends.clickhouse.sql import run_select
+
+    ch = ClickHouse(url)
+    try:
+        table = run_select(ch, query, row_cap=max_rows or ctx.settings.sql_row_cap,
+                           timeout_s=ctx.settings.sql_timeout_s)
+    finally:
+        ch.close()
+    _emit(table, fmt, "ClickHouse")
+# --- end clickhouse --------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> None:

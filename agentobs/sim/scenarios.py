@@ -69,7 +69,7 @@ def scenario(name: str) -> Scenario:
 
 # -- what-if: the open measurement --------------------------------------------------------------------
 # The same 20-turn tool-calling trace (gaps uniform 5–30 s), 3 replicas, each config changing one thing.
-WHATIF_BASE = dict(mix={"toolcall20": 1.0}, duration_s=1800.0, sessions_per_min=8.0, block_size=16, snapshot_s=0.0)
+WHATIF_BASE = dict(mix={"toolcall20": 1.0}, duration_s=1800.0, sessions_per_min=3.0, block_size=16, snapshot_s=0.0)
 
 
 def _fleet(engine: str, n: int = 3, **kw) -> tuple[InstanceSpec, ...]:
