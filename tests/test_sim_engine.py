@@ -69,7 +69,7 @@ def test_radix_evicts_leaves_before_parents():
     assert c.match([1, 2, 3], 3) == (2, 0)
 
 
-def _one_call_session(P, O, chain, gap=0.0):
+def _one_call_session(P, O, chain, gap=0.0):  # noqa: E741
     return Session("s1", "t1", "coding", "x", "agent", 0.0,
                    [Segment("seq", [("main", [CallSpec(chain, P // 16, P, O, gap)])])], 1)
 

@@ -43,7 +43,7 @@ def test_live_serves_metrics_server_info_and_exports_spans(tmp_path):
         assert scrape.engine == "vllm" and scrape.config.num_rows > 0  # vllm:cache_config_info
         info = json.loads(urllib.request.urlopen(f"http://{sglang.spec.name}/server_info", timeout=5).read())
         rows = server_info_rows(info, sglang.spec.name, 0)
-        assert dict(zip(rows.column("key").to_pylist(), rows.column("value").to_pylist()))["port"] == \
+        assert dict(zip(rows.column("key").to_pylist(), rows.column("value").to_pylist(), strict=False))["port"] == \
             sglang.spec.name.rsplit(":", 1)[1]
         assert "targets" in live.fleet_yaml() and vllm.spec.name in live.fleet_yaml()
     finally:

@@ -19,10 +19,10 @@ Every store/evict is reported through ``on_event(kind, hashes, medium, parent)``
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from itertools import repeat
 from operator import add
 from operator import sub as sub_
-from collections.abc import Callable, Sequence
 
 EventFn = Callable[[str, list, str, object], None]
 
@@ -158,8 +158,8 @@ class KVCache:
         sub = chain[:m]
         cnts = list(map(ref.__getitem__, sub))
         if 0 in cnts:
-            deque(map(lru.__delitem__, [h for h, c in zip(sub, cnts) if c == 0]), maxlen=0)
-        ref.update(zip(sub, map(add, cnts, repeat(1))))
+            deque(map(lru.__delitem__, [h for h, c in zip(sub, cnts, strict=False) if c == 0]), maxlen=0)
+        ref.update(zip(sub, map(add, cnts, repeat(1)), strict=False))
 
     def load_from_host(self, chain: Sequence[int], start: int, end: int) -> None:
         """Blocks ``start:end`` were hit in the host tier; they are now on the GPU (already allocated)."""
@@ -177,8 +177,8 @@ class KVCache:
         sub = chain[start:end]
         present = list(map(ref.__contains__, sub))
         if True in present:
-            new = [h for h, p in zip(sub, present) if not p]
-            dup = [h for h, p in zip(sub, present) if p]
+            new = [h for h, p in zip(sub, present, strict=False) if not p]
+            dup = [h for h, p in zip(sub, present, strict=False) if p]
             self.acquire(dup, len(dup))
             self.used -= len(dup)
         else:
@@ -189,7 +189,7 @@ class KVCache:
         if self.radix:
             prev = chain[start - 1] if start > 0 else None
             parents = [prev, *sub[:-1]]
-            pm = dict(zip(sub, parents))
+            pm = dict(zip(sub, parents, strict=False))
             children = self.children
             self.parent.update((h, pm[h]) for h in new)
             for h in new:
@@ -215,9 +215,9 @@ class KVCache:
         sub = chain[:n_cached]
         cnts = list(map(ref.__getitem__, sub))
         left = list(map(sub_, cnts, repeat(1)))
-        ref.update(zip(sub, left))
+        ref.update(zip(sub, left, strict=False))
         if 0 in left:
-            freed = [h for h, c in zip(sub, left) if c == 0] if min(left) < max(left) else sub
+            freed = [h for h, c in zip(sub, left, strict=False) if c == 0] if min(left) < max(left) else sub
             lru.update(zip(reversed(freed), repeat(None)))
 
     def cached_blocks(self) -> int:

@@ -234,7 +234,7 @@ class BundleSink:
         trace = fleet.trace_id(sess.task_id)
         P = sum(c.req.P for c in st.calls if not c.rejected)
         C = sum(c.req.C for c in st.calls if not c.rejected)
-        O = sum(c.req.O for c in st.calls if not c.rejected)
+        O = sum(c.req.O for c in st.calls if not c.rejected)  # noqa: E741 - METRICS.md notation
         self._span(fleet, "agent", {
             "traceId": trace, "spanId": fleet.span_id_for(sess.sid), "name": f"invoke_agent {sess.agent_name}",
             "kind": 1, "startTimeUnixNano": _ns_at(self._epoch, st.first_t - 0.001), "endTimeUnixNano": _ns_at(self._epoch, st.last_t + 0.001),

@@ -19,8 +19,8 @@ import bisect
 import heapq
 import math
 from collections import Counter, deque
-from itertools import repeat
 from dataclasses import dataclass
+from itertools import repeat
 
 from .cache import KVCache
 from .presets import CostPreset

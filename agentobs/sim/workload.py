@@ -16,7 +16,7 @@ import gzip
 import json
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -40,7 +40,7 @@ class CallSpec:
     chain: list
     nblk: int
     P: int
-    O: int
+    O: int  # noqa: E741 - METRICS.md notation
     gap_s: float = 0.0          # idle time before this call (after the previous call of its thread ended)
     at_s: float | None = None   # open-loop arrival time (trace replays), relative to the session start
     tool: str | None = None     # tool executed in the gap before this call
@@ -192,7 +192,7 @@ def _synthetic_session(tt: TaskType, i: int, t0: float, rng: random.Random, ids:
 
     def mk(ch: _Chain, P: int, gap: float, tool: str | None) -> CallSpec:
         chain, nblk = ch.prompt(P)
-        O = max(1, _tokens(tt.output, rng))
+        O = max(1, _tokens(tt.output, rng))  # noqa: E741
         fail = rng.random() < tt.retry_p
         return CallSpec(chain, nblk, P, O, gap, None, tool, fail, rng.uniform(0.5, 3.0), tt.system_tokens,
                         tt.tool_def_tokens)
@@ -290,12 +290,12 @@ def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing
                 h = r.get("hash_ids") or []
                 if h:
                     maxid = max(maxid, max(h))
-                chain = _expand(h, k, base)
+                chain = _expand(h, k, base)  # noqa: B023 - called within the iteration
                 P = int(r["in"])
                 nblk = min(len(chain), P // block_size)
                 tool = "tool_use" if prev_stop == "tool_use" else None
                 res.append(CallSpec(chain, nblk, P, max(1, int(r.get("out", 1))), float(r.get("think_time", 0) or 0),
-                                    None, tool, False, 1.0, sysn, tooln, r.get("model")))
+                                    None, tool, False, 1.0, sysn, tooln, r.get("model")))  # noqa: B023
                 prev_stop = r.get("stop")
             return res
 
