@@ -400,12 +400,13 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
     bundle = root / "fleet"
     if (bundle / "manifest.json").exists():
         _bundle_import(ctx, bundle)
-    from .collect.files import import_otlp
+    else:  # a checkout without the fleet bundle: the METRICS.md worked example only
+        from .collect.files import import_otlp
 
-    con = _open(ctx)
-    with _writer(con, ctx) as w:  # the METRICS.md worked example, always present
-        import_otlp([root / "fixtures" / "otlp"], w, ctx.settings)
-    con.close()
+        con = _open(ctx)
+        with _writer(con, ctx) as w:
+            import_otlp([root / "fixtures" / "otlp"], w, ctx.settings)
+        con.close()
     con = _open(ctx, read_only=True)
     _emit(con.sql(HEADLINE_SQL).to_arrow_table(), "table", "sample fleet")
     try:
@@ -727,6 +728,7 @@ def ch_load_cmd(ctx: Ctx, paths, instance, at, url):
     ch = ClickHouse(url)
     try:
         model.create_tables(ch, ctx.settings)
+        model.create_views(ch, ctx.settings)
         for p in map(Path, paths):
             if p.suffix in (".txt", ".prom"):
                 if not instance:

@@ -228,3 +228,28 @@ def test_dialect_constructs(both, duck_sql, expected):
 def test_bad_url(url, error):
     with pytest.raises(ConfigError, match=re.escape(error)):
         ClickHouse(url)
+
+
+def test_cli_load_init_sql_metrics(tmp_path):
+    """The commands end to end on an on-disk chDB, in a child process (chDB allows one database per
+    process, and this module's fixture holds an in-memory one): load the worked example, query, refuse writes."""
+    import subprocess
+    import sys
+
+    url = f"chdb://{tmp_path}/ch"
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "agentobs.cli", "clickhouse", *args, "--clickhouse-url", url],
+                              capture_output=True, text=True, timeout=120)
+
+    res = run("load", str(FIX / "otlp/agent_task_3turns.json"))
+    assert res.returncode == 0, res.stderr
+    assert "6 spans" in res.stderr
+    res = run("sql", "--format", "csv", "SELECT sum(prompt_tokens) AS p FROM llm_calls")
+    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1] == "15661", res.stderr
+    res = run("metrics", "reuse", "--format", "json")
+    assert res.returncode == 0 and '"cached_tokens":9552' in res.stdout.replace(" ", ""), res.stderr
+    for bad, msg in (("DROP TABLE spans", "only SELECT"), ("SELECT 1; SELECT 2", "one statement only"),
+                     ("SELECT * FROM url('http://127.0.0.1:1/x', CSV)", "readonly")):
+        res = run("sql", bad)
+        assert res.returncode != 0 and msg in res.stderr.replace("\n", " "), (bad, res.stderr)
