@@ -308,3 +308,36 @@ def test_saved_queries_file_errors(tmp_path):
         saved.user_queries(p)
     with pytest.raises(InputError, match="reserved for the built-in examples"):
         saved.save("example: mine", "SELECT 1", tmp_path / "ok.json")
+
+
+def test_findings_page_matches_findings_run(app, db):
+    from agentobs.findings import run
+
+    goto(app, "findings.py")
+    n = len(run(str(db)))
+    if n == 0:
+        assert app.success[0].value == "No findings in this view."
+    else:
+        assert app.caption[1].value.startswith(f"{n} finding(s)")
+    assert len(app.main.expander) == n  # one expander per finding (the sidebar has its own)
+
+
+def _render_one():
+    from agentobs.console import findings
+    from agentobs.findings.finding import Evidence, Finding, Scope, Tax
+
+    tax = Tax(tokens_week=1.2e9, usd_week=345.6, basis="GPU-time, usd_per_hour=2.5; window scaled ×84 to a week")
+    findings.render(Finding(
+        rule="prefix_caching_off", title="Prefix caching is off", severity="high",
+        scope=Scope(instance="10.42.7.31:8000"), evidence=Evidence((("reprefill_tokens", 1808),), "SELECT 1"),
+        tax=tax, recoverable=tax, confidence="high", remediation="vllm serve ... --enable-prefix-caching"),
+        expanded=True)
+
+
+def test_finding_renders_evidence_money_and_copyable_fix():
+    at = AppTest.from_function(_render_one, default_timeout=TIMEOUT).run()
+    assert not at.exception
+    assert at.expander[0].label == "**high** · Prefix caching is off · $345.60/week at stake"
+    assert at.code[-1].value == "vllm serve ... --enable-prefix-caching"  # st.code has a copy button
+    assert at.table[0].value.to_dict("list") == {"number": ["reprefill_tokens"], "value": ["1808"]}
+    assert "1,200,000,000 tokens/week" in " ".join(c.value for c in at.caption)

@@ -1,8 +1,8 @@
-"""Findings in the console: read from ``agentobs.findings`` when that package exists; until then the
-console says so plainly instead of inventing any.
+"""Findings in the console, from ``agentobs.findings.run(db, since, until)`` (rules over the metrics and engine
+config). Until that package exists the console says so plainly instead of inventing any.
 
-Expected entry point: ``agentobs.findings.evaluate(db=..., since=..., until=..., filters=...)`` returning
-findings with ``id``, ``title``, ``severity``, ``evidence``, ``usd_per_week``, ``fix`` (attributes or keys).
+The global instance / model / task type filters keep findings whose scope matches (fleet-wide findings,
+with no scope value, always show).
 """
 
 from __future__ import annotations
@@ -14,42 +14,59 @@ import streamlit as st
 from .metrics import module_available
 from .shell import Context
 
-ENTRY_POINTS = ("evaluate", "run", "compute", "find")
+
+@st.cache_data(show_spinner="evaluating findings…", max_entries=64, ttl=3600)
+def _run(stamp, since, until) -> list:
+    mod = importlib.import_module("agentobs.findings")
+    return list(mod.run(stamp[0], since=since, until=until))
 
 
-def _get(f, key, default=None):
-    return f.get(key, default) if isinstance(f, dict) else getattr(f, key, default)
+def _in_scope(f, ctx: Context) -> bool:
+    scope = getattr(f, "scope", None)
+    for key, wanted in ctx.filters.lists().items():
+        v = getattr(scope, key, None)
+        if v is not None and v not in wanted:
+            return False
+    return True
 
 
 def load(ctx: Context):
-    """(findings list, message). findings is None when there is nothing to evaluate with."""
+    """(findings, message); findings is None when there is nothing to evaluate with."""
     if not module_available("agentobs.findings"):
         return None, "No findings module yet (`agentobs.findings` is not in this build)."
-    mod = importlib.import_module("agentobs.findings")
-    fn = next((getattr(mod, n) for n in ENTRY_POINTS if callable(getattr(mod, n, None))), None)
-    if fn is None:
-        return None, f"`agentobs.findings` has none of the entry points {', '.join(ENTRY_POINTS)} yet."
-    filters = {k: list(v) for k, v in ctx.filters.lists().items()} or None
-    return list(fn(db=ctx.db, since=ctx.since, until=ctx.until, filters=filters)), ""
+    if not callable(getattr(importlib.import_module("agentobs.findings"), "run", None)):
+        return None, "`agentobs.findings` has no `run` entry point yet."
+    return [f for f in _run(ctx.stamp, ctx.since, ctx.until) if _in_scope(f, ctx)], ""
+
+
+def usd_week(f) -> float:
+    tax = getattr(f, "tax", None)
+    return getattr(tax, "usd_week", None) or 0.0
 
 
 def render(f, expanded: bool = False) -> None:
-    usd = _get(f, "usd_per_week")
-    head = f"**{_get(f, 'severity', '')}** · {_get(f, 'title', _get(f, 'id'))}"
-    if usd is not None:
-        head += f" · ${usd:,.2f}/week at stake"
+    tax = getattr(f, "tax", None)
+    usd = getattr(tax, "usd_week", None)
+    head = f"**{f.severity}** · {f.title}" + (f" · ${usd:,.2f}/week at stake" if usd is not None else "")
     with st.expander(head, expanded=expanded):
-        ev = _get(f, "evidence")
-        if ev:
+        if getattr(f, "summary", ""):
+            st.write(f.summary)
+        scope = getattr(f, "scope", None)
+        parts = [f"{k}: {getattr(scope, k)}" for k in ("instance", "model", "task_type") if getattr(scope, k, None)]
+        st.caption(f"rule `{f.rule}` · confidence {f.confidence} · scope: {', '.join(parts) or 'fleet'}")
+        ev = getattr(f, "evidence", None)
+        if ev is not None and ev.numbers:
             st.markdown("**Evidence**")
-            if isinstance(ev, dict):
-                st.table({"evidence": list(ev), "value": [str(v) for v in ev.values()]})
-            else:
-                st.write(ev)
-        fix = _get(f, "fix")
-        if fix:
-            st.markdown("**Fix** (copy)")
-            st.code(str(fix), language="bash")
+            st.table({"number": [k for k, _ in ev.numbers], "value": [str(v) for _, v in ev.numbers]})
+            if getattr(ev, "sql", ""):
+                with st.popover("Evidence SQL"):
+                    st.code(ev.sql, language="sql")
+        if tax is not None:
+            tok = f"{tax.tokens_week:,.0f} tokens/week" if tax.tokens_week is not None else "tokens/week unknown"
+            st.caption(f"at stake: {tok}; ${usd:,.2f}/week" if usd is not None else f"at stake: {tok}")
+            st.caption(f"basis: {tax.basis} ({tax.method})")
+        st.markdown("**Fix** (copy)")
+        st.code(f.remediation, language="bash")
 
 
 def top(ctx: Context, n: int = 5) -> None:
@@ -64,6 +81,7 @@ def top(ctx: Context, n: int = 5) -> None:
     if not items:
         st.success("No findings in this view.")
         return
-    items.sort(key=lambda f: -(_get(f, "usd_per_week") or 0))
+    items = sorted(items, key=lambda f: -usd_week(f))
+    st.caption(f"{len(items)} finding(s), most $ at stake first")
     for f in items[:n]:
         render(f)
