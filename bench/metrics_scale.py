@@ -73,7 +73,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=1_000_000)
     ap.add_argument("--db", default=None, help="DuckDB file to create (default: a temp file)")
-    ap.add_argument("--memory-limit", default="6GB", help="DuckDB memory_limit for the run (it spills beyond)")
+    ap.add_argument("--memory-limit", default="7GB", help="DuckDB memory_limit for the run (it spills beyond)")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
     path = args.db or str(Path(tmp.name) / "bench.duckdb")
@@ -87,6 +87,8 @@ def main() -> None:
 
     con = connect(path, read_only=True)
     con.execute("SET memory_limit = ?", [args.memory_limit])
+    con.execute("SET preserve_insertion_order = false")
+    con.execute("SET temp_directory = ?", [str(Path(tmp.name) / "spill")])
     t = time.perf_counter()
     con.execute(BASELINE).fetchall()
     base_s = time.perf_counter() - t
