@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 FORMATS = ("table", "csv", "json", "parquet")
@@ -67,9 +68,9 @@ def render(table: pa.Table, fmt: str = "table", title: str | None = None, consol
         console = console or Console()
         t = Table(title=title, show_lines=False, header_style="bold")
         for name in table.column_names:
-            t.add_column(name, overflow="fold")
+            t.add_column(escape(name), overflow="fold")
         for row in table.to_pylist():
-            t.add_row(*(_fmt(row[c]) for c in table.column_names))
+            t.add_row(*(escape(_fmt(row[c])) for c in table.column_names))
         console.print(t)
         return None
     if fmt == "csv":
