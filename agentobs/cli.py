@@ -508,13 +508,21 @@ def console_cmd(ctx: Ctx, host, port):
             s.bind((host, 0))
             port = s.getsockname()[1]
     err_console.print(f"agentobs console on http://{host}:{port}/ — store {ctx.db} (read-only)")
+    import signal
+
     proc = launch(ctx.db, host=host, port=port)
-    try:
-        raise SystemExit(proc.wait())
-    except KeyboardInterrupt:
+
+    def _stop(signum, _frame):  # SIGTERM/SIGINT to us: stop the Streamlit child too, never orphan it
         proc.terminate()
-        proc.wait(10)
-        raise SystemExit(130) from None
+        try:
+            proc.wait(10)
+        except Exception:  # noqa: BLE001 - a child that ignores SIGTERM is killed
+            proc.kill()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    raise SystemExit(proc.wait())
 # --- end console -----------------------------------------------------------------------------------
 
 

@@ -61,9 +61,9 @@ def console(tmp_path_factory):
             pytest.fail(f"agentobs console did not start: {out[-2000:]}")
         time.sleep(0.2)
     yield base
-    proc.terminate()
+    proc.terminate()  # the CLI stops its Streamlit child (terminate, then kill after 10 s)
     try:
-        proc.wait(10)
+        proc.wait(30)
     except subprocess.TimeoutExpired:
         proc.kill()
 
