@@ -44,8 +44,10 @@ def console(tmp_path_factory):
     port = _free_port()
     env = dict(os.environ, AGENTOBS_CONSOLE_QUERIES=str(tmp / "queries.json"))
     env.pop("AGENTOBS_CONFIG", None)
+    log = open(tmp / "console.log", "wb")  # noqa: SIM115 - a file, not a pipe nobody drains
+    # its own process group, so teardown stops the CLI *and* its Streamlit child even if one hangs
     proc = subprocess.Popen([sys.executable, "-m", "agentobs.cli", "console", "--db", str(db), "--port", str(port)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:  # readiness: poll the health endpoint (no fixed sleep)
@@ -56,16 +58,30 @@ def console(tmp_path_factory):
         except OSError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            out = proc.stdout.read().decode(errors="replace")
+            _stop(proc)
+            out = (tmp / "console.log").read_bytes().decode(errors="replace")
             pytest.fail(f"agentobs console did not start: {out[-2000:]}")
         time.sleep(0.2)
     yield base
-    proc.terminate()  # the CLI stops its Streamlit child (terminate, then kill after 10 s)
+    _stop(proc)
+    log.close()
+
+
+def _stop(proc):
+    """SIGTERM the console's process group (the CLI stops Streamlit itself), SIGKILL what is left."""
+    import signal
+
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        pass
+    except ProcessLookupError:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 @pytest.fixture(scope="module")
