@@ -618,12 +618,15 @@ def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s):
 
 # --- findings --------------------------------------------------------------------------------------
 @cli.group("findings", invoke_without_command=True)
-@click.option("--since", default=None, help="Window start: ISO-8601, epoch seconds, or a span before now (24h, 7d).")
+@click.option("--since", default=None, help="Window start: ISO-8601, epoch seconds, or a span before now (24h, 7d). "
+              "Default: findings_default_window_s (7 days) before --until or the newest call.")
 @click.option("--until", default=None, help="Window end (exclusive), same forms as --since.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table")
 @click.option("--all", "show_all", is_flag=True, default=False, help="Also show acknowledged findings.")
+@click.option("--no-simulate", "no_simulate", is_flag=True, default=False,
+              help="Skip the simulator replay: recoverable tax from the analytical estimate only (faster).")
 @common
-def findings_cmd(ctx: Ctx, since, until, fmt, show_all):
+def findings_cmd(ctx: Ctx, since, until, fmt, show_all, no_simulate):
     """Default configs that make sessions pay a recompute tax: evidence, tokens and $ per week, the exact fix
     (docs/findings.md). Subcommands acknowledge a finding until a date."""
     if click.get_current_context().invoked_subcommand:
@@ -631,7 +634,8 @@ def findings_cmd(ctx: Ctx, since, until, fmt, show_all):
     from .findings import run
     from .findings.render import to_json, to_markdown, to_table
 
-    found = run(ctx.db, since=since, until=until, settings=ctx.settings, include_acked=show_all)
+    found = run(ctx.db, since=since, until=until, settings=ctx.settings, include_acked=show_all,
+                simulate=not no_simulate)
     if fmt == "json":
         sys.stdout.buffer.write(to_json(found))
     elif fmt == "markdown":

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from ..config import Settings, load_settings
 from .acks import active
-from .context import Context
+from .context import Context, default_since
 from .finding import SEVERITIES, Evidence, Finding, Scope, Tax
 from .rules import RULES
 
@@ -29,20 +29,28 @@ def _order(f: Finding):
 
 
 def run(db, since=None, until=None, settings: Settings | None = None, *, include_acked: bool = False,
-        clock: Callable[[], float] = time.time) -> list[Finding]:
+        simulate: bool = True, clock: Callable[[], float] = time.time) -> list[Finding]:
     """Every finding over calls starting in ``[since, until)`` (times as agentobs.metrics.parse_time
-    takes them), most severe first. ``db``: a path or an open (read-only is fine) DuckDB connection.
-    Findings acknowledged until a later time are left out unless ``include_acked``; then they
-    carry the acknowledgement in ``acked``."""
+    takes them), most severe first. Without ``since`` the window is ``findings_default_window_s``
+    (7 days) ending at ``until``, or at the newest call. ``db``: a path or an open (read-only is fine)
+    DuckDB connection. Findings acknowledged until a later time are left out unless
+    ``include_acked``; then they carry the acknowledgement in ``acked``. ``simulate``: estimate what
+    each fix recovers by replaying the observed sessions through the simulator (agentobs.findings.
+    estimate; also off when ``findings_sim_sessions`` is 0) — else the analytical estimate."""
     from ..metrics import prepare
+    from .estimate import refine
 
     settings = settings if settings is not None else load_settings()
     mrun, close = prepare(db, since, until, settings=settings, clock=clock)
     try:
-        ctx = Context(mrun.cur, settings, mrun.since, mrun.until, clock)
+        given = mrun.since is not None
+        start = mrun.since if given else default_since(mrun.cur, mrun.until,
+                                                       float(settings.get("findings_default_window_s")))
+        ctx = Context(mrun.cur, settings, start, mrun.until, clock, since_given=given)
         found: list[Finding] = []
         for rule in RULES:
             found.extend(rule.check(ctx))
+        found = refine(found, ctx, simulate=simulate)
         acks = active(mrun.cur, clock)
     finally:
         close()

@@ -10,8 +10,15 @@ Rules query the metric run's prepared tables (agentobs.metrics.MetricRun):
 
 plus the model view ``instance_config``. Values reach SQL only as named parameters.
 
-Money is scaled from the observed window to a week (``× 604800 / window seconds``); every
-:class:`Tax` says so next to its cost basis.
+Money is scaled from the observed window to a week (``× 604800 / window seconds``) when the window
+is at least ``findings_min_window_s`` long; a shorter window reports the tax for the observed window
+itself (``Tax.period = "window"``). Every :class:`Tax` says which next to its cost basis.
+
+The window: ``[since, until)`` when given. When ``since`` is not given it is ``findings_default_window_s``
+(7 days) before ``until``, or before the newest call's start when ``until`` is not given either, so one
+old stray call cannot stretch the window (see :func:`default_since`). The length used for scaling is the
+given ``[since, until)``; a defaulted end is the last in-window call's end and a defaulted start the first
+in-window call's start.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class Context:
     since: float | None
     until: float | None
     clock: Callable[[], float] = time.time
+    since_given: bool = True       # False: ``since`` is the default window start (see default_since)
     instances: dict[str, dict] = field(default_factory=dict)
     window_s: float = 0.0
     first_s: float | None = None
@@ -62,7 +70,7 @@ class Context:
         self.instances = {r["instance"]: r for r in self.rows(INSTANCES_SQL)}
         firsts = [r["first_s"] for r in self.instances.values() if r["first_s"] is not None]
         lasts = [r["last_s"] for r in self.instances.values() if r["last_s"] is not None]
-        self.first_s = self.since if self.since is not None else (min(firsts) if firsts else None)
+        self.first_s = self.since if self.since is not None and self.since_given else (min(firsts) if firsts else None)
         self.last_s = self.until if self.until is not None else (max(lasts) if lasts else None)
         if self.first_s is not None and self.last_s is not None:
             self.window_s = max(self.last_s - self.first_s, 1.0)
@@ -82,24 +90,49 @@ class Context:
 
     # -- scaling and grading ---------------------------------------------------------------------
     @property
+    def scaled(self) -> bool:
+        """Whether taxes are scaled to a week: only when the observed window is at least
+        ``findings_min_window_s`` long."""
+        return self.window_s >= float(self.setting("findings_min_window_s"))
+
+    @property
     def week_scale(self) -> float:
+        """Factor from the observed window to a week (the rate used for floors and severity)."""
         return WEEK_S / self.window_s if self.window_s else 0.0
 
+    @property
+    def tax_scale(self) -> float:
+        """Factor applied to reported taxes: ``week_scale`` when scaled, else 1 (the observed window)."""
+        return self.week_scale if self.scaled else 1.0
+
     def window_text(self) -> str:
-        h = self.window_s / 3600
-        span = f"{h:.1f} h" if h >= 1 else f"{self.window_s / 60:.0f} min"
-        return f"observed window {span} scaled ×{self.week_scale:,.1f} to a week"
+        span = fmt_duration(self.window_s)
+        if self.scaled:
+            return f"observed window {span} scaled ×{self.week_scale:,.1f} to a week"
+        return (f"observed window {span}, shorter than findings_min_window_s "
+                f"({fmt_duration(float(self.setting('findings_min_window_s')))}): tax for the observed window, "
+                f"not scaled to a week")
 
     def tax(self, tokens: float | None, usd: float | None, basis: str, method: str = "observed") -> Tax:
-        s = self.week_scale
+        s = self.tax_scale
         return Tax(
             tokens_week=None if tokens is None else float(tokens) * s,
             usd_week=None if usd is None else float(usd) * s,
             basis=f"{basis}; {self.window_text()}",
             method=method,
+            period="week" if self.scaled else "window",
         )
 
-    def severity(self, usd_week: float | None) -> str:
+    def weekly_rate(self, tax: Tax) -> float | None:
+        """$ per week at the observed rate, whatever period the tax reports (floors and severity)."""
+        if tax.usd_week is None:
+            return None
+        return tax.usd_week if tax.period == "week" else tax.usd_week * self.week_scale
+
+    def severity(self, usd_week: float | Tax | None) -> str:
+        """Grade by $ per week at the observed rate (a :class:`Tax` of a short window is converted)."""
+        if isinstance(usd_week, Tax):
+            usd_week = self.weekly_rate(usd_week)
         if usd_week is None:
             return "medium"
         if usd_week >= float(self.setting("findings_high_usd_week")):
@@ -149,6 +182,37 @@ def fmt_tokens(n: float | None) -> str:
         if abs(n) >= div:
             return f"{n / div:,.1f}{unit}"
     return f"{n:,.0f}"
+
+
+def fmt_duration(s: float) -> str:
+    """12 s, 45 min, 2.3 h, 3.5 d."""
+    if s < 120:
+        return f"{s:,.0f} s"
+    if s < 3600:
+        return f"{s / 60:,.0f} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:,.1f} h"
+    return f"{s / 86400:,.1f} d"
+
+
+DEFAULT_SINCE_SQL = """
+SELECT max(start_s) AS newest_s, count(*) AS calls FROM m_calls
+WHERE in_filter AND ($until IS NULL OR start_s < $until)
+"""
+
+
+def default_since(cur, until: float | None, window_s: float) -> float | None:
+    """The default window start: ``window_s`` before ``until``, or before the newest call's start when
+    ``until`` is not given; the metric run's ``in_win`` flags and engine samples are narrowed to it."""
+    end = until
+    if end is None:
+        end = cur.sql(DEFAULT_SINCE_SQL, params={"until": None}).fetchall()[0][0]
+        if end is None:
+            return None
+    since = float(end) - float(window_s)
+    cur.execute("UPDATE m_calls SET in_win = false WHERE in_win AND start_s < $since", {"since": since})
+    cur.execute("DELETE FROM m_samples WHERE ts_s < $since", {"since": since})
+    return since
 
 
 def fmt_usd(x: float | None) -> str:

@@ -52,12 +52,20 @@ class Evidence:
 
 @dataclass(frozen=True)
 class Tax:
-    """Recompute tax per week. ``tokens`` / ``usd`` are ``None`` when they cannot be measured."""
+    """Recompute tax per week (``period="week"``), or for the observed window itself when that is
+    shorter than ``findings_min_window_s`` (``period="window"``; the ``*_week`` fields then hold the
+    window's figures). ``tokens`` / ``usd`` are ``None`` when they cannot be measured."""
 
     tokens_week: float | None
     usd_week: float | None
     basis: str            # cost model basis and the scaling of the observed window to a week
-    method: str = "observed"  # observed | analytical | simulator
+    method: str = "observed"  # observed | analytical | "simulation (N sessions replayed)"
+    period: str = "week"  # week | window
+
+    @property
+    def per(self) -> str:
+        """Suffix for an amount: ``/week`` or `` in the observed window``."""
+        return "/week" if self.period == "week" else " in the observed window"
 
 
 @dataclass(frozen=True)

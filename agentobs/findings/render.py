@@ -45,10 +45,10 @@ def to_markdown(findings: list[Finding], heading: str = "##") -> str:
                   + (f", acknowledged: {dict(f.acked)['reason']}" if f.acked else ""), ""]
         if f.summary:
             lines += [f.summary, ""]
-        lines += [f"- **Tax**: {fmt_tokens(f.tax.tokens_week)} tokens/week, {fmt_usd(f.tax.usd_week)}/week "
+        lines += [f"- **Tax**: {fmt_tokens(f.tax.tokens_week)} tokens{f.tax.per}, {fmt_usd(f.tax.usd_week)}{f.tax.per} "
                   f"({f.tax.basis})",
-                  f"- **Recoverable** ({f.recoverable.method}): {fmt_tokens(f.recoverable.tokens_week)} tokens/week, "
-                  f"{fmt_usd(f.recoverable.usd_week)}/week ({f.recoverable.basis})",
+                  f"- **Recoverable** ({f.recoverable.method}): {fmt_tokens(f.recoverable.tokens_week)} tokens"
+                  f"{f.recoverable.per}, {fmt_usd(f.recoverable.usd_week)}{f.recoverable.per} ({f.recoverable.basis})",
                   f"- **Fix**: {f.remediation}", "", "Evidence:", "",
                   "| measure | value |", "|---|---|"]
         lines += [f"| {k} | {_num(v)} |" for k, v in f.evidence.numbers]

@@ -48,7 +48,7 @@ def check(ctx: Context) -> list[Finding]:
         out.append(Finding(
             rule=ID,
             title="SGLang without HiCache: idle sessions' KV is evicted and recomputed",
-            severity=ctx.severity(tax.usd_week),
+            severity=ctx.severity(tax),
             scope=Scope(instance=inst, model=cfg["model"]),
             evidence=ctx.evidence({
                 "evicted_miss_calls": n,
@@ -74,6 +74,6 @@ def check(ctx: Context) -> list[Finding]:
                 f"{fmt_tokens(peak)} KV tokens held by idle sessions against a GPU pool of {fmt_tokens(cap)} tokens."
             ),
             summary=(f"{n} calls recomputed {fmt_tokens(x)} evicted prefix tokens "
-                     f"({share:.0%} of computed prefill), {fmt_usd(tax.usd_week)}/week"),
+                     f"({share:.0%} of computed prefill), {fmt_usd(tax.usd_week)}{tax.per}"),
         ))
     return out

@@ -131,6 +131,6 @@ def check(ctx: Context) -> list[Finding]:
             remediation=fix,
             summary=(f"{share:.0%} of {tail} tail gaps (> {r['tail_threshold_ms']:.0f} ms) overlap a prefill of ≥ "
                      f"{fmt_tokens(L)} tokens; {fmt_tokens(x)} of those prefills were re-prefill "
-                     f"({fmt_usd(tax.usd_week)}/week)"),
+                     f"({fmt_usd(tax.usd_week)}{tax.per})"),
         ))
     return out

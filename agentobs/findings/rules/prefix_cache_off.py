@@ -48,7 +48,7 @@ def check(ctx: Context) -> list[Finding]:
         out.append(Finding(
             rule=ID,
             title=f"Prefix caching is off on a {cfg['engine']} instance: every turn recomputes the whole context",
-            severity=ctx.severity(tax.usd_week),
+            severity=ctx.severity(tax),
             scope=Scope(instance=inst, model=cfg["model"]),
             evidence=ctx.evidence({
                 "config": setting,
@@ -62,6 +62,6 @@ def check(ctx: Context) -> list[Finding]:
             recoverable=rec,
             confidence=ctx.confidence(m["cause_calls"], exact=m["cause_exact"] == m["cause_calls"]),
             remediation=fix,
-            summary=f"{m['cause_calls']} calls recomputed {fmt_tokens(x)} reusable tokens, {fmt_usd(tax.usd_week)}/week",
+            summary=f"{m['cause_calls']} calls recomputed {fmt_tokens(x)} reusable tokens, {fmt_usd(tax.usd_week)}{tax.per}",
         ))
     return out

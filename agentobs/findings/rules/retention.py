@@ -12,6 +12,9 @@ Trigger, per instance with a known g* (idle windows ``[t2(prev), t0(c)]`` on the
   running requests hold more KV than idle sessions, and sessions were evicted in windows shorter
   than g*; tax = Σ over those windows of ``max(0, cost(X) − K × g × $/s ÷ capacity)``.
 
+Instances with the prefix cache / radix cache off are left to ``prefix_cache_off``: they retain
+nothing, so "retain longer" is not the fix there.
+
 Evidence: windows, share beyond g*, idle vs running KV token-seconds, gap p50/p90, g*.
 Fix: how long to retain (g*) and the mechanisms that set it — per-session KV TTLs (vLLM Router
 ``kv_retention_ttl_seconds``, Dynamo ``nvext.cache_control``), a host tier (SGLang
@@ -64,8 +67,8 @@ def check(ctx: Context) -> list[Finding]:
     out = []
     thr = float(ctx.setting("findings_beyond_gstar_share"))
     for inst, cfg in ctx.instances.items():
-        if not cfg["g_star_s"]:
-            continue
+        if not cfg["g_star_s"] or cfg["prefix_caching"] is False:
+            continue  # with the prefix cache off nothing is retained: prefix_cache_off owns that instance
         r = ctx.one(SQL, {"instance": inst})
         n = r.get("windows") or 0
         if not n:
@@ -111,7 +114,7 @@ def check(ctx: Context) -> list[Finding]:
         out.append(Finding(
             rule=ID,
             title=title,
-            severity=ctx.severity(tax.usd_week),
+            severity=ctx.severity(tax),
             scope=Scope(instance=inst or None, model=cfg["model"]),
             evidence=ctx.evidence({**numbers, "case": case}, SQL, {"instance": inst}),
             tax=tax,
@@ -119,6 +122,6 @@ def check(ctx: Context) -> list[Finding]:
             confidence=ctx.confidence(n),
             remediation=fix,
             summary=(f"{n} idle windows, {beyond:.0%} beyond g* = {g:,.0f} s; {fmt_tokens(tokens)} tokens-equivalent, "
-                     f"{fmt_usd(tax.usd_week)}/week"),
+                     f"{fmt_usd(tax.usd_week)}{tax.per}"),
         ))
     return out

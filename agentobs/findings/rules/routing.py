@@ -65,7 +65,7 @@ def check(ctx: Context) -> list[Finding]:
         out.append(Finding(
             rule=ID,
             title="Sessions are not routed to the replica that holds their prefix",
-            severity=ctx.severity(tax.usd_week),
+            severity=ctx.severity(tax),
             scope=Scope(model=r["model"] or None),
             evidence=ctx.evidence({
                 "replicas": r["replicas"],
@@ -83,6 +83,6 @@ def check(ctx: Context) -> list[Finding]:
             remediation=("Route each session to the same replica (session affinity) or to the replica holding its "
                          "prefix (cache-aware), passing the session id the spans carry. " + "; ".join(MECHANISMS) + "."),
             summary=(f"{r['changed_replica']} of {r['follow_ups']} follow-up calls changed replica; {fmt_tokens(x)} "
-                     f"tokens ({share:.0%} of the reusable prefix) recomputed, {fmt_usd(tax.usd_week)}/week"),
+                     f"tokens ({share:.0%} of the reusable prefix) recomputed, {fmt_usd(tax.usd_week)}{tax.per}"),
         ))
     return out

@@ -87,7 +87,7 @@ def check(ctx: Context) -> list[Finding]:
         out.append(Finding(
             rule=ID,
             title="SGLang schedules FCFS while queued requests share cached prefixes",
-            severity=ctx.severity(tax.usd_week),
+            severity=ctx.severity(tax),
             scope=Scope(instance=inst, model=cfg["model"]),
             evidence=ctx.evidence({
                 "schedule_policy": "fcfs",
@@ -110,6 +110,6 @@ def check(ctx: Context) -> list[Finding]:
                          "whose prefix is cached are admitted before it is evicted; it needs the radix cache (do not "
                          "pass `--disable-radix-cache`)." + fallback),
             summary=(f"{r['queued_with_prefix']} of {r['queued_calls']} queued calls had a cached/reusable prefix; "
-                     f"{n} lost it ({fmt_tokens(x)} tokens recomputed, {fmt_usd(tax.usd_week)}/week)"),
+                     f"{n} lost it ({fmt_tokens(x)} tokens recomputed, {fmt_usd(tax.usd_week)}{tax.per})"),
         ))
     return out

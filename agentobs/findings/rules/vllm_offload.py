@@ -56,7 +56,7 @@ def check(ctx: Context) -> list[Finding]:
         out.append(Finding(
             rule=ID,
             title="vLLM without KV offloading: idle sessions' KV is evicted and recomputed",
-            severity=ctx.severity(tax.usd_week),
+            severity=ctx.severity(tax),
             scope=Scope(instance=inst, model=cfg["model"]),
             evidence=ctx.evidence({
                 "evicted_miss_calls": n,
@@ -77,6 +77,6 @@ def check(ctx: Context) -> list[Finding]:
             confidence=ctx.confidence(n, exact=(m["cause_exact"] + m["cause2_exact"]) == n),
             remediation=f"Give vLLM a CPU KV tier: {how}. Evicted prefixes are then loaded back instead of recomputed.",
             summary=(f"{n} calls recomputed {fmt_tokens(x)} evicted prefix tokens "
-                     f"({share:.0%} of computed prefill), {fmt_usd(tax.usd_week)}/week"),
+                     f"({share:.0%} of computed prefill), {fmt_usd(tax.usd_week)}{tax.per}"),
         ))
     return out
