@@ -24,10 +24,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 T0_NS = 1_791_969_600_000_000_000
-# one call i: session s = i // 10, turn t = i % 10
-FORMULAS = {
-    "s": "intDiv(i, 10)", "t": "i % 10",
-}
 
 
 def duck_sql(n: int) -> str:

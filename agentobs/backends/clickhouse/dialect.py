@@ -151,10 +151,10 @@ def _string_agg(node):
 
 def _params(node):
     if isinstance(node, exp.Placeholder) and node.name:
-        return exp.Var(this="{%s:%s}" % (node.name, param_type(node.name)))
+        return exp.Var(this="{" + f"{node.name}:{param_type(node.name)}" + "}")
     if isinstance(node, exp.Parameter):
         name = node.this.name if isinstance(node.this, exp.Expression) else str(node.this)
-        return exp.Var(this="{%s:%s}" % (name, param_type(name)))
+        return exp.Var(this="{" + f"{name}:{param_type(name)}" + "}")
     return node
 
 
