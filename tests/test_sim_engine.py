@@ -175,3 +175,44 @@ def test_simulation_is_deterministic():
         simulate(sc, 7, sink=sink)
         runs.append([(c.span_id, c.req.C, round(c.t2, 9)) for c in sink.calls])
     assert runs[0] == runs[1] and len(runs[0]) > 20
+
+
+def _calls(sc, impl):
+    from dataclasses import replace as _r
+
+    from agentobs.sim.run import build_workload, fleet_spec
+
+    ids = IdAlloc(1)
+    sessions = build_workload(sc, 3, ids)
+    sink = CollectSink()
+    fl = Fleet(_r(fleet_spec(sc, 3), cache_impl=impl), sink, ids)
+    fl.run(sessions)
+    calls = [(c.span_id, c.req.inst.idx, c.req.C, c.req.C_host, c.req.preempted, c.req.evict_first,
+              c.req.evicted_blocks, round(c.t2, 9)) for c in sink.calls]
+    return calls, [(i.cache.evicted_blocks, i.cache.stored_blocks, i.cache.used, i.cache.evictable(),
+                    i.cache.host_loaded_blocks) for i in fl.instances]
+
+
+def test_range_cache_equals_per_block_reference_on_whole_fleets():
+    # The range cache (cache.py) must reproduce the per-block reference (cache_ref.py) call for call:
+    # hits, host-tier hits, preemptions, first eviction of each call's blocks, timings. Tight pools,
+    # both host-tier policies, lpm, vLLM and SGLang (whose reference evicts leaves only).
+    from dataclasses import replace
+
+    base = replace(scenario("sample"), snapshot_s=0.0, duration_s=420.0)
+    fleets = [
+        (InstanceSpec("a:1", offload_ratio=0.3, kv_capacity_tokens=150_000),
+         InstanceSpec("b:1", "sglang", hicache=True, hicache_ratio=0.5, hicache_write_policy="write_back",
+                      kv_capacity_tokens=150_000, preset="h100-llama3.1-8b")),
+        (InstanceSpec("a:1", schedule_policy="lpm", kv_capacity_tokens=60_000, offload_ratio=1.0,
+                      hicache_write_policy="write_back"),
+         InstanceSpec("b:1", "sglang", hicache=True, hicache_ratio=0.2, kv_capacity_tokens=60_000,
+                      preset="h100-llama3.1-8b"),
+         InstanceSpec("c:1", "sglang", kv_capacity_tokens=60_000, preset="h100-llama3.1-8b")),
+    ]
+    for insts, router in zip(fleets, ("round_robin", "cache_aware"), strict=True):
+        sc = replace(base, instances=insts, router=router)
+        fast, slow = _calls(sc, "ranges"), _calls(sc, "blocks")
+        assert len(fast[0]) > 200
+        assert sum(c[3] for c in fast[0]) > 0 and sum(c[6] for c in fast[0]) > 0  # host hits and evictions happen
+        assert fast == slow

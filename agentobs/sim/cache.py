@@ -1,224 +1,367 @@
-"""KV prefix caches of the simulated engines, at block (page) granularity.
+"""KV prefix caches of the simulated engines, at block (page) granularity, stored as id ranges.
 
-A prompt is a chain of block hashes (ints, prefix-chained: equal hash ⇒ equal prefix), so a cache is
-a set of hashes plus an LRU order of the evictable ones — never a Python object per token.
+A prompt is a chain of block ids (``chain.Chain``: runs of consecutive ids, prefix-chained: equal id
+⇒ equal prefix). The cache keeps *ranges* of cached ids, each with one ref count, so storing, pinning,
+releasing and evicting a 20k-token prefix costs O(ranges), not O(blocks) — never a Python object per
+block or token. Same semantics, block for block, as the per-block reference ``cache_ref.BlockKVCache``
+(tests/test_sim_engine.py runs both on whole fleets and compares every call):
 
-* ``vllm`` flavour (``radix=False``): vLLM's block pool. Only full blocks are cached; a finished
-  request frees its blocks tail first (they join the free queue in reverse order, so the tail of a
-  prefix is evicted before its head); blocks in use by a running request are pinned (ref count).
-* ``sglang`` flavour (``radix=True``): SGLang's radix tree at page granularity; eviction takes the
-  least recently used *leaf* (a node with cached children is never evicted before them).
+* ``vllm`` flavour: vLLM's block pool. Only full blocks are cached; a finished request frees its
+  blocks tail first (a release is one LRU *group* whose blocks are evicted in reverse chain order,
+  so the tail of a prefix goes before its head); blocks in use by a running request are pinned.
+  Unused ranges sit in a heap keyed by (group, position in the group); evicting k blocks takes them
+  off the top of the oldest range, splitting it.
+* ``sglang`` flavour (``radix=True``): SGLang's radix tree at page granularity evicts the least
+  recently used *leaf*. That is the same order here: a pinned block's whole prefix is pinned by the
+  same request, and a release group lists descendants before ancestors, so the oldest unused block
+  never has a cached child (checked on whole fleets against the reference, which tests leafness).
 * Optional host tier (vLLM CPU offloading / SGLang HiCache): blocks evicted from the GPU are kept
   in host memory (LRU, ``host_blocks``) and loaded back on a hit; with ``write_through`` (HiCache's
   default) a block is copied to the host when it is stored.
 * ``enabled=False``: prefix caching off / ``--disable-radix-cache``: nothing is ever matched.
 
-Every store/evict is reported through ``on_event(kind, hashes, medium, parent)`` (KV events).
+Every store/evict is reported through ``on_event(kind, hashes, medium, parent)`` (KV events, ids
+listed — only when a sink wants them) and evictions through ``on_evict(ranges)``.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
-from itertools import repeat
-from operator import add
-from operator import sub as sub_
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable
+from heapq import heapify, heappop, heappush, heapreplace
+
+from .chain import Chain, as_chain, lead
 
 EventFn = Callable[[str, list, str, object], None]
 
 
 class KVCache:
-    __slots__ = ("capacity", "block_size", "enabled", "radix", "host_capacity", "write_through", "ref", "lru",
-                 "host", "used", "children", "parent", "on_event", "on_evict", "evicted_blocks",
-                 "host_loaded_blocks", "stored_blocks")
+    __slots__ = ("capacity", "block_size", "enabled", "radix", "host_capacity", "write_through", "used",
+                 "on_event", "on_evict", "evicted_blocks", "host_loaded_blocks", "stored_blocks",
+                 "ks", "iv", "heap", "gseq", "n_lru", "n_cached",
+                 "hks", "hiv", "hheap", "hseq", "hn")
 
     def __init__(self, capacity_blocks: int, block_size: int, enabled: bool = True, radix: bool = False,
                  host_blocks: int = 0, write_through: bool = True, on_event: EventFn | None = None,
-                 on_evict: Callable[[list[int]], None] | None = None):
+                 on_evict: Callable[[list[tuple[int, int]]], None] | None = None):
         self.capacity = capacity_blocks
         self.block_size = block_size
         self.enabled = enabled
         self.radix = radix
         self.host_capacity = host_blocks
         self.write_through = write_through
-        self.ref: dict[int, int] = {}            # cached on GPU: hash -> requests using it
-        self.lru: OrderedDict[int, None] = OrderedDict()  # cached, unused: eviction order (oldest first)
-        self.host: OrderedDict[int, None] = OrderedDict()  # host tier
         self.used = 0                             # GPU blocks allocated (cached or not)
-        self.children: dict[int, int] = {}        # radix: cached children per node
-        self.parent: dict[int, int | None] = {}
         self.on_event = on_event
         self.on_evict = on_evict
         self.evicted_blocks = 0
         self.host_loaded_blocks = 0
         self.stored_blocks = 0
+        # GPU: sorted range starts; start -> [end, refs, group, pos] (group None while pinned)
+        self.ks: list[int] = []
+        self.iv: dict[int, list] = {}
+        self.heap: list = []                      # (group, pos, start) of unused ranges, lazily pruned
+        self.gseq = 0
+        self.n_lru = 0                            # unused cached blocks (evictable)
+        self.n_cached = 0
+        # host tier: start -> [end, batch, pos, dir]; dir -1: leaves top first, +1: bottom first
+        self.hks: list[int] = []
+        self.hiv: dict[int, list] = {}
+        self.hheap: list = []
+        self.hseq = 0
+        self.hn = 0
 
     # -- lookup ------------------------------------------------------------------------------
-    def match(self, chain: Sequence[int], n: int) -> tuple[int, int]:
+    def match(self, chain, n: int) -> tuple[int, int]:
         """(GPU hit blocks, further host-tier hit blocks) among the first ``n`` blocks of ``chain``."""
         if not self.enabled or n <= 0:
             return 0, 0
-        hits = list(map(self.ref.__contains__, chain[:n]))
-        try:
-            g = hits.index(False)
-        except ValueError:
-            return n, 0
-        if not self.host:
+        chain = as_chain(chain)
+        g = lead(self.ks, self.iv, chain.runs(0, n))
+        if g >= n or not self.hn:
             return g, 0
-        hh = list(map(self.host.__contains__, chain[g:n]))
-        try:
-            h = hh.index(False)
-        except ValueError:
-            h = n - g
-        return g, h
+        return g, lead(self.hks, self.hiv, chain.runs(g, n))
 
-    def gpu_match(self, chain: Sequence[int], n: int) -> int:
+    def gpu_match(self, chain, n: int) -> int:
         if not self.enabled or n <= 0:
             return 0
-        hits = list(map(self.ref.__contains__, chain[:n]))
-        try:
-            return hits.index(False)
-        except ValueError:
-            return n
+        return lead(self.ks, self.iv, as_chain(chain).runs(0, n))
 
     # -- allocation --------------------------------------------------------------------------
     def free(self) -> int:
         return self.capacity - self.used
 
     def evictable(self) -> int:
-        return len(self.lru)
+        return self.n_lru
+
+    def cached_blocks(self) -> int:
+        return self.n_cached
 
     def allocate(self, n: int, now: float) -> bool:
         """Reserve ``n`` blocks, evicting unused cached blocks (LRU) as needed."""
         short = n - (self.capacity - self.used)
         if short > 0:
-            if short > len(self.lru):
+            if short > self.n_lru:
                 return False
-            self._evict(short, now)
+            self._evict(short)
         self.used += n
         return True
 
-    def _evict(self, k: int, now: float) -> None:
-        lru, ref = self.lru, self.ref
-        if not self.radix:
-            pop = lru.popitem
-            out = [pop(False)[0] for _ in range(min(k, len(lru)))]
-            deque(map(ref.__delitem__, out), maxlen=0)
+    def _split(self, x: int) -> None:
+        """Make ``x`` a range boundary (an unused range keeps its eviction order across the cut)."""
+        ks = self.ks
+        i = bisect_right(ks, x) - 1
+        if i < 0:
+            return
+        a = ks[i]
+        e = self.iv[a]
+        end = e[0]
+        if x <= a or x >= end:
+            return
+        if e[1] == 0:  # unused: [x, end) keeps the key (its top is evicted first), [a, x) follows it
+            g, p = e[2], e[3]
+            self.iv[x] = [end, 0, g, p]
+            heappush(self.heap, (g, p, x))
+            e[3] = p + (end - x)
+            heappush(self.heap, (g, e[3], a))
         else:
-            out = self._evict_radix(k)
-        self.used -= len(out)
-        self.evicted_blocks += len(out)
-        if self.on_evict is not None:
+            self.iv[x] = [end, e[1], None, 0]
+        e[0] = x
+        ks.insert(i + 1, x)
+
+    def _evict(self, k: int) -> None:
+        heap, iv, ks = self.heap, self.iv, self.ks
+        out: list[tuple[int, int]] = []
+        need = k
+        while need > 0 and heap:
+            g, p, a = heap[0]
+            e = iv.get(a)
+            if e is None or e[1] != 0 or e[2] != g or e[3] != p:
+                heappop(heap)  # stale: the range was pinned, split or evicted since
+                continue
+            end = e[0]
+            n = end - a
+            if n <= need:
+                heappop(heap)
+                del iv[a]
+                del ks[bisect_left(ks, a)]
+                out.append((a, end))
+                need -= n
+            else:
+                lo = end - need
+                out.append((lo, end))
+                e[0] = lo
+                e[3] = p + need
+                heapreplace(heap, (g, p + need, a))
+                need = 0
+        n_out = k - need
+        self.used -= n_out
+        self.n_lru -= n_out
+        self.n_cached -= n_out
+        self.evicted_blocks += n_out
+        if self.on_evict is not None and out:
             self.on_evict(out)
         if self.on_event is not None and out:
-            self.on_event("BlockRemoved", out, "GPU", None)
-        if self.host_capacity:
-            host = self.host
-            if self.write_through:
-                for h in out:  # already written at store time; refresh its recency
-                    host[h] = None
-                    host.move_to_end(h)
-            else:
-                host.update(zip(out, repeat(None)))
-            while len(host) > self.host_capacity:
-                host.popitem(last=False)
+            ids: list[int] = []
+            for lo, hi in out:
+                ids.extend(range(hi - 1, lo - 1, -1))
+            self.on_event("BlockRemoved", ids, "GPU", None)
+        if self.host_capacity and out:
+            # write-through: already on the host, refresh recency; else copy the evicted blocks there
+            self._host_add([(lo, hi, -1) for lo, hi in out], refresh=self.write_through)
+        if len(heap) > 64 + 4 * len(ks):
+            self._compact()
 
-    def _evict_radix(self, k: int) -> list[int]:
-        lru, ref = self.lru, self.ref
-        children, parent = self.children, self.parent
-        out: list[int] = []
-        guard = 0
-        while len(out) < k and lru:
-            h, _ = lru.popitem(last=False)
-            if children.get(h):
-                lru[h] = None  # not a leaf: keep, look further (its children are newer or in use)
-                guard += 1
-                if guard > 2 * len(lru) + 8:
-                    break
+    def _compact(self) -> None:
+        iv = self.iv
+        self.heap = [(e[2], e[3], a) for a, e in iv.items() if e[1] == 0]
+        heapify(self.heap)
+
+    # -- host tier -------------------------------------------------------------------------------
+    def _host_split(self, x: int) -> None:
+        hks = self.hks
+        i = bisect_right(hks, x) - 1
+        if i < 0:
+            return
+        a = hks[i]
+        e = self.hiv[a]
+        end, s, p, d = e
+        if x <= a or x >= end:
+            return
+        if d < 0:
+            self.hiv[x] = [end, s, p, d]
+            heappush(self.hheap, (s, p, x))
+            e[2] = p + (end - x)
+            heappush(self.hheap, (s, e[2], a))
+        else:
+            q = p + (x - a)
+            self.hiv[x] = [end, s, q, d]
+            heappush(self.hheap, (s, q, x))
+        e[0] = x
+        hks.insert(i + 1, x)
+
+    def _host_add(self, ranges: list[tuple[int, int, int]], refresh: bool) -> None:
+        """Append id ranges (``dir`` -1: listed top first) at the host LRU's recent end. ``refresh``:
+        blocks already there move to the end too (else they keep their place, like dict.update)."""
+        self.hseq += 1
+        s = self.hseq
+        hks, hiv, hheap = self.hks, self.hiv, self.hheap
+        pos = 0
+        for a, b, d in ranges:
+            self._host_split(a)
+            self._host_split(b)
+            i = bisect_left(hks, a)
+            j = bisect_left(hks, b)
+            if refresh:
+                if i < j:
+                    for k in hks[i:j]:
+                        self.hn -= hiv.pop(k)[0] - k
+                    del hks[i:j]
+                hks.insert(i, a)
+                hiv[a] = [b, s, pos, d]
+                heappush(hheap, (s, pos, a))
+                self.hn += b - a
+            else:  # only the gaps between ranges already held
+                gaps = []
+                x = a
+                for k in hks[i:j]:
+                    if k > x:
+                        gaps.append((x, k))
+                    x = hiv[k][0]
+                if x < b:
+                    gaps.append((x, b))
+                for ga, gb in gaps:
+                    q = pos + (ga - a) if d > 0 else pos + (b - gb)
+                    hks.insert(bisect_left(hks, ga), ga)
+                    hiv[ga] = [gb, s, q, d]
+                    heappush(hheap, (s, q, ga))
+                    self.hn += gb - ga
+            pos += b - a
+        over = self.hn - self.host_capacity
+        while over > 0 and hheap:
+            s0, p0, a0 = hheap[0]
+            e = hiv.get(a0)
+            if e is None or e[1] != s0 or e[2] != p0:
+                heappop(hheap)
                 continue
-            del ref[h]
-            out.append(h)
-            p = parent.pop(h, None)
-            if p is not None and p in children:
-                children[p] -= 1
-        while len(out) < k and lru:  # only inner nodes left unused: take them anyway
-            h, _ = lru.popitem(last=False)
-            del ref[h]
-            out.append(h)
-            parent.pop(h, None)
-            children.pop(h, None)
-        return out
+            end, _, _, d = e
+            n = end - a0
+            if n <= over:
+                heappop(hheap)
+                del hiv[a0]
+                del hks[bisect_left(hks, a0)]
+                over -= n
+                self.hn -= n
+                continue
+            if d < 0:  # drop the top
+                e[0] = end - over
+                e[2] = p0 + over
+                heapreplace(hheap, (s0, p0 + over, a0))
+            else:  # drop the bottom: the range now starts higher
+                heappop(hheap)
+                del hiv[a0]
+                nb = a0 + over
+                hks[bisect_left(hks, a0)] = nb
+                hiv[nb] = [end, s0, p0 + over, d]
+                heappush(hheap, (s0, p0 + over, nb))
+            self.hn -= over
+            over = 0
+        if len(hheap) > 64 + 4 * len(hks):
+            self.hheap = [(e[1], e[2], a) for a, e in hiv.items()]
+            heapify(self.hheap)
 
     # -- request lifecycle -------------------------------------------------------------------
-    def acquire(self, chain: Sequence[int], m: int) -> None:
+    def _pieces(self, a: int, b: int) -> list[int]:
+        """Starts of the cached ranges inside ``[a, b)`` after cutting at ``a`` and ``b``."""
+        self._split(a)
+        self._split(b)
+        ks = self.ks
+        return ks[bisect_left(ks, a):bisect_left(ks, b)]
+
+    def acquire(self, chain, m: int) -> None:
         """Pin the first ``m`` cached blocks for a running request."""
         if m <= 0:
             return
-        ref, lru = self.ref, self.lru
-        sub = chain[:m]
-        cnts = list(map(ref.__getitem__, sub))
-        if 0 in cnts:
-            deque(map(lru.__delitem__, [h for h, c in zip(sub, cnts, strict=False) if c == 0]), maxlen=0)
-        ref.update(zip(sub, map(add, cnts, repeat(1)), strict=False))
+        iv = self.iv
+        for a, b in as_chain(chain).runs(0, m):
+            for k in self._pieces(a, b):
+                e = iv[k]
+                if e[1] == 0:
+                    self.n_lru -= e[0] - k
+                    e[2] = None
+                e[1] += 1
 
-    def load_from_host(self, chain: Sequence[int], start: int, end: int) -> None:
+    def load_from_host(self, chain, start: int, end: int) -> None:
         """Blocks ``start:end`` were hit in the host tier; they are now on the GPU (already allocated)."""
         if end > start:
             self.host_loaded_blocks += end - start
             self.store(chain, start, end)
 
-    def store(self, chain: Sequence[int], start: int, end: int, medium: str | None = "GPU") -> None:
+    def store(self, chain, start: int, end: int, medium: str | None = "GPU") -> None:
         """Blocks ``start:end`` of ``chain`` are now full and hashed: cache them, pinned by their request.
         Blocks already cached (another request computed the same prefix meanwhile) are pinned instead
         and the duplicate block is returned to the pool."""
         if end <= start or not self.enabled:
             return
-        ref = self.ref
-        sub = chain[start:end]
-        present = list(map(ref.__contains__, sub))
-        if True in present:
-            new = [h for h, p in zip(sub, present, strict=False) if not p]
-            dup = [h for h, p in zip(sub, present, strict=False) if p]
-            self.acquire(dup, len(dup))
-            self.used -= len(dup)
-        else:
-            new = sub
+        chain = as_chain(chain)
+        iv, ks = self.iv, self.ks
+        new: list[tuple[int, int]] = []
+        dup = 0
+        for a, b in chain.runs(start, end):
+            x = a
+            for k in self._pieces(a, b):
+                if k > x:
+                    new.append((x, k))
+                e = iv[k]
+                if e[1] == 0:
+                    self.n_lru -= e[0] - k
+                    e[2] = None
+                e[1] += 1
+                dup += e[0] - k
+                x = e[0]
+            if x < b:
+                new.append((x, b))
+        self.used -= dup
         if not new:
             return
-        ref.update(zip(new, repeat(1)))
-        if self.radix:
-            prev = chain[start - 1] if start > 0 else None
-            parents = [prev, *sub[:-1]]
-            pm = dict(zip(sub, parents, strict=False))
-            children = self.children
-            self.parent.update((h, pm[h]) for h in new)
-            for h in new:
-                p = pm[h]
-                if p is not None:
-                    children[p] = children.get(p, 0) + 1
-        self.stored_blocks += len(new)
+        n_new = 0
+        for a, b in new:
+            ks.insert(bisect_left(ks, a), a)
+            iv[a] = [b, 1, None, 0]
+            n_new += b - a
+        self.n_cached += n_new
+        self.stored_blocks += n_new
         if self.on_event is not None and medium is not None:
-            self.on_event("BlockStored", new, medium, chain[start - 1] if start > 0 else None)
+            ids: list[int] = []
+            for a, b in new:
+                ids.extend(range(a, b))
+            self.on_event("BlockStored", ids, medium, chain.at(start - 1) if start > 0 else None)
         if self.host_capacity and self.write_through:
-            host = self.host
-            host.update(zip(new, repeat(None)))
-            while len(host) > self.host_capacity:
-                host.popitem(last=False)
+            self._host_add([(a, b, 1) for a, b in new], refresh=False)
 
-    def release(self, chain: Sequence[int], n_cached: int, n_uncached: int) -> None:
+    def release(self, chain, n_cached: int, n_uncached: int) -> None:
         """A request finished or was preempted: unpin its ``n_cached`` leading blocks (tail first into
         the LRU, so the head of a prefix outlives its tail) and free its ``n_uncached`` other blocks."""
         self.used -= n_uncached
         if n_cached <= 0:
             return
-        ref, lru = self.ref, self.lru
-        sub = chain[:n_cached]
-        cnts = list(map(ref.__getitem__, sub))
-        left = list(map(sub_, cnts, repeat(1)))
-        ref.update(zip(sub, left, strict=False))
-        if 0 in left:
-            freed = [h for h, c in zip(sub, left, strict=False) if c == 0] if min(left) < max(left) else sub
-            lru.update(zip(reversed(freed), repeat(None)))
+        iv = self.iv
+        pieces: list[int] = []
+        for a, b in as_chain(chain).runs(0, n_cached):
+            pieces.extend(self._pieces(a, b))
+        self.gseq += 1
+        g = self.gseq
+        p = 0
+        heap = self.heap
+        for k in reversed(pieces):
+            e = iv[k]
+            n = e[0] - k
+            e[1] -= 1
+            if e[1] == 0:
+                e[2] = g
+                e[3] = p
+                heappush(heap, (g, p, k))
+                self.n_lru += n
+            p += n
 
-    def cached_blocks(self) -> int:
-        return len(self.ref)
+
+__all__ = ["Chain", "KVCache"]

@@ -18,11 +18,11 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
-from itertools import repeat
 
 from .cache import KVCache
+from .chain import RangeMap
 from .presets import CostPreset
 
 
@@ -85,7 +85,7 @@ class Hist:
 
 
 class Instance:
-    def __init__(self, spec: InstanceSpec, cost: CostPreset, idx: int, sink, ids):
+    def __init__(self, spec: InstanceSpec, cost: CostPreset, idx: int, sink, ids, cache_cls=KVCache):
         self.spec = spec
         self.cost = cost
         self.idx = idx
@@ -100,8 +100,8 @@ class Instance:
         if spec.engine == "sglang" and spec.hicache:
             host = int(self.capacity_blocks * spec.hicache_ratio)
         self.kv_events: list = []
-        self.owner: dict[int, Req] = {}
-        self.cache = KVCache(self.capacity_blocks, B, enabled=spec.prefix_caching, radix=spec.engine == "sglang",
+        self.owner = RangeMap()  # block id ranges -> the request that last held them
+        self.cache = cache_cls(self.capacity_blocks, B, enabled=spec.prefix_caching, radix=spec.engine == "sglang",
                              host_blocks=host, write_through=spec.hicache_write_policy == "write_through",
                              on_event=self._kv_event if sink.wants_kv_events else None, on_evict=self._on_evict)
         self.waiting: deque[Req] = deque()
@@ -127,9 +127,12 @@ class Instance:
     def _kv_event(self, kind, hashes, medium, parent):
         self.kv_events.append((self.now, kind, hashes, medium, parent, self.cur_sess))
 
-    def _on_evict(self, hashes: list[int]) -> None:
-        owners = Counter(map(self.owner.pop, hashes, repeat(None)))
-        owners.pop(None, None)
+    def _on_evict(self, ranges: list[tuple[int, int]]) -> None:
+        owners: dict[Req, int] = {}
+        pop = self.owner.pop_range
+        for lo, hi in ranges:
+            for a, b, r in pop(lo, hi):
+                owners[r] = owners.get(r, 0) + (b - a)
         now = self.now
         for r, n in owners.items():
             if r.evict_first is None:
@@ -332,16 +335,19 @@ class Instance:
         if spec.prefix_caching and n_out_full > 0:
             # decode blocks are hashed and cached too (never reused by the next turn: the chat
             # template re-renders the output), so they only take room.
-            out = self.ids.take(n_out_full)
-            r.out_ids = out
-            full_chain = list(r.chain[: r.nblk]) + out
+            o = self.ids.take_run(n_out_full)
+            r.out_ids = range(o, o + n_out_full)
+            full_chain = r.chain.prefix(r.nblk)
+            full_chain.append_run(o, n_out_full)
             cache.store(full_chain, r.nblk, n_full_seq)
             seq_chain = full_chain
             ncached = n_full_seq
         else:
             seq_chain = r.chain
             ncached = r.n_cached if spec.prefix_caching else 0
-        self.owner.update(zip(seq_chain[:ncached], repeat(r)))
+        assign = self.owner.assign
+        for a, b in seq_chain.runs(0, ncached):
+            assign(a, b, r)
         cache.release(seq_chain, ncached, r.n_alloc - ncached)
         r.itl = self._itl(r.v_first, r.v_end)
         st = self.s

@@ -11,6 +11,9 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .cache import KVCache
+from .cache_ref import BlockKVCache
+from .chain import Chain, RangeMap
 from .engine import Instance, InstanceSpec, Req
 from .presets import preset
 from .router import Router
@@ -28,6 +31,10 @@ class FleetSpec:
     snapshot_s: float = 5.0       # Prometheus scrape interval (simulated seconds); 0 = none
     start_epoch: float = 1790845200.0  # 2026-10-01T09:00:00Z
     seed: int = 1
+    cache_impl: str = "ranges"    # ranges (cache.py) | blocks (cache_ref.py: per-block reference, slow)
+
+
+CACHE_IMPLS = {"ranges": KVCache, "blocks": BlockKVCache}
 
 
 @dataclass
@@ -63,7 +70,7 @@ class _SessState:
     sess: Session
     seg: int = 0
     active: int = 0
-    seen: set = field(default_factory=set)
+    seen: RangeMap = field(default_factory=RangeMap)  # block ids computed by earlier calls
     issued: int = 0
     first_t: float | None = None
     last_t: float = 0.0
@@ -87,7 +94,9 @@ class Fleet:
         self.spec = spec
         self.sink = sink or NullSink()
         self.ids = ids or IdAlloc(1 << 40)
-        self.instances = [Instance(s, preset(s.preset), i, self.sink, self.ids) for i, s in enumerate(spec.instances)]
+        cache_cls = CACHE_IMPLS[spec.cache_impl]
+        self.instances = [Instance(s, preset(s.preset), i, self.sink, self.ids, cache_cls)
+                          for i, s in enumerate(spec.instances)]
         self.router = Router(spec.router, self.instances, spec.cache_threshold)
         self.heap: list = []
         self.seq = 0
@@ -216,6 +225,8 @@ class Fleet:
         r.sess = sess.sid
         r.branch = th.branch
         r.attempt = attempt
+        if not isinstance(spec.chain, Chain):
+            spec.chain = Chain.from_ids(spec.chain)
         r.chain = spec.chain
         r.nblk = spec.nblk
         r.P = spec.P
@@ -232,12 +243,10 @@ class Fleet:
         B = self.instances[0].spec.block_size
         n = spec.nblk
         if n:
-            hits = list(map(st.seen.__contains__, spec.chain[:n]))
-            try:
-                R = hits.index(False)
-            except ValueError:
-                R = n
-            st.seen.update(spec.chain[:n])
+            runs = spec.chain.runs(0, n)
+            R = st.seen.covered_prefix(runs)
+            for a, b in runs:
+                st.seen.assign(a, b, True)
         else:
             R = 0
         call.R = R * B

@@ -74,7 +74,7 @@ def vllm_families(inst: Instance):
     yield _gauge("vllm:num_requests_running", "Number of requests in model execution batches.", L, len(inst.running))
     yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", L, len(inst.waiting))
     yield _gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", L,
-                 (cache.used - len(cache.lru)) / max(1, cache.capacity))
+                 (cache.used - cache.evictable()) / max(1, cache.capacity))
     yield _counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.", L,
                    [({}, s.prompt_tokens)])
     yield _counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", L,
@@ -122,8 +122,8 @@ def sglang_families(inst: Instance):
     cache = inst.cache
     B = inst.spec.block_size
     cap_tokens = inst.capacity_blocks * B
-    used = (cache.used - len(cache.lru)) * B
-    evictable = len(cache.lru) * B
+    used = (cache.used - cache.evictable()) * B
+    evictable = cache.evictable() * B
     yield _gauge("sglang:num_running_reqs", "The number of running requests.", G, len(inst.running))
     yield _gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", G, len(inst.waiting))
     yield _gauge("sglang:token_usage", "The token usage.", G, round(used / max(1, cap_tokens), 2))

@@ -27,9 +27,9 @@ def build_workload(sc: Scenario, seed: int, ids: IdAlloc) -> list[Session]:
     raise ConfigError(f"unknown workload {sc.workload!r}; known: synthetic, claude-code, mooncake")
 
 
-def fleet_spec(sc: Scenario, seed: int) -> FleetSpec:
+def fleet_spec(sc: Scenario, seed: int, cache_impl: str = "ranges") -> FleetSpec:
     insts = [i if i.block_size == sc.block_size else _with_block(i, sc.block_size) for i in sc.instances]
-    return FleetSpec(insts, router=sc.router, snapshot_s=sc.snapshot_s, seed=seed)
+    return FleetSpec(insts, router=sc.router, snapshot_s=sc.snapshot_s, seed=seed, cache_impl=cache_impl)
 
 
 def _with_block(i, b):
@@ -39,13 +39,14 @@ def _with_block(i, b):
 
 
 def simulate(sc: Scenario, seed: int = 1, out: str | Path | None = None, progress=None, prom_every: int = 1,
-             gzip_prom: bool = False, kv_events: bool = True, block_hashes: bool = False, sink=None) -> Fleet:
+             gzip_prom: bool = False, kv_events: bool = True, block_hashes: bool = False, sink=None,
+             cache_impl: str = "ranges") -> Fleet:
     ids = IdAlloc(1)
     sessions = build_workload(sc, seed, ids)
     if sink is None:
         sink = BundleSink(out, kv_events=kv_events, prom_every=prom_every, gzip_prom=gzip_prom,
                           block_hashes=block_hashes, workload=sc.name, seed=seed) if out else NullSink()
-    fleet = Fleet(fleet_spec(sc, seed), sink, ids)
+    fleet = Fleet(fleet_spec(sc, seed, cache_impl), sink, ids)
     fleet.total_calls = sum(s.n_calls for s in sessions)
     fleet.run(sessions, progress=progress)
     return fleet

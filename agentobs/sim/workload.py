@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import ConfigError, InputError
+from .chain import Chain
 
 
 class IdAlloc:
@@ -34,10 +35,16 @@ class IdAlloc:
         self.next += n
         return list(range(a, a + n))
 
+    def take_run(self, n: int) -> int:
+        """``n`` consecutive ids; returns the first."""
+        a = self.next
+        self.next += n
+        return a
+
 
 @dataclass(slots=True)
 class CallSpec:
-    chain: list
+    chain: Chain                # (a plain list of ids is converted when the call is issued)
     nblk: int
     P: int
     O: int  # noqa: E741 - METRICS.md notation
@@ -136,14 +143,15 @@ def _tokens(d: Dist, rng: random.Random) -> int:
 class _Chain:
     """Grows one thread's block chain: a prompt of P tokens uses its first P // B blocks."""
 
-    def __init__(self, ids: IdAlloc, B: int, head: list[int]):
+    def __init__(self, ids: IdAlloc, B: int, head: Chain):
         self.ids, self.B = ids, B
-        self.chain = list(head)
+        self.chain = head.prefix(len(head))
 
-    def prompt(self, P: int) -> tuple[list, int]:
+    def prompt(self, P: int) -> tuple[Chain, int]:
         n = P // self.B
-        if n > len(self.chain):
-            self.chain.extend(self.ids.take(n - len(self.chain)))
+        have = len(self.chain)
+        if n > have:
+            self.chain.append_run(self.ids.take_run(n - have), n - have)
         return self.chain, n
 
 
@@ -158,7 +166,11 @@ def synthetic(mix: dict[str, float], duration_s: float, sessions_per_min: float,
     names = list(mix)
     weights = [mix[n] for n in names]
     B = block_size
-    shared = {n: ids.take((TASK_TYPES[n].system_tokens + TASK_TYPES[n].tool_def_tokens) // B) for n in names}
+    shared = {}
+    for n in names:
+        k = (TASK_TYPES[n].system_tokens + TASK_TYPES[n].tool_def_tokens) // B
+        shared[n] = Chain()
+        shared[n].append_run(ids.take_run(k), k)
     out: list[Session] = []
     t = 0.0
     rate = sessions_per_min / 60.0
@@ -178,7 +190,7 @@ def synthetic(mix: dict[str, float], duration_s: float, sessions_per_min: float,
     return out
 
 
-def _synthetic_session(tt: TaskType, i: int, t0: float, rng: random.Random, ids: IdAlloc, B: int, shared: list,
+def _synthetic_session(tt: TaskType, i: int, t0: float, rng: random.Random, ids: IdAlloc, B: int, shared: Chain,
                        seed: int) -> Session:
     sid = f"sess-{seed:x}-{i:06d}"
     head_tokens = tt.system_tokens + tt.tool_def_tokens
@@ -217,7 +229,7 @@ def _synthetic_session(tt: TaskType, i: int, t0: float, rng: random.Random, ids:
             segments.append(Segment("seq", [("main", calls)]))
             calls = []
             threads = []
-            base = list(main.chain[: P // B])
+            base = main.chain.prefix(P // B)
             for b in range(rng.randint(*tt.branches)):
                 ch = _Chain(ids, B, base)
                 bp = P + prevO + _tokens(tt.growth, rng)
@@ -290,7 +302,7 @@ def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing
                 h = r.get("hash_ids") or []
                 if h:
                     maxid = max(maxid, max(h))
-                chain = _expand(h, k, base)  # noqa: B023 - called within the iteration
+                chain = Chain.from_ids(_expand(h, k, base))  # noqa: B023 - called within the iteration
                 P = int(r["in"])
                 nblk = min(len(chain), P // block_size)
                 tool = "tool_use" if prev_stop == "tool_use" else None
@@ -370,7 +382,7 @@ def mooncake(path: Path | None, block_size: int, ids: IdAlloc, limit: int | None
                 sess = s
                 break
         t = r["timestamp"] / 1000.0
-        chain = _expand(h, k, base)
+        chain = Chain.from_ids(_expand(h, k, base))
         c = CallSpec(chain, min(len(chain), P // block_size), P, max(1, int(r["output_length"])), 0.0, None, None)
         if sess is None:
             sess = Session(f"mc-{i:06d}", f"task-mc-{i:06d}", "chat", "kimi", "chat", t,
