@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentobs.config import Settings  # noqa: E402
-from agentobs.metrics import compute_all  # noqa: E402
+from agentobs.metrics import names, prepare  # noqa: E402
 from agentobs.store.db import connect  # noqa: E402
 
 GENERATE = """
@@ -94,7 +94,11 @@ def main() -> None:
     base_s = time.perf_counter() - t
 
     t = time.perf_counter()
-    suite = compute_all(db=con, settings=Settings())
+    run, close = prepare(con, settings=Settings())
+    try:
+        suite = {n: run.compute(n) for n in names()}
+    finally:
+        close()
     suite_s = time.perf_counter() - t
     con.close()
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
@@ -105,6 +109,7 @@ def main() -> None:
     print(f"metric suite ({len(suite)} metrics, one preparation):   {suite_s:.2f} s")
     print(f"ratio suite / window pass: {suite_s / base_s:.2f}x")
     print(f"peak memory (ru_maxrss): {peak_gib:.2f} GiB (DuckDB memory_limit {args.memory_limit})")
+    print("steps: " + ", ".join(f"{k}={v:.2f}s" for k, v in run.timings.items()))
     print("rows per metric: " + ", ".join(f"{k}={v.height}" for k, v in suite.items()))
     print("re-prefill by cause: " + ", ".join(f"{r['cause']}={r['reprefill_tokens']}" for r in reuse))
 

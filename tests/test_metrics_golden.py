@@ -251,13 +251,21 @@ def test_rent_exact_with_kv_events_vs_estimate(tmp_path):
     assert c["k2"]["rent_wasted_token_s"] == pytest.approx(1200 * 5)     # K × (t_evict 15 − t2 10)
     assert c["e2"]["rent_mode"] == "estimate" and c["e2"]["rent_wasted_token_s"] is None
     assert c["r2"]["window_outcome"] == "retained" and c["r2"]["rent_paid_token_s"] == pytest.approx(1200 * 20)
-    # abandoned: k2 is s1's last call; no removal after t=31 -> censored at the last KV event (t=40):
-    # (1500 + 100) × (40 − 31)
+    # the data ends at t=31, so with the default abandoned_after_s = 600 the last calls are open, not abandoned
+    assert [c[k]["abandoned"] for k in ("k2", "e2", "r2")] == [False] * 3
+    assert c["k2"]["abandon_kv_tokens"] is None and c["k2"]["abandon_rent_token_s"] is None
+    r = compute("idle_kv_rent", db=path, settings=Settings()).to_dicts()[0]
+    assert (r["abandoned"], r["open_sessions"], r["abandoned_kv_tokens"]) == (0, 3, None)
+    # abandoned_after_s = 0: every last call is abandoned.
+    # k2 is s1's last call; no removal after t=31 -> censored at the last KV event (t=40): (1500 + 100) × (40 − 31)
+    c = reuse_rows(path, Settings(values={"abandoned_after_s": 0.0}))
     assert c["k2"]["abandon_censored"] and c["k2"]["abandon_rent_token_s"] == pytest.approx(1600 * 9)
     assert c["e2"]["abandon_rent_token_s"] is None and c["e2"]["abandon_kv_tokens"] == 1600
-    cfg = Settings(values={"cost": {"usd_per_hour": 3600.0}})   # $1/s; KV capacity 1000 × 16 = 16000 tokens
+    # $1/s; KV capacity 1000 × 16 = 16000 tokens
+    cfg = Settings(values={"cost": {"usd_per_hour": 3600.0}, "abandoned_after_s": 0.0})
     r = compute("idle_kv_rent", db=path, settings=cfg).to_dicts()[0]
     assert (r["windows"], r["retained"], r["evicted"], r["evicted_rent_unknown"], r["abandoned"]) == (3, 1, 2, 1, 3)
+    assert r["open_sessions"] == 0
     assert r["rent_paid_usd"] == pytest.approx(24000 / 16000)   # token-s × $/s ÷ capacity
     assert r["rent_wasted_usd"] == pytest.approx(6000 / 16000)
     assert r["abandoned_kv_tokens"] == 3 * 1600 and r["rent_mode"] == "mixed"

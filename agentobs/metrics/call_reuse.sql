@@ -3,7 +3,7 @@
 --   calls_src    llm_calls columns (call_id, session_id, branch, instance, start_s, end_s, P, C, O, ...)
 --   cfg_src      instance_config (block_size, prefix_caching)
 --   kv_src       kv_events (BlockStored with session_id, BlockRemoved, AllBlocksCleared)
---   reuse_params one row: default_block_size
+--   reuse_params one row: default_block_size, abandoned_after_s, data_end_s (the latest span end in the store)
 -- Columns (docs/metrics.md, "call_reuse"):
 --   prev_call_id     prev(c): latest earlier call of the session and branch that ended before c started;
 --                    for the first call of a non-main branch, the latest earlier call of the session (fork point)
@@ -149,12 +149,48 @@ z AS MATERIALIZED (
     FROM y
 ),
 -- KV events: removals of blocks a session stored, tagged with that session (AllBlocksCleared hits all)
-kv_store AS (
-    SELECT instance, session_id, unnest(block_hashes) AS h, ts
-    FROM kv_src WHERE type = 'BlockStored' AND session_id IS NOT NULL
+kv_st AS MATERIALIZED (
+    SELECT row_number() OVER (ORDER BY instance, ts, seq, event_idx) AS eid, instance, session_id, ts,
+           block_hashes, parent_block_hash
+    FROM kv_src WHERE type = 'BlockStored' AND len(block_hashes) > 0
 ),
-kv_sess AS (SELECT DISTINCT instance, session_id FROM kv_store),
-kv_owner AS (SELECT instance, h, arg_min(session_id, ts) AS session_id FROM kv_store GROUP BY instance, h),
+kv_store AS MATERIALIZED (
+    SELECT eid, instance, session_id, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i, ts
+    FROM kv_st
+),
+-- chain depth of stored blocks (block 0 = the first block of a prompt): an event without a parent starts
+-- at 0; an event whose parent block was stored before continues that chain (first storing event of
+-- the parent hash on the instance, at the parent's index). Unknown (NULL) when the chain's start was not seen.
+kv_first AS (SELECT instance, h, min(eid) AS eid, arg_min(i, eid) AS i FROM kv_store GROUP BY instance, h),
+kv_edge AS (
+    SELECT e.eid, f.eid AS parent_eid, f.i AS parent_i
+    FROM kv_st e JOIN kv_first f ON f.instance = e.instance AND f.h = e.parent_block_hash
+    WHERE f.eid < e.eid
+),
+kv_depth AS (
+    WITH RECURSIVE d(eid, depth0) AS (
+        SELECT eid, 0 FROM kv_st WHERE parent_block_hash IS NULL
+        UNION ALL
+        SELECT k.eid, d.depth0 + k.parent_i FROM kv_edge k JOIN d ON k.parent_eid = d.eid
+    )
+    SELECT eid, depth0 FROM d
+),
+kv_sess AS (SELECT DISTINCT instance, session_id FROM kv_store WHERE session_id IS NOT NULL),
+kv_owner AS (
+    SELECT s.instance, s.h, arg_min(s.session_id, s.ts) AS session_id, min(s.ts) AS stored_ts,
+           min(d.depth0 + s.i - 1) AS depth
+    FROM kv_store s LEFT JOIN kv_depth d USING (eid)
+    WHERE s.session_id IS NOT NULL
+    GROUP BY s.instance, s.h
+),
+-- a block is on the session's live chain from when it was stored until the session stores another block at
+-- the same depth (the chain moved on: dead-end output blocks of earlier turns, a compacted context)
+kv_live AS (
+    SELECT *, epoch_us(stored_ts) / 1e6 AS stored_s,
+           epoch_us(lead(stored_ts) OVER (PARTITION BY instance, session_id, depth ORDER BY stored_ts, h)) / 1e6
+               AS superseded_s
+    FROM kv_owner
+),
 kv_rm AS (
     SELECT o.instance, o.session_id, epoch_us(r.ts) / 1e6 AS ts_s
     FROM (SELECT instance, ts, unnest(block_hashes) AS h FROM kv_src WHERE type = 'BlockRemoved') r
@@ -164,14 +200,32 @@ kv_rm AS (
     FROM kv_src a JOIN kv_sess s ON s.instance = a.instance
     WHERE a.type = 'AllBlocksCleared'
 ),
+-- removals with the removed block's chain position (AllBlocksCleared: every block, depth -1)
+kv_rm_chain AS (
+    SELECT o.instance, o.session_id, epoch_us(r.ts) / 1e6 AS ts_s, o.stored_s, o.superseded_s,
+           coalesce(o.depth, -1) AS depth
+    FROM (SELECT instance, ts, unnest(block_hashes) AS h FROM kv_src WHERE type = 'BlockRemoved') r
+    JOIN kv_live o ON o.instance = r.instance AND o.h = r.h
+    UNION ALL
+    SELECT s.instance, s.session_id, epoch_us(a.ts) / 1e6, NULL, NULL, -1
+    FROM kv_src a JOIN kv_sess s ON s.instance = a.instance
+    WHERE a.type = 'AllBlocksCleared'
+),
 kv_end AS (SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_src GROUP BY instance),
--- first removal after the previous call ended (the idle window's eviction), on prev's instance
+-- the idle window's eviction: the first removal, after the previous call ended and on its instance, of a
+-- block the next call would reuse — a block of the session's live chain at t2(prev) before the reusable
+-- prefix ends (R_eff of c, else P(prev), in blocks); blocks of unknown depth count. Output/decode blocks
+-- of earlier turns that no prompt continues (LRU evicts them first) do not end the window.
 ev AS (
-    SELECT z.rid, rm.ts_s AS evict_ts_s
-    FROM (SELECT z.rid, z.session_id, z.prev_instance, z.prev_end_s FROM z
-          JOIN kv_sess k ON k.instance = z.prev_instance AND k.session_id = z.session_id) z
-    ASOF JOIN kv_rm rm
-      ON rm.instance = z.prev_instance AND rm.session_id = z.session_id AND z.prev_end_s <= rm.ts_s
+    SELECT z.rid, min(rm.ts_s) AS evict_ts_s
+    FROM (SELECT z.rid, z.session_id, z.prev_instance, z.prev_end_s,
+                 coalesce(z.reusable_tokens_eff, z.prev_prompt_tokens, 0) // z.block_size AS n_blocks
+          FROM z JOIN kv_sess k ON k.instance = z.prev_instance AND k.session_id = z.session_id) z
+    JOIN kv_rm_chain rm
+      ON rm.instance = z.prev_instance AND rm.session_id = z.session_id AND rm.ts_s >= z.prev_end_s
+    WHERE rm.depth < z.n_blocks AND coalesce(rm.stored_s <= z.prev_end_s, true)
+      AND coalesce(rm.superseded_s > z.prev_end_s, true)
+    GROUP BY z.rid
 ),
 -- first removal after the call itself ended (for a session's last call: abandoned KV)
 ab AS (
@@ -191,10 +245,15 @@ tw AS (
 ),
 w AS (
     SELECT z.*, tw.turn_no, tw.is_last_attempt, tw.is_last,
+           -- abandoned (§4): the session's last call, and the data goes on for abandoned_after_s after it ended
+           -- (a session whose last call is more recent may still come back: open, not abandoned)
+           coalesce(tw.is_last AND z.session_id IS NOT NULL AND rp.data_end_s - z.end_s >= rp.abandoned_after_s,
+                    false) AS abandoned,
            ks.session_id IS NOT NULL AS prev_kv_known,
            ka.session_id IS NOT NULL AS own_kv_known
     FROM z
     JOIN tw USING (rid)
+    CROSS JOIN reuse_params rp
     LEFT JOIN kv_sess ks ON ks.instance = z.prev_instance AND ks.session_id = z.session_id
     LEFT JOIN kv_sess ka ON ka.instance = z.instance AND ka.session_id = z.session_id
 )
@@ -218,12 +277,13 @@ SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.
             WHEN w.window_outcome = 'routed_away' AND w.prev_kv_known AND ev.evict_ts_s IS NOT NULL
                 THEN w.kv_tokens_before * (ev.evict_ts_s - w.prev_end_s)
        END AS rent_wasted_token_s,
-       CASE WHEN w.is_last AND w.session_id IS NOT NULL
+       CASE WHEN w.abandoned
             THEN coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0) END AS abandon_kv_tokens,
-       CASE WHEN w.is_last AND w.own_kv_known
+       CASE WHEN w.abandoned AND w.own_kv_known
             THEN (coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0))
                  * (coalesce(ab.abandon_evict_ts_s, ke.last_s) - w.end_s) END AS abandon_rent_token_s,
-       CASE WHEN w.is_last AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored
+       CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored,
+       w.abandoned
 FROM w
 JOIN c USING (rid)
 LEFT JOIN ev USING (rid)

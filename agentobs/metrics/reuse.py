@@ -11,11 +11,13 @@ callers bind them as CTEs (our own constant SQL text, no user input is spliced).
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 
 import duckdb
 
 from ..config import SETTINGS
+from ..errors import ConfigError
 
 CALL_COLUMNS = (
     "call_id, trace_id, session_id, task_id, task_type, tenant, agent_name, attempt, branch, instance, engine, "
@@ -23,22 +25,35 @@ CALL_COLUMNS = (
     "system_tokens, tool_def_tokens, status, itl_ms, block_hashes"
 )
 DEFAULT_BLOCK_SIZE = int(next(s.default for s in SETTINGS if s.name == "default_block_size"))
+DEFAULT_ABANDONED_AFTER_S = float(next(s.default for s in SETTINGS if s.name == "abandoned_after_s"))
+
+
+def seconds_literal(value) -> str:
+    """A validated, finite number of seconds as a SQL literal (settings only; never request input)."""
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ConfigError(f"setting abandoned_after_s must be a finite number of seconds ≥ 0, got {value!r}")
+    return repr(v)
 
 
 def body_sql() -> str:
     return resources.files(__package__).joinpath("call_reuse.sql").read_text()
 
 
-def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: str = "*", tail: str = "") -> str:
+def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: str = "*", tail: str = "",
+              abandoned_after_s: float | None = None) -> str:
     """The call_reuse SELECT over ``calls`` (a relation name of ours). ``block_size`` is a SQL
     expression for the default block size (a parameter such as ``$default_block_size``); ``select``
-    and ``tail`` extend the outer query (the body is aliased ``r``). All arguments are our own SQL text."""
+    and ``tail`` extend the outer query (the body is aliased ``r``). All arguments are our own SQL text;
+    ``abandoned_after_s`` (the setting, a number) becomes a literal after validation."""
     bs = block_size if block_size is not None else str(DEFAULT_BLOCK_SIZE)
+    ab = seconds_literal(abandoned_after_s if abandoned_after_s is not None else DEFAULT_ABANDONED_AFTER_S)
     return (
         f"WITH calls_src AS (SELECT {CALL_COLUMNS} FROM {calls}),\n"
         "cfg_src AS (SELECT * FROM instance_config),\n"
         "kv_src AS (SELECT * FROM kv_events),\n"
-        f"reuse_params AS (SELECT CAST({bs} AS INTEGER) AS default_block_size)\n"
+        f"reuse_params AS (SELECT CAST({bs} AS INTEGER) AS default_block_size, CAST({ab} AS DOUBLE) AS abandoned_after_s,\n"
+        "    (SELECT max(end_ns) FROM spans) / 1e9 AS data_end_s)\n"
         f"SELECT {select} FROM (\n{body_sql()}\n) r\n{tail}"
     )
 

@@ -133,7 +133,21 @@ class MetricRun:
 
     def _prepare(self) -> None:
         cols = reuse.CALL_COLUMNS
-        self._timed("m_src", f"CREATE OR REPLACE TEMP TABLE m_src AS SELECT {cols} FROM llm_calls")
+        if self.since is None and self.until is None:
+            self._timed("m_src", f"CREATE OR REPLACE TEMP TABLE m_src AS SELECT {cols} FROM llm_calls")
+        else:
+            # window pruning: only sessions with a call overlapping [lo, until) enter the working set, with all
+            # their calls (prev(c), exact R, turns, is_last and abandonment read the whole session), where
+            # lo = since − (until − since): the period before, which the report compares against.
+            self._timed("m_src", f"""
+                CREATE OR REPLACE TEMP TABLE m_src AS
+                WITH a AS MATERIALIZED (SELECT {cols} FROM llm_calls)
+                SELECT a.* FROM a
+                WHERE coalesce(a.session_id, 'call:' || a.call_id) IN (
+                    SELECT coalesce(session_id, 'call:' || call_id) FROM a
+                    WHERE ($until IS NULL OR start_s < $until)
+                      AND ($since IS NULL OR end_s > CASE WHEN $until IS NULL THEN $since ELSE 2 * $since - $until END))
+            """, {"since": self.since, "until": self.until})
         t0 = time.perf_counter()
         self.cur.register("m_cost_arrow", cost_table(self.cur, self.cost))
         self.cur.execute("CREATE OR REPLACE TEMP TABLE m_cost AS SELECT * FROM m_cost_arrow")
@@ -159,7 +173,8 @@ class MetricRun:
             f"({in_filter}) AND ($since IS NULL OR r.start_s >= $since) AND ($until IS NULL OR r.start_s < $until) AS in_win"
         )
         sql = "CREATE OR REPLACE TEMP TABLE m_calls AS\n" + reuse.reuse_sql(
-            "m_src", "$default_block_size", select, "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')")
+            "m_src", "$default_block_size", select, "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')",
+            abandoned_after_s=self.settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S))
         self._timed("m_calls", sql, params)
         self.cur.execute("DROP TABLE m_src")
         inst = self.filters.get("instance")

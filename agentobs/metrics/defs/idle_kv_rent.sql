@@ -4,7 +4,8 @@
 -- definition: For each idle window [t2(prev), t0(c)] of length g, the session's KV at rest K = P(prev) + O(prev):
 --   retained (C ≥ R_eff − B, same instance) pays rent K·g token-seconds; evicted windows waste
 --   K·(t_evict − t2(prev)) when KV events give t_evict, else the rent is unknown (counted, re-prefill charged);
---   abandoned sessions (no later call) hold K·(t_evict − t2) with KV events, else only count and bytes.
+--   abandoned sessions (no later call, and the data goes on ≥ abandoned_after_s after the last one ended; more
+--   recent last calls are open sessions) hold K·(t_evict − t2) with KV events, else only count and bytes.
 --   Money = token-seconds × $/s ÷ KV capacity; break-even gap g* = KV capacity ÷ prefill throughput; idle
 --   share = idle-retained KV token-seconds ÷ (idle + running-request KV token-seconds).
 -- unit: token-seconds, USD (basis in rent_basis), seconds (gaps, g*), bytes, ratio 0–1
@@ -35,7 +36,8 @@ SELECT grp,
        count(*) FILTER (WHERE window_outcome = 'evicted' AND rent_wasted_token_s IS NULL) AS evicted_rent_unknown,
        count(*) FILTER (WHERE evict_phase = 'idle') AS evicted_while_idle,
        count(*) FILTER (WHERE evict_phase = 'queued') AS evicted_while_queued,
-       count(*) FILTER (WHERE is_last) AS abandoned,
+       count(*) FILTER (WHERE abandoned) AS abandoned,
+       count(*) FILTER (WHERE is_last AND NOT abandoned) AS open_sessions,
        CAST(sum(abandon_kv_tokens) AS BIGINT) AS abandoned_kv_tokens,
        sum(abandon_kv_tokens * base.bytes_per_token) AS abandoned_kv_bytes,
        sum(abandon_rent_token_s) AS abandoned_rent_token_s,
