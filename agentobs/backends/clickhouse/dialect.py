@@ -53,6 +53,8 @@ def _is_array_col(e) -> bool:
 
 def _rewrite(node: exp.Expression) -> exp.Expression:
     # $param → placeholder kept by name; typed when rendered (see _render_params)
+    if isinstance(node, (exp.Length, exp.ArraySize)) and _is_array_col(node.this):
+        return _fn("length", node.this)  # len(list): sqlglot's Length renders as lengthUTF8 (strings only)
     if isinstance(node, exp.Is) and _is_array_col(node.this) and isinstance(node.expression, exp.Null):
         return _fn("empty", node.this)
     if isinstance(node, exp.Coalesce) and _is_array_col(node.this):
@@ -221,6 +223,18 @@ def to_clickhouse(sql: str, schema: dict[str, tuple[str, ...]] | None = None) ->
 def _to_clickhouse(sql: str, schema_items: tuple) -> str:
     schema = dict(schema_items)
     tree = sqlglot.parse_one(sql, read="duckdb")
+    # `WITH d(a, b) AS (SELECT x, y …)`: ClickHouse has no CTE column list → alias the first SELECT's columns
+    for cte in tree.find_all(exp.CTE):
+        alias = cte.args.get("alias")
+        cols = alias.args.get("columns") if alias is not None else None
+        if cols:
+            first = cte.this
+            while isinstance(first, exp.SetOperation):
+                first = first.this
+            if isinstance(first, exp.Select) and len(first.expressions) == len(cols):
+                first.set("expressions", [exp.alias_(e.this if isinstance(e, exp.Alias) else e, c.name)
+                                          for e, c in zip(first.expressions, cols, strict=True)])
+                alias.set("columns", None)
     # CTE by CTE, in order: expand `t.*` over joins with the columns known so far, then record the CTE's own
     for w in reversed(list(tree.find_all(exp.With))):
         for cte in w.expressions:
