@@ -197,6 +197,29 @@ def _engine_of(role: str, scope: str, name: str, provider: str | None, service: 
     return None
 
 
+def alias_keys(settings: Settings) -> tuple[tuple[str, ...], ...]:
+    """The settings' alias lists (session, task, task type, tenant) as tuples, read once per payload."""
+    return (tuple(settings.session_keys), tuple(settings.task_keys), tuple(settings.task_type_keys),
+            tuple(settings.tenant_keys))
+
+
+_MISSING = object()
+
+
+def _first_str_merged(attrs: dict[str, Any], resource: dict[str, Any], keys: Sequence[str]) -> str | None:
+    """``_first_str({**resource, **attrs}, keys)`` without building the merged dict."""
+    for k in keys:
+        v = attrs.get(k, _MISSING)
+        if v is _MISSING:
+            v = resource.get(k)
+        if isinstance(v, list):
+            v = v[0] if v else None
+        if v is None or v == "":
+            continue
+        return str(v)
+    return None
+
+
 def promote(
     name: str,
     kind: int,
@@ -208,31 +231,50 @@ def promote(
     events: list[dict[str, Any]],
     settings: Settings,
 ) -> tuple[dict[str, Any], list[str]]:
+    row, warnings = promote_row(name, kind, start_ns, scope, service, resource, attrs, events, alias_keys(settings))
+    return dict(zip(COLUMNS, row, strict=True)), warnings
+
+
+def promote_row(
+    name: str,
+    kind: int,
+    start_ns: int,
+    scope: str,
+    service: str | None,
+    resource: dict[str, Any],
+    attrs: dict[str, Any],
+    events: list[dict[str, Any]],
+    keys: tuple[tuple[str, ...], ...],
+) -> tuple[tuple, list[str]]:
+    """``promote`` as a tuple in ``COLUMNS`` order; ``keys`` is ``alias_keys(settings)``.
+
+    The hot path of ingest: attributes of the resource are looked up behind the span's (no merged
+    dict), the alias lists come in as tuples, absent LiteLLM attributes are not parsed."""
     warnings: list[str] = []
     role, op = classify(name, kind, scope, attrs)
-    out: dict[str, Any] = {"role": role, "op": op}
-    merged = attrs if not resource else {**resource, **attrs}
-    out["session_id"] = _first_str(merged, settings.session_keys) or _litellm_session(attrs)
-    out["task_id"] = _first_str(merged, settings.task_keys)
-    out["task_type"] = _first_str(merged, settings.task_type_keys)
-    out["tenant"] = _first_str(merged, settings.tenant_keys)
-    out["agent_name"] = _first_str(attrs, ("gen_ai.agent.name",))
+    session_keys, task_keys, task_type_keys, tenant_keys = keys
+    res = resource or {}
+    session_id = _first_str_merged(attrs, res, session_keys) or _litellm_session(attrs)
+    task_id = _first_str_merged(attrs, res, task_keys)
+    task_type = _first_str_merged(attrs, res, task_type_keys)
+    tenant = _first_str_merged(attrs, res, tenant_keys)
+    agent_name = _first_str(attrs, ("gen_ai.agent.name",))
     attempt = _num(attrs, ("agentobs.attempt", "gen_ai.request.attempt"), warnings, True)
-    out["attempt"] = attempt
-    out["branch"] = _first_str(attrs, ("agentobs.branch",))
-    out["model"] = _first_str(attrs, ("gen_ai.response.model", "gen_ai.request.model", "llm.request.model"))
+    branch = _first_str(attrs, ("agentobs.branch",))
+    model = _first_str(attrs, ("gen_ai.response.model", "gen_ai.request.model", "llm.request.model"))
     provider = _first_str(attrs, ("gen_ai.provider.name", "gen_ai.system"))
-    out["provider"] = provider
-    out["engine"] = _engine_of(role, scope, name, provider, service)
-    addr = _first_str(merged, ("server.address", "agentobs.instance"))
-    port = merged.get("server.port")
+    engine = _engine_of(role, scope, name, provider, service)
+    addr = _first_str_merged(attrs, res, ("server.address", "agentobs.instance"))
+    port = attrs.get("server.port", _MISSING)
+    if port is _MISSING:
+        port = res.get("server.port")
     if addr is not None and port not in (None, "") and ":" not in addr.split("]")[-1]:
         addr = f"{addr}:{port}"
-    out["instance"] = addr if addr is not None else (_litellm_instance(attrs) if role == "gateway" else None)
-    out["response_id"] = _first_str(attrs, ("gen_ai.response.id",))
-    out["request_id"] = _first_str(attrs, ("gen_ai.request.id",))
+    instance = addr if addr is not None else (_litellm_instance(attrs) if role == "gateway" else None)
+    response_id = _first_str(attrs, ("gen_ai.response.id",))
+    request_id = _first_str(attrs, ("gen_ai.request.id",))
 
-    usage = _litellm_usage(attrs)
+    usage = _litellm_usage(attrs) if "metadata.usage_object" in attrs else None
     p = _num(attrs, INPUT_KEYS, warnings, True)
     c = _num(attrs, CACHED_KEYS, warnings, True)
     o = _num(attrs, OUTPUT_KEYS, warnings, True)
@@ -258,33 +300,33 @@ def promote(
                 f"cached tokens ({c}) exceed input tokens ({p}); treated as input that excludes cache (P := P + C)"
             )
             p = p + c
-    out["input_tokens"], out["cached_tokens"], out["output_tokens"] = p, c, o
-    out["system_tokens"] = _num(attrs, ("agentobs.prompt.system_tokens",), warnings, True)
-    out["tool_def_tokens"] = _num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True)
+    system_tokens = _num(attrs, ("agentobs.prompt.system_tokens",), warnings, True)
+    tool_def_tokens = _num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True)
 
     ttft = _num(attrs, TTFT_KEYS, warnings, False)
-    chunk_times = [e["time_ns"] for e in events if e.get("name") == CHUNK_EVENT and e.get("time_ns")]
+    chunk_times = [e["time_ns"] for e in events if e.get("name") == CHUNK_EVENT and e.get("time_ns")] if events else ()
     if ttft is None and chunk_times:
         ttft = (min(chunk_times) - start_ns) / 1e9
-    out["ttft_s"] = ttft
-    out["queue_s"] = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
-    out["prefill_s"] = _num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings, False)
-    out["decode_s"] = _num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings, False)
-    out["finish_reason"] = _finish_reason(attrs.get("gen_ai.response.finish_reasons"))
-    out["error_type"] = _first_str(attrs, ("error.type",))
-    out["tool_name"] = _first_str(attrs, ("gen_ai.tool.name",))
+    queue_s = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
+    prefill_s = _num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings, False)
+    decode_s = _num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings, False)
+    finish_reason = _finish_reason(attrs.get("gen_ai.response.finish_reasons"))
+    error_type = _first_str(attrs, ("error.type",))
+    tool_name = _first_str(attrs, ("gen_ai.tool.name",))
 
     itl = attrs.get("agentobs.itl_ms")
     if isinstance(itl, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in itl):
-        out["itl_ms"] = [float(x) for x in itl]
+        itl_ms = [float(x) for x in itl]
     elif itl is not None:
         warnings.append("attribute agentobs.itl_ms must be an array of numbers; ignored")
-        out["itl_ms"] = None
+        itl_ms = None
     elif len(chunk_times) >= 2:
         ts = sorted(chunk_times)
-        out["itl_ms"] = [(b - a) / 1e6 for a, b in zip(ts, ts[1:], strict=False)]
+        itl_ms = [(b - a) / 1e6 for a, b in zip(ts, ts[1:], strict=False)]
     else:
-        out["itl_ms"] = None
+        itl_ms = None
     bh = attrs.get("agentobs.prompt.block_hashes")
-    out["block_hashes"] = [str(x) for x in bh] if isinstance(bh, list) else None
-    return out, warnings
+    block_hashes = [str(x) for x in bh] if isinstance(bh, list) else None
+    return (role, op, session_id, task_id, task_type, tenant, agent_name, attempt, branch, model, provider,
+            engine, instance, response_id, request_id, p, c, o, system_tokens, tool_def_tokens, ttft, queue_s,
+            prefill_s, decode_s, finish_reason, error_type, tool_name, itl_ms, block_hashes), warnings
