@@ -17,8 +17,10 @@ Temp tables work on read-only connections.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -118,6 +120,7 @@ class MetricRun:
     settings: Settings = field(default_factory=Settings)
     cost: CostModel = field(default_factory=CostModel)
     timings: dict[str, float] = field(default_factory=dict)
+    prune: bool = True  # window pruning of the working set (False: every call, as a check of the pruning)
 
     def __post_init__(self):
         if self.since is not None and self.until is not None and self.until <= self.since:
@@ -133,7 +136,8 @@ class MetricRun:
 
     def _prepare(self) -> None:
         cols = reuse.CALL_COLUMNS
-        if self.since is None and self.until is None:
+        src = "m_src"
+        if (self.since is None and self.until is None) or not self.prune:
             self._timed("m_src", f"CREATE OR REPLACE TEMP TABLE m_src AS SELECT {cols} FROM llm_calls")
         else:
             # window pruning: only sessions with a call overlapping [lo, until) enter the working set, with all
@@ -173,7 +177,7 @@ class MetricRun:
             f"({in_filter}) AND ($since IS NULL OR r.start_s >= $since) AND ($until IS NULL OR r.start_s < $until) AS in_win"
         )
         sql = "CREATE OR REPLACE TEMP TABLE m_calls AS\n" + reuse.reuse_sql(
-            "m_src", "$default_block_size", select, "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')",
+            src, "$default_block_size", select, "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')",
             abandoned_after_s=self.settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S))
         self._timed("m_calls", sql, params)
         self.cur.execute("DROP TABLE m_src")
@@ -268,26 +272,113 @@ def _open(db) -> tuple[duckdb.DuckDBPyConnection, bool]:
     raise QueryError(f"db must be a path or a DuckDB connection, got {type(db).__name__}")
 
 
+# -- reuse of a preparation -------------------------------------------------------------------------------
+# A second prepare() with the same store state (db file + its size/mtime and its WAL's), window, filters and
+# settings, in the same thread, while the first is still open, gets the same MetricRun: findings called inside
+# the report (both prepare the same week) cost nothing extra. The run is reference-counted: each caller's
+# close() releases its use, and the last one closes the cursor (and the connection prepare opened). A shared
+# run is only read (metric queries, its temp tables); its cursor stays on the first caller's connection, so
+# that connection must stay open until every user has closed (ours does: it closes with the last use).
+# Threads never share a run (DuckDB cursors are not for concurrent use); in-memory stores are not shared.
+
+
+@dataclass
+class _Shared:
+    run: MetricRun
+    finish: Callable[[], None]
+    users: int = 1
+
+
+_SHARED: dict[tuple, _Shared] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def _db_file(db, con: duckdb.DuckDBPyConnection | None) -> str | None:
+    if isinstance(db, (str, os.PathLike)) and str(db) not in ("", ":memory:"):
+        return os.path.realpath(db)
+    if con is None:
+        return None
+    try:
+        rows = con.cursor().sql(
+            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
+    except duckdb.Error:
+        return None
+    return os.path.realpath(rows[0][0]) if rows and rows[0][0] else None
+
+
+def _stamp(path: str | None) -> tuple | None:
+    if path is None:
+        return None
+    out: list = [path]
+    for p in (path, path + ".wal"):
+        try:
+            st = os.stat(p)
+            out += [st.st_mtime_ns, st.st_size]
+        except OSError:
+            out += [None, None]
+    return tuple(out) if out[1] is not None else None
+
+
+def _share_key(db, con, since, until, filters: dict, settings: Settings) -> tuple | None:
+    stamp = _stamp(_db_file(db, con))
+    if stamp is None:
+        return None
+    fp = json.dumps(settings.values, sort_keys=True, default=str)
+    return (stamp, since, until, tuple(sorted((k, tuple(v)) for k, v in filters.items())), fp, threading.get_ident())
+
+
+def _release(key: tuple | None, shared: _Shared) -> Callable[[], None]:
+    done = False
+
+    def close():
+        nonlocal done
+        if done:
+            return
+        done = True
+        with _SHARED_LOCK:
+            shared.users -= 1
+            last = shared.users == 0
+            if last and key is not None and _SHARED.get(key) is shared:
+                del _SHARED[key]
+        if last:
+            shared.finish()
+
+    return close
+
+
 def prepare(db=None, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
             clock: Callable[[], float] = time.time) -> tuple[MetricRun, Callable[[], None]]:
-    """A MetricRun and the function that closes what this call opened."""
+    """A MetricRun and the function that closes what this call opened (or releases a shared run, above)."""
     settings = settings if settings is not None else load_settings()
     cost = parse_cost(settings.section("cost"))
+    t_since, t_until = parse_time(since, clock, "since"), parse_time(until, clock, "until")
+    flt = _normalize_filters(filters)
+    given = db if isinstance(db, duckdb.DuckDBPyConnection) else None
+    key = _share_key(db, given, t_since, t_until, flt, settings)
+    with _SHARED_LOCK:
+        hit = _SHARED.get(key) if key is not None else None
+        if hit is not None:
+            hit.users += 1
+    if hit is not None:
+        return hit.run, _release(key, hit)
     con, own = _open(db)
     try:
-        run = MetricRun(con, parse_time(since, clock, "since"), parse_time(until, clock, "until"),
-                        _normalize_filters(filters), settings, cost)
+        run = MetricRun(con, t_since, t_until, flt, settings, cost)
     except BaseException:
         if own:
             con.close()
         raise
 
-    def close():
+    def finish():
         run.close()
         if own:
             con.close()
 
-    return run, close
+    shared = _Shared(run, finish)
+    if key is not None:
+        with _SHARED_LOCK:
+            _SHARED.setdefault(key, shared)
+    return run, _release(key, shared)
 
 
 def compute(name: str, db=None, since=None, until=None, by: str | None = None, filters: dict | None = None,

@@ -54,11 +54,18 @@ gcells AS (
            unnest(generate_series(CAST(floor(ta / 5) AS BIGINT), CAST(floor(tb / 5) AS BIGINT))) AS cell
     FROM gt
 ),
+-- a pair matters when the gap is a tail gap or the prefill is long: two narrow joins instead of all × all
 ov AS (
-    SELECT DISTINCT g.call_id, g.i, g.tail, p.p_call_id, p.computed, p.who
-    FROM gcells g JOIN pcells p ON p.instance = g.instance AND p.cell = g.cell
-    WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
-      AND (g.tail OR p.computed >= $long_prefill_tokens)
+    SELECT DISTINCT * FROM (
+        SELECT g.call_id, g.i, g.tail, p.p_call_id, p.computed, p.who
+        FROM (SELECT * FROM gcells WHERE tail) g JOIN pcells p ON p.instance = g.instance AND p.cell = g.cell
+        WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
+        UNION ALL
+        SELECT g.call_id, g.i, g.tail, p.p_call_id, p.computed, p.who
+        FROM gcells g JOIN (SELECT * FROM pcells WHERE computed >= $long_prefill_tokens) p
+          ON p.instance = g.instance AND p.cell = g.cell
+        WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
+    )
 ),
 per_gap AS (
     SELECT call_id, i,

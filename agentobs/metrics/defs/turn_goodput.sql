@@ -10,12 +10,11 @@
 -- sources: call_reuse (llm_calls: attempt, status, ttft_s, itl_ms)
 -- by: instance, model, task_type, task, session
 WITH calls AS (
-    SELECT *, coalesce(session_id, 'call:' || call_id) || '/' || branch || '/' || turn_no AS turn_key
-    FROM m_calls
-    WHERE in_win
+    SELECT * FROM m_calls WHERE in_win
 ),
+-- a turn: (session, branch, turn_no); a call without a session is a turn of its own
 turns AS (
-    SELECT turn_key,
+    SELECT session_id, CASE WHEN session_id IS NULL THEN call_id END AS lone_call, branch, turn_no,
            arg_max(CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type
                             WHEN 'task' THEN task_id WHEN 'session' THEN session_id END, start_s) AS grp,
            count(*) AS attempts,
@@ -24,7 +23,7 @@ turns AS (
            arg_max(list_aggregate(itl_ms, 'quantile_cont', 0.99), start_s) AS last_itl_p99_ms,
            sum(coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0)) FILTER (WHERE status = 'error') AS waste_tokens
     FROM calls
-    GROUP BY turn_key
+    GROUP BY session_id, lone_call, branch, turn_no
 ),
 judged AS (
     SELECT *,
