@@ -235,6 +235,32 @@ def promote(
     return dict(zip(COLUMNS, row, strict=True)), warnings
 
 
+ATTEMPT_KEYS = ("agentobs.attempt", "gen_ai.request.attempt")
+MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.request.model")
+PROVIDER_KEYS = ("gen_ai.provider.name", "gen_ai.system")
+ADDR_KEYS = ("server.address", "agentobs.instance")
+_PLANS: dict[tuple, tuple] = {}
+
+
+def _plan(keys: tuple[tuple[str, ...], ...]) -> tuple[frozenset[str], ...]:
+    """The alias lists of several keys as sets, and all of them in one set, built once per ``keys``."""
+    plan = _PLANS.get(keys)
+    if plan is None:
+        groups = [frozenset(g) for g in (*keys, ATTEMPT_KEYS, MODEL_KEYS, PROVIDER_KEYS, ADDR_KEYS, INPUT_KEYS,
+                                         CACHED_KEYS, OUTPUT_KEYS, TTFT_KEYS)]
+        plan = _PLANS[keys] = (frozenset().union(*groups), *groups)
+    return plan
+
+
+def _str1(v: Any) -> str | None:
+    """``_first_str`` of one looked-up value."""
+    if isinstance(v, list):
+        v = v[0] if v else None
+    if v is None or v == "":
+        return None
+    return str(v)
+
+
 def promote_row(
     name: str,
     kind: int,
@@ -248,36 +274,53 @@ def promote_row(
 ) -> tuple[tuple, list[str]]:
     """``promote`` as a tuple in ``COLUMNS`` order; ``keys`` is ``alias_keys(settings)``.
 
-    The hot path of ingest: attributes of the resource are looked up behind the span's (no merged
-    dict), the alias lists come in as tuples, absent LiteLLM attributes are not parsed."""
+    The hot path of ingest, so: one set intersection finds which alias lists have a key present at
+    all (the others are skipped), the resource's attributes are looked up behind the span's (no
+    merged dict), single keys are read inline, absent LiteLLM attributes are not parsed."""
     warnings: list[str] = []
     role, op = classify(name, kind, scope, attrs)
+    (want, g_session, g_task, g_task_type, g_tenant, g_attempt, g_model, g_provider, g_addr, g_input, g_cached,
+     g_output, g_ttft) = _plan(keys)
     session_keys, task_keys, task_type_keys, tenant_keys = keys
     res = resource or {}
-    session_id = _first_str_merged(attrs, res, session_keys) or _litellm_session(attrs)
-    task_id = _first_str_merged(attrs, res, task_keys)
-    task_type = _first_str_merged(attrs, res, task_type_keys)
-    tenant = _first_str_merged(attrs, res, tenant_keys)
-    agent_name = _first_str(attrs, ("gen_ai.agent.name",))
-    attempt = _num(attrs, ("agentobs.attempt", "gen_ai.request.attempt"), warnings, True)
-    branch = _first_str(attrs, ("agentobs.branch",))
-    model = _first_str(attrs, ("gen_ai.response.model", "gen_ai.request.model", "llm.request.model"))
-    provider = _first_str(attrs, ("gen_ai.provider.name", "gen_ai.system"))
+    present = want.intersection(attrs)
+    if res:
+        present_r = want.intersection(res)
+        present_any = present | present_r
+    else:
+        present_any = present
+    get = attrs.get
+
+    session_id = _first_str_merged(attrs, res, session_keys) if not g_session.isdisjoint(present_any) else None
+    if session_id is None and "metadata.requester_metadata" in attrs:
+        session_id = _litellm_session(attrs)
+    task_id = _first_str_merged(attrs, res, task_keys) if not g_task.isdisjoint(present_any) else None
+    task_type = _first_str_merged(attrs, res, task_type_keys) if not g_task_type.isdisjoint(present_any) else None
+    tenant = _first_str_merged(attrs, res, tenant_keys) if not g_tenant.isdisjoint(present_any) else None
+    v = get("gen_ai.agent.name")
+    agent_name = v if v.__class__ is str and v else (None if v is None else _str1(v))
+    attempt = _num(attrs, ATTEMPT_KEYS, warnings, True) if not g_attempt.isdisjoint(present) else None
+    v = get("agentobs.branch")
+    branch = v if v.__class__ is str and v else (None if v is None else _str1(v))
+    model = _first_str(attrs, MODEL_KEYS) if not g_model.isdisjoint(present) else None
+    provider = _first_str(attrs, PROVIDER_KEYS) if not g_provider.isdisjoint(present) else None
     engine = _engine_of(role, scope, name, provider, service)
-    addr = _first_str_merged(attrs, res, ("server.address", "agentobs.instance"))
-    port = attrs.get("server.port", _MISSING)
+    addr = _first_str_merged(attrs, res, ADDR_KEYS) if not g_addr.isdisjoint(present_any) else None
+    port = get("server.port", _MISSING)
     if port is _MISSING:
         port = res.get("server.port")
     if addr is not None and port not in (None, "") and ":" not in addr.split("]")[-1]:
         addr = f"{addr}:{port}"
     instance = addr if addr is not None else (_litellm_instance(attrs) if role == "gateway" else None)
-    response_id = _first_str(attrs, ("gen_ai.response.id",))
-    request_id = _first_str(attrs, ("gen_ai.request.id",))
+    v = get("gen_ai.response.id")
+    response_id = v if v.__class__ is str and v else (None if v is None else _str1(v))
+    v = get("gen_ai.request.id")
+    request_id = v if v.__class__ is str and v else (None if v is None else _str1(v))
 
     usage = _litellm_usage(attrs) if "metadata.usage_object" in attrs else None
-    p = _num(attrs, INPUT_KEYS, warnings, True)
-    c = _num(attrs, CACHED_KEYS, warnings, True)
-    o = _num(attrs, OUTPUT_KEYS, warnings, True)
+    p = _num(attrs, INPUT_KEYS, warnings, True) if not g_input.isdisjoint(present) else None
+    c = _num(attrs, CACHED_KEYS, warnings, True) if not g_cached.isdisjoint(present) else None
+    o = _num(attrs, OUTPUT_KEYS, warnings, True) if not g_output.isdisjoint(present) else None
     if usage:
         if p is None and isinstance(usage.get("prompt_tokens"), int):
             p = usage["prompt_tokens"]
@@ -300,21 +343,30 @@ def promote_row(
                 f"cached tokens ({c}) exceed input tokens ({p}); treated as input that excludes cache (P := P + C)"
             )
             p = p + c
-    system_tokens = _num(attrs, ("agentobs.prompt.system_tokens",), warnings, True)
-    tool_def_tokens = _num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True)
+    system_tokens = _num(attrs, ("agentobs.prompt.system_tokens",), warnings, True) \
+        if "agentobs.prompt.system_tokens" in attrs else None
+    tool_def_tokens = _num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True) \
+        if "agentobs.prompt.tool_tokens" in attrs else None
 
-    ttft = _num(attrs, TTFT_KEYS, warnings, False)
+    ttft = _num(attrs, TTFT_KEYS, warnings, False) if not g_ttft.isdisjoint(present) else None
     chunk_times = [e["time_ns"] for e in events if e.get("name") == CHUNK_EVENT and e.get("time_ns")] if events else ()
     if ttft is None and chunk_times:
         ttft = (min(chunk_times) - start_ns) / 1e9
-    queue_s = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
-    prefill_s = _num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings, False)
-    decode_s = _num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings, False)
-    finish_reason = _finish_reason(attrs.get("gen_ai.response.finish_reasons"))
-    error_type = _first_str(attrs, ("error.type",))
-    tool_name = _first_str(attrs, ("gen_ai.tool.name",))
+    queue_s = prefill_s = decode_s = None
+    if "gen_ai.latency.time_in_queue" in attrs:
+        queue_s = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
+    if "gen_ai.latency.time_in_model_prefill" in attrs:
+        prefill_s = _num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings, False)
+    if "gen_ai.latency.time_in_model_decode" in attrs:
+        decode_s = _num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings, False)
+    v = get("gen_ai.response.finish_reasons")
+    finish_reason = None if v is None else _finish_reason(v)
+    v = get("error.type")
+    error_type = v if v.__class__ is str and v else (None if v is None else _str1(v))
+    v = get("gen_ai.tool.name")
+    tool_name = v if v.__class__ is str and v else (None if v is None else _str1(v))
 
-    itl = attrs.get("agentobs.itl_ms")
+    itl = get("agentobs.itl_ms")
     if isinstance(itl, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in itl):
         itl_ms = [float(x) for x in itl]
     elif itl is not None:
@@ -325,7 +377,7 @@ def promote_row(
         itl_ms = [(b - a) / 1e6 for a, b in zip(ts, ts[1:], strict=False)]
     else:
         itl_ms = None
-    bh = attrs.get("agentobs.prompt.block_hashes")
+    bh = get("agentobs.prompt.block_hashes")
     block_hashes = [str(x) for x in bh] if isinstance(bh, list) else None
     return (role, op, session_id, task_id, task_type, tenant, agent_name, attempt, branch, model, provider,
             engine, instance, response_id, request_id, p, c, o, system_tokens, tool_def_tokens, ttft, queue_s,
