@@ -59,12 +59,13 @@ def make_db(tmp_path, calls, config=(), kv=(), samples=()) -> str:
             w.write("engine_config", pa.table({
                 "instance": [c[0] for c in config], "ts": [_ts(0)] * len(config), "engine": [c[1] for c in config],
                 "key": [c[2] for c in config], "value": [c[3] for c in config], "source": ["test"] * len(config)}))
-        if kv:  # (instance, t, type, hashes, session)
+        if kv:  # (instance, t, type, hashes, session[, parent block hash])
             w.write("kv_events", pa.table({
                 "instance": [e[0] for e in kv], "ts": [_ts(e[1]) for e in kv], "seq": list(range(len(kv))),
                 "event_idx": [0] * len(kv), "type": [e[2] for e in kv],
                 "block_hashes": pa.array([e[3] for e in kv], pa.list_(pa.string())),
-                "session_id": pa.array([e[4] for e in kv], pa.string())}))
+                "session_id": pa.array([e[4] for e in kv], pa.string()),
+                "parent_block_hash": pa.array([e[5] if len(e) > 5 else None for e in kv], pa.string())}))
         if samples:  # (instance, t, metric, labels, value)
             w.write("metric_samples", pa.table({
                 "ts": [_ts(s[1]) for s in samples], "instance": [s[0] for s in samples],
@@ -273,6 +274,39 @@ def test_rent_exact_with_kv_events_vs_estimate(tmp_path):
     # g* = 16000 tokens ÷ 10000 tok/s (built-in default prefill) = 1.6 s; all three 20 s gaps exceed it
     assert r["g_star_s"] == pytest.approx(1.6) and r["windows_over_g_star"] == 3
     assert "$/s ÷ KV capacity" in r["rent_basis"]
+
+
+def test_eviction_is_of_the_chain_the_next_call_reuses_not_of_dead_end_output_blocks(tmp_path):
+    # The sample fleet's call 3674c4053d1edf64 in small (B = 16): each call stores its prompt blocks as a chain
+    # and then its output blocks as a dead end (the next prompt re-renders the output, so its blocks differ).
+    #   a1 0–10 s, P = 64 (4 blocks p0..p3), O = 32 -> output blocks o1, o2 (depth 4, 5, parent p3)
+    #   a2 20–30 s, P = 128: prompt blocks p4..p7 continue the chain after p3; output blocks q1, q2 (depth 8, 9)
+    #   a3 starts at 100 s, P = 160, C = 0: the idle window is 30..100 s after a2.
+    # LRU evicts the dead ends first: o1/o2 at 35 s (depth 4–5 < 8, but p4/p5 took that depth at 20 s: not on
+    # the live chain), q1 at 40 s (depth 8: beyond a2's reusable prefix, R_eff(a3) = P(a2) = 128 = 8 blocks),
+    # then the chain itself: p6 at 70 s. t_evict = 70 (before: 35, the first removal of any block).
+    path = make_db(tmp_path, [
+        call("a1", "s1", 0, 10, 64, 0, O=32), call("a2", "s1", 20, 30, 128, 64, O=32),
+        call("a3", "s1", 100, 101, 160, 0, O=10),
+    ], kv=[
+        ("A:8000", 1, "BlockStored", ["p0", "p1", "p2", "p3"], "s1", None),
+        ("A:8000", 9, "BlockStored", ["o1", "o2"], "s1", "p3"),
+        ("A:8000", 21, "BlockStored", ["p4", "p5", "p6", "p7"], "s1", "p3"),
+        ("A:8000", 29, "BlockStored", ["q1", "q2"], "s1", "p7"),
+        ("A:8000", 35, "BlockRemoved", ["o1", "o2"], None),
+        ("A:8000", 40, "BlockRemoved", ["q1"], None),
+        ("A:8000", 70, "BlockRemoved", ["p6", "p7"], None),
+    ], config=[("A:8000", "vllm", "block_size", "16")])
+    c = reuse_rows(path)
+    a3 = c["a3"]
+    assert a3["window_outcome"] == "evicted" and a3["rent_mode"] == "kv_events"
+    assert a3["evict_ts_s"] == pytest.approx(T0 + 70) and a3["evict_phase"] == "idle"
+    # K = P(a2) + O(a2) = 160 tokens held from t2(a2) = 30 until the eviction at 70
+    assert a3["rent_wasted_token_s"] == pytest.approx(160 * (70 - 30))
+    # a2's window (10..20 s after a1): nothing removed then; its eviction is the first removal of a1's live
+    # chain p0..p3 after t2(a1) = 10 -> none (o1/o2 are dead ends, p6 is beyond a1's 4-block prefix); a2 hit C =
+    # 64 = R_eff -> retained anyway
+    assert c["a2"]["window_outcome"] == "retained" and c["a2"]["evict_ts_s"] is None
 
 
 # -- §5 ---------------------------------------------------------------------------------------------
