@@ -173,9 +173,8 @@ def build(ctx, max_sessions: int, seed: int) -> Replay:
     pool_of = {i: p for p in pools for i in p.instances}
 
     p_all: dict[int, float] = {}
-    p_rep: dict[int, float] = {}
     changed: dict[int, list[int]] = {}
-    for sid, calls in by_sid.items():
+    for calls in by_sid.values():
         p = pool_of[calls[0]["instance"]]
         p_all[id(p)] = p_all.get(id(p), 0.0) + sum(c["p"] for c in calls)
         ch = changed.setdefault(id(p), [0, 0])
@@ -206,7 +205,7 @@ def build(ctx, max_sessions: int, seed: int) -> Replay:
         p.scale = p_all[id(p)] / sum(c["p"] for s in sids for c in by_sid[s])
     replayed = [p for p in pools if p.skip is None]
     if not replayed:
-        raise ReplayError("; ".join(f"{', '.join(p.instances)}: {p.skip}" for p in pools))
+        raise ReplayError("; ".join(f"pool {' + '.join(p.instances)}: {p.skip}" for p in pools))
     return Replay(pools, total, sum(len(p.sessions) for p in replayed), sum(p.calls for p in replayed),
                   (t0, t1), seed)
 
@@ -266,19 +265,22 @@ def _offload_ratio(ctx, inst: str, cfg: dict) -> float:
     return 1.0
 
 
-def _session(sid: str, calls: list[dict], t0: float, B: int, ids, heads: dict[str, list[int]]):
+def _session(sid: str, calls: list[dict], t0: float, B: int, ids, heads: dict):
+    from ..sim.chain import Chain
     from ..sim.workload import CallSpec, Segment, Session
 
-    def head(task_type: str, nblk: int) -> list[int]:
-        h = heads.setdefault(task_type, [])
+    def head(task_type: str, nblk: int) -> Chain:
+        """The first ``nblk`` blocks of the task type's shared system + tool-definition prefix."""
+        h = heads.setdefault(task_type, Chain())
         if len(h) < nblk:
-            h.extend(ids.take(nblk - len(h)))
-        return h[:nblk]
+            k = nblk - len(h)
+            h.append_run(ids.take_run(k), k)
+        return h.prefix(nblk)
 
     segments: list = []
-    state: dict[str, dict] = {}      # branch -> {"chain", "nblk"} of its latest call
+    state: dict[str, dict] = {}      # branch -> {"chain" (agentobs.sim Chain, append-only), "nblk"} of its latest call
     main_end = calls[0]["start_s"]   # when the main thread is ready: its latest call's end, or the branches'
-    main_chain: tuple[list, int] = ([], 0)
+    main_chain: tuple = (None, 0)
     par: dict[str, list] | None = None   # the open parallel segment: branch -> calls
     par_ends: dict[str, float] = {}
     seq: list | None = None              # the open sequential segment of the main thread
@@ -304,16 +306,17 @@ def _session(sid: str, calls: list[dict], t0: float, B: int, ids, heads: dict[st
         R = c["r"]
         if st is None or (b != "main" and b not in par):
             if b != "main" and main_chain[1] and R:
-                chain = list(main_chain[0][:min(int(R) // B, main_chain[1], n)])
+                chain = main_chain[0].prefix(min(int(R) // B, main_chain[1], n))
             else:
-                chain = list(head(c["task_type"], min(int(c["head"]) // B, n)))
+                chain = head(c["task_type"], min(int(c["head"]) // B, n))
         elif R is None:                          # a context reset (compaction): a new chain
-            chain = list(head(c["task_type"], min(int(c["head"]) // B, n)))
+            chain = head(c["task_type"], min(int(c["head"]) // B, n))
         else:
             keep = min(int(R) // B, st["nblk"], n)
-            chain = st["chain"] if keep == len(st["chain"]) else st["chain"][:keep]
+            chain = st["chain"] if keep == len(st["chain"]) else st["chain"].prefix(keep)
         if n > len(chain):
-            chain.extend(ids.take(n - len(chain)))
+            k = n - len(chain)
+            chain.append_run(ids.take_run(k), k)
         spec = CallSpec(chain, n, P, int(c["o"]), gap)
         state[b] = {"chain": chain, "nblk": n}
         if b == "main":
