@@ -138,3 +138,81 @@ def test_estimate_mode_without_kv_events(bundle, tmp_path, capsys):
         print(f"\n[estimate mode] re-prefill error {metric_x / true_x - 1:+.2%}, cause agreement {agree:.1%}, "
               f"rent (retained+evicted windows) metric/true = {metric_rent / true_rent:.3f}")
     assert metric_x == pytest.approx(true_x, rel=0.10)
+
+
+def _kv_events(bundle: Path, engine: str = "vllm"):
+    """(session_id key present?, event) for every event of the bundle's replicas of ``engine``."""
+    import gzip
+
+    import msgspec
+
+    m = read_manifest(bundle)
+    out = []
+    for inst in m["instances"]:
+        if inst["engine"] != engine or not inst["kv_events"]:
+            continue
+        for line in gzip.open(bundle / inst["kv_events"]):
+            rec = json.loads(line)
+            out.extend(msgspec.msgpack.decode(bytes.fromhex(rec["payload_hex"]))[1])
+    return out
+
+
+# behind a LiteLLM-like gateway (no traceparent), half the sessions send session_id, a tight vLLM pool
+LITELLM_LIKE = replace(SC, duration_s=150.0, snapshot_s=0.0, session_id_share=0.5, traceparent=False,
+                       instances=(replace(SC.instances[0], kv_capacity_tokens=40_000), *SC.instances[1:]))
+
+
+@pytest.fixture(scope="module")
+def bundle_nolink(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("sim") / "nolink"
+    simulate(LITELLM_LIKE, seed=11, out=out)
+    return out
+
+
+def test_vllm_kv_events_have_the_real_032_shape(bundle, bundle_nolink):
+    # docs/real-vllm.md §2: one hash per BlockRemoved; BlockStored carries token_ids (block_size per
+    # block), extra_keys (one null per block), no num_tokens, and session_id as the last key.
+    removed = [e for e in _kv_events(bundle_nolink) if e["type"] == "BlockRemoved"]  # a tight vLLM pool
+    stored = [e for e in _kv_events(bundle) if e["type"] == "BlockStored"]
+    assert len(removed) > 100 and stored
+    assert {len(e["block_hashes"]) for e in removed} == {1}
+    assert all(list(e) == ["type", "block_hashes", "medium", "group_idx"] for e in removed)
+    for e in stored:
+        n = len(e["block_hashes"])
+        assert len(e["token_ids"]) == n * e["block_size"] == n * 16
+        assert e["extra_keys"] == [None] * n
+        assert "num_tokens" not in e
+        assert list(e)[-1] == "session_id"   # the quick scenario: every request carries its session
+
+
+def test_session_id_on_kv_events_only_for_sessions_that_send_it(bundle_nolink):
+    from agentobs.sim.run import build_workload
+    from agentobs.sim.workload import IdAlloc
+
+    sessions = build_workload(LITELLM_LIKE, 11, IdAlloc(1))
+    sends = {s.sid for s in sessions if s.engine_session}
+    assert 0 < len(sends) < len(sessions)     # a share of 0.5: some do, some do not
+    stored = [e for e in _kv_events(bundle_nolink) if e["type"] == "BlockStored"]
+    seen = {e["session_id"] for e in stored if "session_id" in e}
+    assert seen and seen <= sends
+    assert any("session_id" not in e for e in stored)  # absent, not null, when the request had none
+    assert all(e.get("session_id", "x") is not None for e in stored)
+
+
+def test_engine_spans_without_traceparent_join_by_response_id(bundle_nolink, tmp_path):
+    # LiteLLM does not forward traceparent: the engine span starts its own trace with no parent; the
+    # model still joins it to the gateway span through gen_ai.request.id = the gateway's response id.
+    db = tmp_path / "n.duckdb"
+    r = CliRunner().invoke(cli, ["import", "bundle", str(bundle_nolink), "--db", str(db)])
+    assert r.exit_code == 0, r.output
+    con = duckdb.connect(str(db), read_only=True)
+    eng = con.sql("SELECT count(*), count(parent_span_id), "
+                  "count(*) FILTER (WHERE trace_id IN (SELECT trace_id FROM spans WHERE role = 'gateway')) "
+                  "FROM spans WHERE role = 'engine'").fetchall()[0]
+    assert eng[0] > 20 and eng[1] == 0 and eng[2] == 0
+    by_src = dict(con.sql("SELECT source, count(*) FROM llm_calls GROUP BY ALL").fetchall())
+    # every call the engine served is joined; only 503 rejections (no engine span) stay gateway-only
+    rejected = con.sql(f"SELECT count(*) FROM read_parquet('{bundle_nolink}/truth/calls.parquet') "
+                       "WHERE rejected").fetchall()[0][0]
+    assert by_src.get("gateway+engine") == eng[0] and by_src.get("gateway", 0) == rejected
+    assert "engine" not in by_src

@@ -64,6 +64,15 @@ def inst_dir(name: str) -> str:
     return name.replace(":", "_").replace("/", "_")
 
 
+def token_ids(hashes: list[int], B: int) -> list[int]:
+    """Synthetic token ids for a BlockStored event (the simulator has no text): ``B`` per block, one
+    filler id per block (its hash mod 128: one msgpack byte, so the committed sample stays small)."""
+    out: list[int] = []
+    for h in hashes:
+        out += [h % 128] * B
+    return out
+
+
 def itl_ms(runs) -> list[float]:
     out: list[float] = []
     for gap, n in runs or ():
@@ -87,7 +96,7 @@ class BundleSink:
         self.spans_per_line = spans_per_line
         self.workload, self.seed = workload, seed
         self._otlp_path = self.dir / "otlp" / "spans-0001.jsonl.gz"
-        self._otlp = gzip.open(self._otlp_path, "wb", compresslevel=6)
+        self._otlp = gzip.GzipFile(self._otlp_path, "wb", 6, mtime=0)  # mtime 0: same bytes every run
         self._buf: dict[str, list] = {}
         self._kv: dict[str, object] = {}
         self._epoch = 0.0
@@ -204,6 +213,10 @@ class BundleSink:
         e2e = r.t_end - r.t_arrive
         dec = r.t_end - r.t_first
         sid = fleet.span_id(2 * 10**12 + int(call.span_id[:8], 16))
+        if fleet.spec.traceparent:  # the gateway forwards W3C traceparent: the engine span is its child
+            link = {"traceId": trace, "spanId": sid, "parentSpanId": call.span_id}
+        else:  # e.g. LiteLLM: no traceparent to the engine, which starts its own trace (join by response id)
+            link = {"traceId": fleet.trace_id(f"engine/{call.span_id}"), "spanId": sid}
         if inst.spec.engine == "vllm":
             a = {"gen_ai.latency.time_to_first_token": ttft, "gen_ai.latency.e2e": e2e,
                  "gen_ai.latency.time_in_queue": r.queue_s, "gen_ai.usage.prompt_tokens": r.P,
@@ -222,7 +235,7 @@ class BundleSink:
                  "gen_ai.latency.time_in_model_decode": dec, "gen_ai.latency.time_in_model_inference": r.prefill_s + dec}
             name = f" Req {resp_id[9:17]}"
         self._span(fleet, inst.spec.name, {
-            "traceId": trace, "spanId": sid, "parentSpanId": call.span_id, "name": name, "kind": 2,
+            **link, "name": name, "kind": 2,
             "startTimeUnixNano": _ns_at(self._epoch, r.t_arrive), "endTimeUnixNano": _ns_at(self._epoch, r.t_end),
             "status": {} if r.status == "ok" else {"code": 2}, "attributes": _attrs(a)})
 
@@ -318,7 +331,7 @@ class BundleSink:
         if f is None:
             d = self.dir / "kv_events"
             d.mkdir(exist_ok=True)
-            f = self._kv[name] = gzip.open(d / f"{inst_dir(name)}.jsonl.gz", "wb", compresslevel=6)
+            f = self._kv[name] = gzip.GzipFile(d / f"{inst_dir(name)}.jsonl.gz", "wb", 6, mtime=0)
             self._kv_seq[name] = 0
         epoch = self._epoch
         B = inst.spec.block_size
@@ -326,17 +339,22 @@ class BundleSink:
         by_t: dict[float, list] = {}
         for t, kind, hashes, medium, parent, session in evs:
             if kind == "BlockStored":
-                if vllm:  # vLLM >= 0.32 map-encoded BlockStored, with session_id
+                if vllm:  # vLLM 0.32 map-encoded BlockStored (docs/real-vllm.md §2): fields in declaration
+                    # order, defaults omitted, session_id last and absent when the request carried none
                     ev = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
-                          "token_ids": None, "num_tokens": len(hashes) * B, "block_size": B, "lora_id": None,
-                          "medium": medium, "lora_name": None, "extra_keys": None, "group_idx": 0,
-                          "kv_cache_spec_kind": "full_attention", "session_id": session}
+                          "token_ids": token_ids(hashes, B), "block_size": B, "lora_id": None, "medium": medium,
+                          "lora_name": None, "extra_keys": [None] * len(hashes), "group_idx": 0,
+                          "kv_cache_spec_kind": "full_attention"}
+                    if session is not None:
+                        ev["session_id"] = session
                 else:  # SGLang array-like BlockStored (no session id)
                     ev = ["BlockStored", hashes, parent, None, B, None, medium]
+                by_t.setdefault(t, []).append(ev)
+            elif vllm:  # vLLM publishes one BlockRemoved per evicted block
+                by_t.setdefault(t, []).extend(
+                    {"type": "BlockRemoved", "block_hashes": [h], "medium": medium, "group_idx": 0} for h in hashes)
             else:
-                ev = {"type": "BlockRemoved", "block_hashes": hashes, "medium": medium, "group_idx": 0} if vllm \
-                    else ["BlockRemoved", hashes, medium]
-            by_t.setdefault(t, []).append(ev)
+                by_t.setdefault(t, []).append(["BlockRemoved", hashes, medium])
         for t, batch in by_t.items():
             seq = self._kv_seq[name]
             self._kv_seq[name] = seq + 1

@@ -31,6 +31,7 @@ class FleetSpec:
     snapshot_s: float = 5.0       # Prometheus scrape interval (simulated seconds); 0 = none
     start_epoch: float = 1790845200.0  # 2026-10-01T09:00:00Z
     seed: int = 1
+    traceparent: bool = True      # the gateway forwards W3C traceparent to the engines (LiteLLM: no)
     cache_impl: str = "ranges"    # ranges (cache.py) | blocks (cache_ref.py: per-block reference, slow)
 
 
@@ -222,7 +223,7 @@ class Fleet:
                     retry_of: Call | None = None) -> None:
         sess = st.sess
         r = Req()
-        r.sess = sess.sid
+        r.sess = sess.sid if sess.engine_session else None  # the session id the engine sees
         r.branch = th.branch
         r.attempt = attempt
         if not isinstance(spec.chain, Chain):

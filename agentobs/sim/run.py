@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,19 +18,30 @@ GAP_BUCKETS = ((0, 1), (1, 5), (5, 30), (30, 120), (120, 600), (600, float("inf"
 
 def build_workload(sc: Scenario, seed: int, ids: IdAlloc) -> list[Session]:
     if sc.workload == "synthetic":
-        return synthetic(sc.mix, sc.duration_s, sc.sessions_per_min, seed, sc.block_size, ids, n_sessions=sc.n_sessions)
-    if sc.workload == "claude-code":
-        return claude_code(None, sc.block_size, ids)
-    if sc.workload == "mooncake":
-        return mooncake(None, sc.block_size, ids, limit=3000)
-    from ..errors import ConfigError
+        out = synthetic(sc.mix, sc.duration_s, sc.sessions_per_min, seed, sc.block_size, ids, n_sessions=sc.n_sessions)
+    elif sc.workload == "claude-code":
+        out = claude_code(None, sc.block_size, ids)
+    elif sc.workload == "mooncake":
+        out = mooncake(None, sc.block_size, ids, limit=3000)
+    else:
+        from ..errors import ConfigError
 
-    raise ConfigError(f"unknown workload {sc.workload!r}; known: synthetic, claude-code, mooncake")
+        raise ConfigError(f"unknown workload {sc.workload!r}; known: synthetic, claude-code, mooncake")
+    if sc.session_id_share < 1.0:
+        for s in out:
+            s.engine_session = _unit(f"{seed}/{s.sid}") < sc.session_id_share
+    return out
+
+
+def _unit(key: str) -> float:
+    """A deterministic draw in [0, 1) from a key (does not touch the workload's random stream)."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
 
 
 def fleet_spec(sc: Scenario, seed: int, cache_impl: str = "ranges") -> FleetSpec:
     insts = [i if i.block_size == sc.block_size else _with_block(i, sc.block_size) for i in sc.instances]
-    return FleetSpec(insts, router=sc.router, snapshot_s=sc.snapshot_s, seed=seed, cache_impl=cache_impl)
+    return FleetSpec(insts, router=sc.router, snapshot_s=sc.snapshot_s, seed=seed, cache_impl=cache_impl,
+                     traceparent=sc.traceparent)
 
 
 def _with_block(i, b):

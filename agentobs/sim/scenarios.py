@@ -21,6 +21,8 @@ class Scenario:
     n_sessions: int | None = None
     block_size: int = 16
     snapshot_s: float = 5.0
+    session_id_share: float = 1.0          # share of sessions whose requests carry session_id to the engine
+    traceparent: bool = True               # gateway forwards W3C traceparent (False: LiteLLM-like, join by id)
 
 
 def _v(name, **kw) -> InstanceSpec:
@@ -43,7 +45,7 @@ SCENARIOS: dict[str, Scenario] = {
             (_v("10.42.7.31:8000"), _v("10.42.7.32:8000", prefix_caching=False),
              _s("10.42.7.40:30000", preset="h100-llama3.1-8b", hicache=True),
              _s("10.42.7.41:30000", preset="a100-llama3.1-8b", hicache=False)),
-            router="round_robin", mix=SAMPLE_MIX, duration_s=7200.0, sessions_per_min=5.0),
+            router="round_robin", mix=SAMPLE_MIX, duration_s=7200.0, sessions_per_min=5.0, session_id_share=0.8),
         Scenario("quick", "10 minutes, 2 replicas (vLLM + SGLang): tests and first look.",
                  (_v("10.0.0.1:8000"), _s("10.0.0.2:30000", preset="h100-llama3.1-8b")),
                  router="round_robin", mix=SAMPLE_MIX, duration_s=600.0, sessions_per_min=6.0),

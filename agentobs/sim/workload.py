@@ -74,6 +74,7 @@ class Session:
     start_s: float
     segments: list[Segment]
     n_calls: int = 0
+    engine_session: bool = True   # requests carry session_id to the engine (vLLM KV events show it)
 
 
 @dataclass(frozen=True)
