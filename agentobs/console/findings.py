@@ -47,7 +47,8 @@ def usd_week(f) -> float:
 def render(f, expanded: bool = False) -> None:
     tax = getattr(f, "tax", None)
     usd = getattr(tax, "usd_week", None)
-    head = f"**{f.severity}** · {f.title}" + (f" · ${usd:,.2f}/week at stake" if usd is not None else "")
+    per = getattr(tax, "per", "/week")  # "/week", or " in the observed window" for short windows
+    head = f"**{f.severity}** · {f.title}" + (f" · ${usd:,.2f}{per} at stake" if usd is not None else "")
     with st.expander(head, expanded=expanded):
         if getattr(f, "summary", ""):
             st.write(f.summary)
@@ -62,8 +63,8 @@ def render(f, expanded: bool = False) -> None:
                 with st.popover("Evidence SQL"):
                     st.code(ev.sql, language="sql")
         if tax is not None:
-            tok = f"{tax.tokens_week:,.0f} tokens/week" if tax.tokens_week is not None else "tokens/week unknown"
-            st.caption(f"at stake: {tok}; ${usd:,.2f}/week" if usd is not None else f"at stake: {tok}")
+            tok = f"{tax.tokens_week:,.0f} tokens{per}" if tax.tokens_week is not None else "tokens unknown"
+            st.caption(f"at stake: {tok}; ${usd:,.2f}{per}" if usd is not None else f"at stake: {tok}")
             st.caption(f"basis: {tax.basis} ({tax.method})")
         st.markdown("**Fix** (copy)")
         st.code(f.remediation, language="bash")
