@@ -76,15 +76,12 @@ def main() -> None:
     otlp.decode_request(ExportTraceServiceRequest.FromString(bodies[0]), settings).table()
 
     def decode_all(decode):
-        otlp._KV_CACHE.clear()
         t0, c0 = time.perf_counter(), time.process_time()
         for b in bodies:
             decode(ExportTraceServiceRequest.FromString(b), settings).table()
         return total / (time.perf_counter() - t0), (time.process_time() - c0) / total * 1e6
 
     decode_rate, decode_cpu = decode_all(otlp.decode_request)
-    # the message-object reader (the decoder before the wire reader; now its fallback), same payloads
-    msg_rate, msg_cpu = decode_all(otlp.decode_message)
 
     with tempfile.TemporaryDirectory() as d:
         con = connect(Path(d) / "bench.duckdb")
@@ -109,8 +106,6 @@ def main() -> None:
     print(f"payloads: {a.batches} x {a.spans} spans, {mb:.1f} MB protobuf, {a.clients} client connections")
     print(f"HTTP server alone (empty exports):   {http_rps:10,.0f} requests/s")
     print(f"decode only (parse+normalize+Arrow): {decode_rate:10,.0f} spans/s  ({decode_cpu:.1f} µs CPU/span)")
-    print(f"  message-object reader (before):    {msg_rate:10,.0f} spans/s  ({msg_cpu:.1f} µs CPU/span; "
-          f"wire reader {decode_rate / msg_rate:.1f}x)")
     print(f"end-to-end (acked = committed):      {e2e:10,.0f} spans/s  ({ok}/{a.batches} exports ok, "
           f"{stored:,} rows stored; receiver {receiver_cpu:.1f} µs CPU/span, all its threads)")
     print(f"ratio end-to-end / decode-only:      {e2e / decode_rate:10.0%}")
