@@ -1,5 +1,6 @@
 """Findings in the console, from ``agentobs.findings.run(db, since, until)`` (rules over the metrics and engine
-config). Until that package exists the console says so plainly instead of inventing any.
+config). By default without the simulator replay (the analytical recoverable estimate, seconds instead of
+tens of seconds); the Findings page can ask for the replay.
 
 The global instance / model / task type filters keep findings whose scope matches (fleet-wide findings,
 with no scope value, always show).
@@ -11,14 +12,13 @@ import importlib
 
 import streamlit as st
 
-from .metrics import module_available
 from .shell import Context
 
 
 @st.cache_data(show_spinner="evaluating findings…", max_entries=64, ttl=3600)
-def _run(stamp, since, until) -> list:
+def _run(stamp, since, until, simulate: bool = False) -> list:
     mod = importlib.import_module("agentobs.findings")
-    return list(mod.run(stamp[0], since=since, until=until))
+    return list(mod.run(stamp[0], since=since, until=until, simulate=simulate))
 
 
 def _in_scope(f, ctx: Context) -> bool:
@@ -30,13 +30,9 @@ def _in_scope(f, ctx: Context) -> bool:
     return True
 
 
-def load(ctx: Context):
-    """(findings, message); findings is None when there is nothing to evaluate with."""
-    if not module_available("agentobs.findings"):
-        return None, "No findings module yet (`agentobs.findings` is not in this build)."
-    if not callable(getattr(importlib.import_module("agentobs.findings"), "run", None)):
-        return None, "`agentobs.findings` has no `run` entry point yet."
-    return [f for f in _run(ctx.stamp, ctx.since, ctx.until) if _in_scope(f, ctx)], ""
+def load(ctx: Context, simulate: bool = False):
+    """(findings, message)."""
+    return [f for f in _run(ctx.stamp, ctx.since, ctx.until, simulate) if _in_scope(f, ctx)], ""
 
 
 def usd_week(f) -> float:
@@ -70,9 +66,9 @@ def render(f, expanded: bool = False) -> None:
         st.code(f.remediation, language="bash")
 
 
-def top(ctx: Context, n: int = 5) -> None:
+def top(ctx: Context, n: int = 5, simulate: bool = False) -> None:
     try:
-        items, msg = load(ctx)
+        items, msg = load(ctx, simulate)
     except Exception as e:  # noqa: BLE001 - findings are someone else's module; show its error, keep the page
         st.error(f"findings failed: {e}")
         return
