@@ -1,7 +1,8 @@
 """Attribute normalization: the aliases of DESIGN.md resolved into promoted span columns.
 
 One function, ``promote``, turns a decoded span (name, kind, scope, resource and attribute dicts,
-events) into the typed columns of the ``spans`` table. First match wins in every alias list.
+events) into the typed columns of the ``spans`` table (``promote_row``: the same as a tuple, the
+form the decoders use; docs/collectors.md, Performance, says why it is written the way it is). First match wins in every alias list.
 Problems that do not make the span unusable (a token count that is not a number) are returned as
 warnings and the value is stored as unknown (NULL), never as 0.
 """

@@ -264,7 +264,6 @@ def _add(
     attrs: dict,
     events: list[dict],
     resource_json: str | None = None,
-    attrs_json: str | None = None,
 ) -> None:
     """One row; ``keys`` is ``normalize.alias_keys(settings)``. Raises ValueError for a bad span."""
     if end_ns and end_ns < start_ns:
@@ -276,7 +275,7 @@ def _add(
         trace_id, span_id, parent, name, kind, start_ns, end_ns or start_ns, status_code, status_message or None,
         service, scope,
         resource_json if resource_json is not None else _json_enc.encode(resource).decode(),
-        attrs_json if attrs_json is not None else _json_enc.encode(attrs).decode(),
+        _json_enc.encode(attrs).decode(),
         _json_enc.encode(events).decode() if events else None,
         *promoted, source))
     out.accepted += 1
