@@ -389,3 +389,19 @@ def test_columns_and_table_agree():
     both.extend(b)
     assert both.accepted == 1024 and both.table().num_rows == 1024
     assert both.table().slice(512).equals(b.table())
+
+
+def test_settings_alias_lists_are_read_per_payload():
+    # the alias sets are cached per alias lists: a payload decoded with other settings uses theirs
+    req = ExportTraceServiceRequest()
+    _span(req.resource_spans.add().scope_spans.add().spans.add(), b"\x01" * 16, b"\x02" * 8, "chat m",
+          {"gen_ai.operation.name": "chat", "gen_ai.conversation.id": "conv", "my.session": "mine",
+           "my.tenant": "team-a"})
+    data = req.SerializeToString()
+    custom = load_settings(env={"AGENTOBS_SESSION_KEYS": "my.session,gen_ai.conversation.id",
+                                "AGENTOBS_TENANT_KEYS": "my.tenant"})
+    for settings, session, tenant in ((SETTINGS, "conv", None), (custom, "mine", "team-a"), (SETTINGS, "conv", None)):
+        dec = otlp.decode_protobuf(data, settings)
+        rows, *_ = _ref_decode(req, settings)
+        assert (rows[0]["session_id"], rows[0]["tenant"]) == (session, tenant)
+        assert dec.table().to_pylist()[0]["session_id"] == session and dec.columns["tenant"] == [tenant]
