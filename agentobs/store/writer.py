@@ -192,4 +192,6 @@ class Writer:
 def _concat(parts: list[pa.Table]) -> pa.Table:
     if len(parts) == 1:
         return parts[0]
-    return pa.concat_tables(parts, promote_options="default")
+    # one contiguous chunk: DuckDB inserts from a few large chunks ~2x faster than from many
+    # 512-row receiver batches (measured: 4.7 vs 2.0 µs per span, docs/collectors.md)
+    return pa.concat_tables(parts, promote_options="default").combine_chunks()
