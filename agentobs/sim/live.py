@@ -90,6 +90,7 @@ class LiveFleet:
                  workdir: str | Path = ".agentobs-live", host: str = "127.0.0.1"):
         self.lock = threading.Lock()
         self.speed = speed
+        self.endpoint = endpoint
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         base = scenario(sc_name)
@@ -115,7 +116,12 @@ class LiveFleet:
                 self.server_info[inst.spec.name] = p.read_bytes()
 
     def fleet_yaml(self) -> str:
-        lines = ["scrape:", "  interval_s: 5", "  targets:"]
+        """A fleet file for `agentobs collect`: its OTLP/HTTP receiver where the spans go, and the replicas."""
+        from urllib.parse import urlparse
+
+        u = urlparse(self.endpoint)
+        lines = [f'receiver: {{http: "{u.hostname or "127.0.0.1"}:{u.port or 4318}"}}',
+                 "scrape:", "  interval_s: 5", "  targets:"]
         for inst in self.fleet.instances:
             lines.append(f"    - url: http://{inst.spec.name}/metrics")
             lines.append(f"      engine: {inst.spec.engine}")
