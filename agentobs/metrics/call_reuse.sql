@@ -15,9 +15,13 @@
 --   hit_class        hit (C ≥ R_eff − B) | partial | miss (C = 0) | NULL
 --   window_outcome   the idle window before c: retained | evicted | routed_away | unknown
 --   rent_*           token-seconds of KV at rest K = P(prev)+O(prev) over that window (§4)
-WITH c AS MATERIALIZED (
-    SELECT s.*,
-           row_number() OVER () AS rid,
+-- calls_src carries rid (a row number fixed once: m_src's column, or the view's materialized CTE), so the
+-- wide rows are not copied here: c is a plain CTE over calls_src, and only the final SELECT joins them back
+WITH c AS (
+    SELECT s.rid, s.call_id, s.trace_id, s.session_id, s.task_id, s.task_type, s.tenant, s.agent_name,
+           s.attempt, s.branch, s.instance, s.engine, s.model, s.start_s, s.end_s, s.ttft_s, s.queue_s,
+           s.prefill_s, s.decode_s, s.prompt_tokens, s.cached_tokens, s.output_tokens, s.system_tokens,
+           s.tool_def_tokens, s.status, s.itl_ms, s.block_hashes,
            coalesce(s.session_id, 'call:' || s.call_id) AS sess_key,
            coalesce(ic.block_size, rp.default_block_size) AS block_size,
            CASE WHEN ic.block_size IS NOT NULL THEN 'engine_config' ELSE 'default' END AS block_size_source,

@@ -38,7 +38,7 @@ parts AS (
     FROM (SELECT *, unnest(generate_series(CAST(floor(a / $bucket_s) AS BIGINT), CAST(floor(b / $bucket_s) AS BIGINT))) AS k
           FROM idle WHERE b > a)
     UNION ALL
-    SELECT instance, CAST(floor(start_s / $bucket_s) AS BIGINT), 0.0, 0.0, 0.0, coalesce(reprefill_tokens, 0), NULL, 0.0
+    SELECT instance, CAST(floor(start_s / $bucket_s) AS BIGINT), 0.0, 0.0, 0.0, CAST(coalesce(reprefill_tokens, 0) AS DOUBLE), NULL, 0.0
     FROM m_calls WHERE in_win AND reprefill_tokens > 0
     UNION ALL
     SELECT instance, CAST(floor(ts_s / $bucket_s) AS BIGINT), 0.0, 0.0, 0.0, 0.0, sum(value), 0.0

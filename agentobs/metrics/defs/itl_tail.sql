@@ -69,7 +69,7 @@ ov AS (
 ),
 per_gap AS (
     SELECT call_id, i,
-           bool_or(computed >= $long_prefill_tokens) AS long_overlap,
+           max(computed >= $long_prefill_tokens) AS long_overlap,
            arg_max(who, computed) FILTER (WHERE tail) AS off
     FROM ov GROUP BY call_id, i
 ),
@@ -81,13 +81,13 @@ per_chunk AS (
     SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model
                     WHEN 'session' THEN off.session_id WHEN 'task' THEN off.task_id END AS grp,
            'per_chunk' AS method,
-           count(*) AS gaps,
-           count(*) FILTER (WHERE tail) AS tail_gaps,
-           count(DISTINCT call_id) AS calls,
+           CAST(count(*) AS BIGINT) AS gaps,
+           CAST(count(*) FILTER (WHERE tail) AS BIGINT) AS tail_gaps,
+           CAST(count(DISTINCT call_id) AS BIGINT) AS calls,
            avg(thr_ms) AS threshold_ms,
            count(*) FILTER (WHERE tail) / count(*) AS tail_share,
            count(*) FILTER (WHERE tail AND long_overlap) / nullif(count(*) FILTER (WHERE tail), 0) AS tail_long_prefill_share,
-           count(*) FILTER (WHERE tail AND off IS NULL) AS unattributed_tail_gaps,
+           CAST(count(*) FILTER (WHERE tail AND off IS NULL) AS BIGINT) AS unattributed_tail_gaps,
            quantile_cont(g_ms, 0.5) AS p50_ms,
            quantile_cont(g_ms, 0.99) AS p99_ms,
            quantile_cont(g_ms, 0.5) FILTER (WHERE long_overlap) AS p50_with_long_prefill_ms,
@@ -97,8 +97,8 @@ per_chunk AS (
            count(*) FILTER (WHERE tail AND off.retry) / nullif(count(*) FILTER (WHERE tail), 0) AS retry_share,
            count(*) FILTER (WHERE tail AND off.reprefill_tokens > 0) / nullif(count(*) FILTER (WHERE tail), 0)
                AS reprefill_share,
-           mode(off.session_id) FILTER (WHERE tail) AS top_offender_session,
-           mode(off.task_id) FILTER (WHERE tail) AS top_offender_task,
+           mode(CASE WHEN tail THEN off.session_id END) AS top_offender_session,
+           mode(CASE WHEN tail THEN off.task_id END) AS top_offender_task,
            NULL::BIGINT AS intervals,
            NULL::DOUBLE AS corr_tail_vs_computed_prefill,
            NULL::DOUBLE AS tail_share_high_prefill,
@@ -150,7 +150,12 @@ coarse AS (
            CAST(sum(n) AS BIGINT) AS gaps, CAST(sum(n - below) AS BIGINT) AS tail_gaps, NULL::BIGINT AS calls,
            any_value(le) * 1000 AS threshold_ms,
            sum(n - below) / sum(n) AS tail_share,
-           count(*) AS intervals,
+           NULL::DOUBLE AS tail_long_prefill_share, NULL::BIGINT AS unattributed_tail_gaps,
+           NULL::DOUBLE AS p50_ms, NULL::DOUBLE AS p99_ms, NULL::DOUBLE AS p50_with_long_prefill_ms,
+           NULL::DOUBLE AS p99_with_long_prefill_ms, NULL::DOUBLE AS p50_without_long_prefill_ms,
+           NULL::DOUBLE AS p99_without_long_prefill_ms, NULL::DOUBLE AS retry_share, NULL::DOUBLE AS reprefill_share,
+           NULL::VARCHAR AS top_offender_session, NULL::VARCHAR AS top_offender_task,
+           CAST(count(*) AS BIGINT) AS intervals,
            corr(tail_i, computed) AS corr_tail_vs_computed_prefill,
            sum(n - below) FILTER (WHERE computed > med_computed) / nullif(sum(n) FILTER (WHERE computed > med_computed), 0)
                AS tail_share_high_prefill,
@@ -161,7 +166,18 @@ coarse AS (
     FROM ivc
     GROUP BY instance
 )
-SELECT * FROM per_chunk
-UNION ALL BY NAME
-SELECT * FROM coarse
+-- the same explicit column list in both branches (portable: no UNION ALL BY NAME)
+SELECT grp, method, gaps, tail_gaps, calls, threshold_ms, tail_share, tail_long_prefill_share,
+       unattributed_tail_gaps, p50_ms, p99_ms, p50_with_long_prefill_ms, p99_with_long_prefill_ms,
+       p50_without_long_prefill_ms, p99_without_long_prefill_ms, retry_share, reprefill_share,
+       top_offender_session, top_offender_task, intervals, corr_tail_vs_computed_prefill,
+       tail_share_high_prefill, tail_share_low_prefill, note
+FROM per_chunk
+UNION ALL
+SELECT grp, method, gaps, tail_gaps, calls, threshold_ms, tail_share, tail_long_prefill_share,
+       unattributed_tail_gaps, p50_ms, p99_ms, p50_with_long_prefill_ms, p99_with_long_prefill_ms,
+       p50_without_long_prefill_ms, p99_without_long_prefill_ms, retry_share, reprefill_share,
+       top_offender_session, top_offender_task, intervals, corr_tail_vs_computed_prefill,
+       tail_share_high_prefill, tail_share_low_prefill, note
+FROM coarse
 ORDER BY method DESC, grp

@@ -1,0 +1,103 @@
+"""The optimized preparation of a metric run gives the same per-call table ``m_calls`` as the previous
+implementation, row for row and column for column. The previous ``call_reuse`` body (before the row number
+moved into ``m_src`` and the wide copy of the calls was dropped) is kept next to this file
+(test_metrics_v1_call_reuse.sql) with its composition (``_v1_sql``). The data: the simulator's sample fleet
+(sample_data/fleet: KV events with chain depths and removals, routed-away and evicted turns, retries,
+context resets, abandoned sessions) and the scale bench's generator (15-call sessions, failures, ITL arrays)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentobs.config import Settings
+from agentobs.metrics import MetricRun, reuse
+from agentobs.metrics.cost import parse_cost
+from agentobs.store.db import connect
+from agentobs.store.writer import Writer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from metrics_scale import GENERATE  # noqa: E402
+
+V1_BODY = Path(__file__).with_name("test_metrics_v1_call_reuse.sql")
+BUNDLE = Path(__file__).parent.parent / "sample_data" / "fleet"
+
+
+def _v1_sql(calls: str, select: str, tail: str, settings: Settings) -> str:
+    """reuse.reuse_sql as it was: the body numbered the calls itself (row_number in a materialized wide copy)."""
+    ab = reuse.seconds_literal(settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S))
+    return (
+        f"WITH calls_src AS (SELECT {reuse.CALL_COLUMNS} FROM {calls}),\n"
+        "cfg_src AS (SELECT * FROM instance_config),\n"
+        "kv_src AS (SELECT * FROM kv_events),\n"
+        f"reuse_params AS (SELECT CAST($default_block_size AS INTEGER) AS default_block_size, CAST({ab} AS DOUBLE) "
+        "AS abandoned_after_s,\n    (SELECT max(end_ns) FROM spans) / 1e9 AS data_end_s)\n"
+        f"SELECT {select} FROM (\n{V1_BODY.read_text()}\n) r\n{tail}"
+    )
+
+
+def _diff(con, since=None, until=None, filters=None) -> tuple[int, int, int, dict]:
+    """(rows of m_calls, rows only in the new table, rows only in the v1 table, counts of the covered cases)."""
+    s = Settings()
+    run = MetricRun(con, since, until, filters or {}, s, parse_cost({}))
+    try:
+        cur = run.cur
+        # the v1 call_reuse over the same calls; compared on its columns (m_calls adds the cost and filter columns)
+        cur.execute(f"CREATE TEMP TABLE v1_src AS SELECT {reuse.CALL_COLUMNS} FROM llm_calls")
+        cur.execute("CREATE TEMP TABLE v1_calls AS\n" + _v1_sql("v1_src", "r.*", "", s), {"default_block_size": 16})
+        cols = ", ".join(c for (c,) in cur.sql(
+            "SELECT column_name FROM duckdb_columns() WHERE table_name = 'v1_calls' ORDER BY column_index").fetchall())
+        n = cur.sql("SELECT count(*) FROM m_calls").fetchall()[0][0]
+        only_new = cur.sql(f"SELECT count(*) FROM (SELECT {cols} FROM m_calls EXCEPT ALL SELECT {cols} FROM v1_calls)"
+                           ).fetchall()[0][0]
+        only_v1 = cur.sql(f"SELECT count(*) FROM (SELECT {cols} FROM v1_calls EXCEPT ALL SELECT {cols} FROM m_calls)"
+                          ).fetchall()[0][0]
+        cases = cur.sql("""
+            SELECT count(*) FILTER (WHERE rent_mode = 'kv_events') AS kv_windows,
+                   count(*) FILTER (WHERE evict_ts_s IS NOT NULL) AS evictions,
+                   count(*) FILTER (WHERE is_retry) AS retries,
+                   count(*) FILTER (WHERE context_reset) AS resets,
+                   count(*) FILTER (WHERE miss_cause = 'routed_away') AS routed_away,
+                   count(*) FILTER (WHERE abandoned) AS abandoned
+            FROM m_calls""").pl().to_dicts()[0]
+        return n, only_new, only_v1, cases
+    finally:
+        run.close()
+
+
+@pytest.mark.skipif(not (BUNDLE / "manifest.json").exists(), reason="sample_data/fleet not in this checkout")
+def test_sample_fleet_m_calls_equal_v1(tmp_path):
+    from agentobs.sim.bundle import import_bundle
+
+    path = tmp_path / "sample.duckdb"
+    con = connect(path)
+    with Writer(con) as w:
+        import_bundle(BUNDLE, w, Settings())
+    con.close()
+    con = connect(path, read_only=True)
+    try:
+        kv = con.sql("SELECT count(*) FILTER (WHERE type = 'BlockRemoved'), count(DISTINCT session_id) FROM kv_events"
+                     ).fetchall()[0]
+        assert kv[0] > 0 and kv[1] > 0   # the exact eviction path (KV events with sessions) is exercised
+        n, only_new, only_v1, cases = _diff(con)
+        assert n > 1000 and (only_new, only_v1) == (0, 0)
+        # the compared rows cover windows with KV events and evictions, retries, resets, routing, abandonment
+        assert all(v > 0 for v in cases.values()), cases
+    finally:
+        con.close()
+
+
+def test_bench_generator_m_calls_equal_v1(tmp_path):
+    path = str(tmp_path / "g.duckdb")
+    con = connect(path)
+    con.execute(GENERATE, {"n": 3000})   # 200 sessions × 15 calls: failures (retries), routed-away, ITL arrays
+    con.close()
+    con = connect(path, read_only=True)
+    try:
+        n, only_new, only_v1, cases = _diff(con)
+        assert (n, only_new, only_v1) == (3000, 0, 0)
+        assert cases["routed_away"] > 0   # 5% of turns routed away (its failed calls are not re-sent: no retries)
+    finally:
+        con.close()

@@ -1,0 +1,291 @@
+-- call_reuse: one row per model call with the per-call quantities of METRICS.md §1 and §4.
+-- Reads four relations the caller binds as CTEs (agentobs/metrics/reuse.py composes them):
+--   calls_src    llm_calls columns (call_id, session_id, branch, instance, start_s, end_s, P, C, O, ...)
+--   cfg_src      instance_config (block_size, prefix_caching)
+--   kv_src       kv_events (BlockStored with session_id, BlockRemoved, AllBlocksCleared)
+--   reuse_params one row: default_block_size, abandoned_after_s, data_end_s (the latest span end in the store)
+-- Columns (docs/metrics.md, "call_reuse"):
+--   prev_call_id     prev(c): latest earlier call of the session and branch that ended before c started;
+--                    for the first call of a non-main branch, the latest earlier call of the session (fork point)
+--   reusable_tokens  R: exact (leading blocks of c present in earlier calls' block_hashes, × B) or
+--                    append-only estimate (P(prev) when P(c) ≥ P(prev)); NULL when cold / context reset
+--   reusable_tokens_eff  R_eff = floor(min(R, P−1)/B)·B
+--   reprefill_tokens X = max(0, R_eff − C); NULL when C is unknown
+--   miss_cause       cold | routed_away | cache_disabled | evicted_full | evicted_partial | unknown | NULL (no miss)
+--   hit_class        hit (C ≥ R_eff − B) | partial | miss (C = 0) | NULL
+--   window_outcome   the idle window before c: retained | evicted | routed_away | unknown
+--   rent_*           token-seconds of KV at rest K = P(prev)+O(prev) over that window (§4)
+WITH c AS MATERIALIZED (
+    SELECT s.*,
+           row_number() OVER () AS rid,
+           coalesce(s.session_id, 'call:' || s.call_id) AS sess_key,
+           coalesce(ic.block_size, rp.default_block_size) AS block_size,
+           CASE WHEN ic.block_size IS NOT NULL THEN 'engine_config' ELSE 'default' END AS block_size_source,
+           ic.prefix_caching
+    FROM calls_src s
+    CROSS JOIN reuse_params rp
+    LEFT JOIN cfg_src ic ON ic.instance = s.instance
+),
+-- the narrow working set: every step below carries only these columns (the wide rows join back at the end)
+n AS MATERIALIZED (
+    SELECT rid, call_id, session_id, branch, sess_key, instance, start_s, end_s, prompt_tokens, cached_tokens,
+           output_tokens, status, attempt, block_size, prefix_caching, queue_s, ttft_s,
+           block_hashes IS NOT NULL AS has_hashes
+    FROM c
+),
+-- prev(c) within the session and branch. Calls that started before c are the only candidates (a call
+-- ends after it starts); when all of them had ended by t0(c) and the one that started last also ended
+-- last (the common, sequential case), prev is that one: a single window pass (lag). Otherwise (parallel
+-- or overlapping calls) search that session's calls that ended before t0(c).
+lagw AS (
+    SELECT rid, session_id, branch, start_s,
+           max(end_s) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m_end,
+           lag(end_s) OVER w AS lag_end,
+           lag(rid) OVER w AS lag_rid
+    FROM n
+    WHERE session_id IS NOT NULL
+    WINDOW w AS (PARTITION BY session_id, branch ORDER BY start_s, rid)
+),
+slow AS (
+    SELECT l.rid, arg_max(p.rid, p.end_s) AS prev_rid
+    FROM (SELECT * FROM lagw WHERE m_end > start_s OR lag_end < m_end) l
+    JOIN n p ON p.session_id = l.session_id AND p.branch = l.branch AND p.end_s <= l.start_s AND p.rid <> l.rid
+    GROUP BY l.rid
+),
+pb AS (
+    SELECT l.rid, CASE WHEN l.m_end <= l.start_s AND l.lag_end = l.m_end THEN l.lag_rid ELSE s.prev_rid END AS prev_rid,
+           l.session_id,
+           l.branch, l.start_s
+    FROM lagw l LEFT JOIN slow s USING (rid)
+),
+-- first call of a non-main branch: the fork point is the latest earlier call of the session on any branch
+pf AS (
+    SELECT b.rid, arg_max(p.rid, p.end_s) AS prev_rid
+    FROM (SELECT * FROM pb WHERE prev_rid IS NULL AND branch <> 'main') b
+    JOIN n p ON p.session_id = b.session_id AND p.end_s <= b.start_s AND p.rid <> b.rid
+    GROUP BY b.rid
+),
+prev_id AS (
+    SELECT pb.rid, coalesce(pb.prev_rid, pf.prev_rid) AS prev_rid
+    FROM pb LEFT JOIN pf USING (rid)
+),
+j AS (
+    SELECT n.*, p.call_id AS prev_call_id,
+           p.instance AS prev_instance, p.prompt_tokens AS prev_prompt_tokens,
+           p.output_tokens AS prev_output_tokens, p.end_s AS prev_end_s, p.status AS prev_status,
+           p.has_hashes AS prev_has_hashes
+    FROM n
+    LEFT JOIN prev_id pi USING (rid)
+    LEFT JOIN n p ON p.rid = pi.prev_rid
+),
+-- exact R: leading blocks of c already present among the blocks of earlier calls of the session
+bh AS (
+    SELECT rid, session_id, start_s, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i
+    FROM c
+    WHERE block_hashes IS NOT NULL AND session_id IS NOT NULL
+),
+first_seen AS (
+    SELECT session_id, h, min(start_s) AS first_s FROM bh GROUP BY session_id, h
+),
+lead_blocks AS (
+    SELECT b.rid,
+           coalesce(min(b.i) FILTER (WHERE NOT (f.first_s < b.start_s)) - 1, max(b.i)) AS n_lead
+    FROM bh b JOIN first_seen f ON f.session_id = b.session_id AND f.h = b.h
+    GROUP BY b.rid
+),
+r AS (
+    SELECT j.*,
+           CASE WHEN j.session_id IS NULL THEN 'no_session'
+                WHEN lb.n_lead IS NOT NULL AND j.prev_has_hashes THEN 'exact'
+                ELSE 'estimate' END AS mode,
+           CASE WHEN j.prev_call_id IS NULL THEN NULL
+                WHEN lb.n_lead IS NOT NULL AND j.prev_has_hashes THEN lb.n_lead * j.block_size
+                WHEN j.prompt_tokens IS NULL OR j.prev_prompt_tokens IS NULL THEN NULL
+                WHEN j.prompt_tokens >= j.prev_prompt_tokens THEN j.prev_prompt_tokens
+                ELSE NULL END AS reusable_tokens,
+           (j.prev_call_id IS NOT NULL AND NOT (lb.n_lead IS NOT NULL AND j.prev_has_hashes)
+            AND j.prompt_tokens < j.prev_prompt_tokens) AS context_reset
+    FROM j LEFT JOIN lead_blocks lb USING (rid)
+),
+x AS (
+    SELECT r.*,
+           CASE WHEN reusable_tokens IS NOT NULL AND prompt_tokens IS NOT NULL
+                THEN (greatest(least(reusable_tokens, prompt_tokens - 1), 0) // block_size) * block_size
+           END AS reusable_tokens_eff
+    FROM r
+),
+y AS (
+    SELECT x.*,
+           CASE WHEN reusable_tokens_eff IS NULL THEN NULL
+                WHEN reusable_tokens_eff = 0 THEN 0
+                WHEN cached_tokens IS NULL THEN NULL
+                ELSE greatest(reusable_tokens_eff - cached_tokens, 0) END AS reprefill_tokens,
+           CASE WHEN reusable_tokens_eff IS NULL OR cached_tokens IS NULL THEN NULL
+                WHEN cached_tokens >= reusable_tokens_eff - block_size THEN 'hit'
+                WHEN cached_tokens = 0 THEN 'miss'
+                ELSE 'partial' END AS hit_class
+    FROM x
+),
+z AS MATERIALIZED (
+    SELECT y.*,
+           CASE WHEN session_id IS NULL THEN NULL
+                WHEN prev_call_id IS NULL THEN 'cold'
+                WHEN reusable_tokens_eff IS NULL THEN NULL
+                WHEN reprefill_tokens IS NULL THEN 'unknown'
+                WHEN reprefill_tokens = 0 THEN NULL
+                WHEN instance <> prev_instance THEN 'routed_away'
+                WHEN prefix_caching = false THEN 'cache_disabled'
+                WHEN cached_tokens = 0 THEN 'evicted_full'
+                ELSE 'evicted_partial' END AS miss_cause,
+           CASE WHEN prev_call_id IS NULL THEN NULL
+                WHEN instance <> prev_instance THEN 'routed_away'
+                WHEN hit_class IS NULL THEN 'unknown'
+                WHEN hit_class = 'hit' THEN 'retained'
+                ELSE 'evicted' END AS window_outcome,
+           start_s - prev_end_s AS gap_before_s,
+           CASE WHEN prev_call_id IS NOT NULL
+                THEN coalesce(prev_prompt_tokens, 0) + coalesce(prev_output_tokens, 0) END AS kv_tokens_before,
+           coalesce(attempt > 1 OR (prev_status = 'error' AND prompt_tokens = prev_prompt_tokens), false) AS is_retry
+    FROM y
+),
+-- KV events: removals of blocks a session stored, tagged with that session (AllBlocksCleared hits all)
+kv_st AS MATERIALIZED (
+    SELECT row_number() OVER (ORDER BY instance, ts, seq, event_idx) AS eid, instance, session_id, ts,
+           block_hashes, parent_block_hash
+    FROM kv_src WHERE type = 'BlockStored' AND len(block_hashes) > 0
+),
+kv_store AS MATERIALIZED (
+    SELECT eid, instance, session_id, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i, ts
+    FROM kv_st
+),
+-- chain depth of stored blocks (block 0 = the first block of a prompt): an event without a parent starts
+-- at 0; an event whose parent block was stored before continues that chain (first storing event of
+-- the parent hash on the instance, at the parent's index). Unknown (NULL) when the chain's start was not seen.
+kv_first AS (SELECT instance, h, min(eid) AS eid, arg_min(i, eid) AS i FROM kv_store GROUP BY instance, h),
+kv_edge AS (
+    SELECT e.eid, f.eid AS parent_eid, f.i AS parent_i
+    FROM kv_st e JOIN kv_first f ON f.instance = e.instance AND f.h = e.parent_block_hash
+    WHERE f.eid < e.eid
+),
+kv_depth AS (
+    WITH RECURSIVE d(eid, depth0) AS (
+        SELECT eid, 0 FROM kv_st WHERE parent_block_hash IS NULL
+        UNION ALL
+        SELECT k.eid, d.depth0 + k.parent_i FROM kv_edge k JOIN d ON k.parent_eid = d.eid
+    )
+    SELECT eid, depth0 FROM d
+),
+kv_sess AS (SELECT DISTINCT instance, session_id FROM kv_store WHERE session_id IS NOT NULL),
+kv_owner AS (
+    SELECT s.instance, s.h, arg_min(s.session_id, s.ts) AS session_id, min(s.ts) AS stored_ts,
+           min(d.depth0 + s.i - 1) AS depth
+    FROM kv_store s LEFT JOIN kv_depth d USING (eid)
+    WHERE s.session_id IS NOT NULL
+    GROUP BY s.instance, s.h
+),
+-- a block is on the session's live chain from when it was stored until the session stores another block at
+-- the same depth (the chain moved on: dead-end output blocks of earlier turns, a compacted context)
+kv_live AS (
+    SELECT *, epoch_us(stored_ts) / 1e6 AS stored_s,
+           epoch_us(lead(stored_ts) OVER (PARTITION BY instance, session_id, depth ORDER BY stored_ts, h)) / 1e6
+               AS superseded_s
+    FROM kv_owner
+),
+kv_rm AS (
+    SELECT o.instance, o.session_id, epoch_us(r.ts) / 1e6 AS ts_s
+    FROM (SELECT instance, ts, unnest(block_hashes) AS h FROM kv_src WHERE type = 'BlockRemoved') r
+    JOIN kv_owner o ON o.instance = r.instance AND o.h = r.h
+    UNION ALL
+    SELECT s.instance, s.session_id, epoch_us(a.ts) / 1e6
+    FROM kv_src a JOIN kv_sess s ON s.instance = a.instance
+    WHERE a.type = 'AllBlocksCleared'
+),
+-- removals with the removed block's chain position (AllBlocksCleared: every block, depth -1)
+kv_rm_chain AS (
+    SELECT o.instance, o.session_id, epoch_us(r.ts) / 1e6 AS ts_s, o.stored_s, o.superseded_s,
+           coalesce(o.depth, -1) AS depth
+    FROM (SELECT instance, ts, unnest(block_hashes) AS h FROM kv_src WHERE type = 'BlockRemoved') r
+    JOIN kv_live o ON o.instance = r.instance AND o.h = r.h
+    UNION ALL
+    SELECT s.instance, s.session_id, epoch_us(a.ts) / 1e6, NULL, NULL, -1
+    FROM kv_src a JOIN kv_sess s ON s.instance = a.instance
+    WHERE a.type = 'AllBlocksCleared'
+),
+kv_end AS (SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_src GROUP BY instance),
+-- the idle window's eviction: the first removal, after the previous call ended and on its instance, of a
+-- block the next call would reuse — a block of the session's live chain at t2(prev) before the reusable
+-- prefix ends (R_eff of c, else P(prev), in blocks); blocks of unknown depth count. Output/decode blocks
+-- of earlier turns that no prompt continues (LRU evicts them first) do not end the window.
+ev AS (
+    SELECT z.rid, min(rm.ts_s) AS evict_ts_s
+    FROM (SELECT z.rid, z.session_id, z.prev_instance, z.prev_end_s,
+                 coalesce(z.reusable_tokens_eff, z.prev_prompt_tokens, 0) // z.block_size AS n_blocks
+          FROM z JOIN kv_sess k ON k.instance = z.prev_instance AND k.session_id = z.session_id) z
+    JOIN kv_rm_chain rm
+      ON rm.instance = z.prev_instance AND rm.session_id = z.session_id AND rm.ts_s >= z.prev_end_s
+    WHERE rm.depth < z.n_blocks AND coalesce(rm.stored_s <= z.prev_end_s, true)
+      AND coalesce(rm.superseded_s > z.prev_end_s, true)
+    GROUP BY z.rid
+),
+-- first removal after the call itself ended (for a session's last call: abandoned KV)
+ab AS (
+    SELECT z.rid, rm.ts_s AS abandon_evict_ts_s
+    FROM (SELECT z.rid, z.session_id, z.instance, z.end_s FROM z
+          JOIN kv_sess k ON k.instance = z.instance AND k.session_id = z.session_id) z
+    ASOF JOIN kv_rm rm
+      ON rm.instance = z.instance AND rm.session_id = z.session_id AND z.end_s <= rm.ts_s
+),
+tw AS (
+    SELECT rid,
+           CAST(sum(CASE WHEN is_retry THEN 0 ELSE 1 END) OVER (t ROWS UNBOUNDED PRECEDING) AS BIGINT) AS turn_no,
+           coalesce(NOT lead(is_retry) OVER t, true) AS is_last_attempt,
+           NOT coalesce(last_value(start_s) OVER (t ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) >= end_s, false) AS is_last
+    FROM (SELECT rid, sess_key, branch, start_s, end_s, is_retry FROM z)
+    WINDOW t AS (PARTITION BY sess_key, branch ORDER BY start_s, rid)
+),
+w AS (
+    SELECT z.*, tw.turn_no, tw.is_last_attempt, tw.is_last,
+           -- abandoned (§4): the session's last call, and the data goes on for abandoned_after_s after it ended
+           -- (a session whose last call is more recent may still come back: open, not abandoned)
+           coalesce(tw.is_last AND z.session_id IS NOT NULL AND rp.data_end_s - z.end_s >= rp.abandoned_after_s,
+                    false) AS abandoned,
+           ks.session_id IS NOT NULL AS prev_kv_known,
+           ka.session_id IS NOT NULL AS own_kv_known
+    FROM z
+    JOIN tw USING (rid)
+    CROSS JOIN reuse_params rp
+    LEFT JOIN kv_sess ks ON ks.instance = z.prev_instance AND ks.session_id = z.session_id
+    LEFT JOIN kv_sess ka ON ka.instance = z.instance AND ka.session_id = z.session_id
+)
+SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.agent_name, c.attempt, c.branch,
+       c.instance, c.engine, c.model, c.start_s, c.end_s, c.ttft_s, c.queue_s, c.prefill_s, c.decode_s,
+       c.prompt_tokens, c.cached_tokens, c.output_tokens, c.system_tokens, c.tool_def_tokens, c.status, c.itl_ms,
+       w.block_size, c.block_size_source, w.prefix_caching,
+       w.prev_call_id, w.prev_instance, w.gap_before_s, w.mode,
+       w.reusable_tokens, w.reusable_tokens_eff, w.reprefill_tokens, w.miss_cause, w.context_reset, w.hit_class,
+       w.is_retry, w.turn_no, w.is_last_attempt, w.is_last,
+       w.kv_tokens_before, w.window_outcome,
+       CASE WHEN w.prev_call_id IS NULL THEN NULL WHEN w.prev_kv_known THEN 'kv_events' ELSE 'estimate' END AS rent_mode,
+       ev.evict_ts_s,
+       CASE WHEN ev.evict_ts_s IS NULL THEN NULL
+            WHEN ev.evict_ts_s < w.start_s THEN 'idle'
+            WHEN ev.evict_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0) THEN 'queued'
+            ELSE 'after_resume' END AS evict_phase,
+       CASE WHEN w.window_outcome = 'retained' THEN w.kv_tokens_before * w.gap_before_s END AS rent_paid_token_s,
+       CASE WHEN w.window_outcome = 'evicted' AND w.prev_kv_known
+                THEN w.kv_tokens_before * (least(coalesce(ev.evict_ts_s, w.start_s), w.start_s) - w.prev_end_s)
+            WHEN w.window_outcome = 'routed_away' AND w.prev_kv_known AND ev.evict_ts_s IS NOT NULL
+                THEN w.kv_tokens_before * (ev.evict_ts_s - w.prev_end_s)
+       END AS rent_wasted_token_s,
+       CASE WHEN w.abandoned
+            THEN coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0) END AS abandon_kv_tokens,
+       CASE WHEN w.abandoned AND w.own_kv_known
+            THEN (coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0))
+                 * (coalesce(ab.abandon_evict_ts_s, ke.last_s) - w.end_s) END AS abandon_rent_token_s,
+       CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored,
+       w.abandoned
+FROM w
+JOIN c USING (rid)
+LEFT JOIN ev USING (rid)
+LEFT JOIN ab USING (rid)
+LEFT JOIN kv_end ke ON ke.instance = w.instance
