@@ -127,9 +127,10 @@ def test_gateway_engine_join(store, fixtures, settings, tmp_path, how):
 
 
 def test_jsonl_gzip_and_protobuf_files(store, fixtures, settings, tmp_path):
-    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-    from google.protobuf import json_format
     import struct
+
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
     con, w = store
     doc = json.loads((fixtures / "otlp" / "agent_task_3turns.json").read_text())
