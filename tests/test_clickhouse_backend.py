@@ -32,9 +32,8 @@ from agentobs.store.writer import Writer  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
 T_SCRAPE = 1_791_970_000.0  # two scrapes 15 s apart, inside the worked example's day
-# metrics whose SQL uses a construct the ClickHouse layer does not translate yet (docs/clickhouse.md)
-# (none left: itl_tail now unions explicit column lists, capacity casts its re-prefill tokens to DOUBLE)
-NOT_YET: dict[str, str] = {}
+# every metric runs on ClickHouse (itl_tail unions explicit column lists, capacity casts its re-prefill
+# tokens to DOUBLE: docs/clickhouse.md)
 
 
 def _bump(text: str) -> str:
@@ -166,11 +165,11 @@ def test_metric_samples_same_series_and_values(both):
 @pytest.fixture(scope="module")
 def suites(both):
     con, ch, settings = both
-    chosen = [n for n in names() if n not in NOT_YET]
+    chosen = list(names())
     return compute_all(con, settings=settings, metrics=chosen), ch_metrics.compute_all(ch, settings=settings, metrics=chosen)
 
 
-@pytest.mark.parametrize("name", [n for n in names() if n not in NOT_YET])
+@pytest.mark.parametrize("name", list(names()))
 def test_metric_suite_identical(suites, name):
     duck, ours = suites[0][name], suites[1][name]
     assert duck.columns == ours.columns
@@ -189,15 +188,6 @@ def test_worked_example_hit_rate_on_clickhouse(suites):
     reuse = suites[1]["reuse"].to_dicts()[0]
     assert reuse["prompt_tokens"] == 15661 and reuse["cached_tokens"] == 9552
     assert math.isclose(reuse["hit_rate"], 9552 / 15661)
-
-
-@pytest.mark.parametrize("name", sorted(NOT_YET))
-def test_known_untranslated_metrics_fail_clearly(both, name):
-    _, ch, settings = both
-    from agentobs.errors import QueryError
-
-    with pytest.raises(QueryError, match=f"metric '{name}' failed|ClickHouse"):
-        ch_metrics.compute(name, ch, settings=settings)
 
 
 @pytest.mark.parametrize("duck_sql,expected", [
