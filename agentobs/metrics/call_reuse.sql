@@ -16,7 +16,8 @@
 --   window_outcome   the idle window before c: retained | evicted | routed_away | unknown
 --   rent_*           token-seconds of KV at rest K = P(prev)+O(prev) over that window (§4)
 -- calls_src carries rid (a row number fixed once: m_src's column, or the view's materialized CTE), so the
--- wide rows are not copied here: c is a plain CTE over calls_src, and only the final SELECT joins them back
+-- wide rows are not copied here: c is read once (by n, so it is inlined, never materialized), bh reads
+-- calls_src, and only the final SELECT joins calls_src back
 WITH c AS (
     SELECT s.rid, s.call_id, s.trace_id, s.session_id, s.task_id, s.task_type, s.tenant, s.agent_name,
            s.attempt, s.branch, s.instance, s.engine, s.model, s.start_s, s.end_s, s.ttft_s, s.queue_s,
@@ -33,7 +34,7 @@ WITH c AS (
 -- the narrow working set: every step below carries only these columns (the wide rows join back at the end)
 n AS MATERIALIZED (
     SELECT rid, call_id, session_id, branch, sess_key, instance, start_s, end_s, prompt_tokens, cached_tokens,
-           output_tokens, status, attempt, block_size, prefix_caching, queue_s, ttft_s,
+           output_tokens, status, attempt, block_size, block_size_source, prefix_caching, queue_s, ttft_s,
            block_hashes IS NOT NULL AS has_hashes
     FROM c
 ),
@@ -85,7 +86,7 @@ j AS (
 -- exact R: leading blocks of c already present among the blocks of earlier calls of the session
 bh AS (
     SELECT rid, session_id, start_s, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i
-    FROM c
+    FROM calls_src
     WHERE block_hashes IS NOT NULL AND session_id IS NOT NULL
 ),
 first_seen AS (
@@ -264,7 +265,7 @@ w AS (
 SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.agent_name, c.attempt, c.branch,
        c.instance, c.engine, c.model, c.start_s, c.end_s, c.ttft_s, c.queue_s, c.prefill_s, c.decode_s,
        c.prompt_tokens, c.cached_tokens, c.output_tokens, c.system_tokens, c.tool_def_tokens, c.status, c.itl_ms,
-       w.block_size, c.block_size_source, w.prefix_caching,
+       w.block_size, w.block_size_source, w.prefix_caching,
        w.prev_call_id, w.prev_instance, w.gap_before_s, w.mode,
        w.reusable_tokens, w.reusable_tokens_eff, w.reprefill_tokens, w.miss_cause, w.context_reset, w.hit_class,
        w.is_retry, w.turn_no, w.is_last_attempt, w.is_last,
@@ -289,7 +290,7 @@ SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.
        CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored,
        w.abandoned
 FROM w
-JOIN c USING (rid)
+JOIN calls_src c USING (rid)
 LEFT JOIN ev USING (rid)
 LEFT JOIN ab USING (rid)
 LEFT JOIN kv_end ke ON ke.instance = w.instance

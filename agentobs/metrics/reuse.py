@@ -41,17 +41,21 @@ def body_sql() -> str:
 
 
 def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: str = "*", tail: str = "",
-              abandoned_after_s: float | None = None, has_rid: bool = False) -> str:
+              abandoned_after_s: float | None = None, has_rid: bool = False, rid: str = "rid") -> str:
     """The call_reuse SELECT over ``calls`` (a relation name of ours). ``block_size`` is a SQL
     expression for the default block size (a parameter such as ``$default_block_size``); ``select``
     and ``tail`` extend the outer query (the body is aliased ``r``). All arguments are our own SQL text;
     ``abandoned_after_s`` (the setting, a number) becomes a literal after validation. ``has_rid``: ``calls``
     already has a unique row number ``rid`` (the metric run's m_src); otherwise one is assigned once, in a
-    materialized CTE (the body joins the wide rows back by rid, so it must not be recomputed)."""
+    materialized CTE (the body joins the wide rows back by rid, so it must not be recomputed). ``rid``: the
+    expression of that row number in ``calls`` — ``rowid`` when ``calls`` is a DuckDB table (the metric run's
+    m_src: no numbering pass at all; the CTE is then never materialized, each use scans the table)."""
     bs = block_size if block_size is not None else str(DEFAULT_BLOCK_SIZE)
     ab = seconds_literal(abandoned_after_s if abandoned_after_s is not None else DEFAULT_ABANDONED_AFTER_S)
     return (
-        (f"WITH calls_src AS (SELECT rid, {CALL_COLUMNS} FROM {calls}),\n" if has_rid else
+        (f"WITH calls_src AS NOT MATERIALIZED (SELECT rowid AS rid, {CALL_COLUMNS} FROM {calls}),\n"
+         if has_rid and rid == "rowid" else
+         f"WITH calls_src AS (SELECT {rid} AS rid, {CALL_COLUMNS} FROM {calls}),\n" if has_rid else
          f"WITH calls_src AS MATERIALIZED (SELECT row_number() OVER () AS rid, {CALL_COLUMNS} FROM {calls}),\n") +
         "cfg_src AS (SELECT * FROM instance_config),\n"
         "kv_src AS (SELECT * FROM kv_events),\n"
