@@ -122,12 +122,15 @@ def no_exception(pg) -> None:
 
 
 def test_every_page(console, page):
+    seen = []
     for _file, title, url, _icon, _section in PAGES:
         page.goto(f"{console}/{'' if url == 'overview' else url}")  # the default page lives at /
         page.get_by_role("heading", name=title, level=1).wait_for()
         settle(page)
         no_exception(page)
+        seen.append(page.get_by_role("heading", level=1).first.inner_text())
         shot(page, f"page-{url}")
+    assert seen == [title for _f, title, _u, _i, _s in PAGES]  # every page rendered its own title
 
 
 def test_open_session_timeline_from_sessions(console, page):
@@ -161,6 +164,7 @@ def test_filters_live_in_the_url(console, page):
     page.get_by_role("heading", name="Engines", level=1).wait_for()
     settle(page)
     page.wait_for_url(re.compile(r".*/engines\?.*model=meta-llama"))
+    assert "model=meta-llama" in page.url and "/engines" in page.url
     shot(page, "filters-in-url")
 
 
@@ -192,4 +196,5 @@ def test_sql_query_and_refused_write(console, page):
     shot(page, "sql-refused")
     _run_sql(page, "SELECT * FROM read_csv('/etc/passwd')")
     page.get_by_text(re.compile("refused: file and network access is disabled")).wait_for()
+    assert "root:" not in page.content()  # nothing of /etc/passwd reached the page
     no_exception(page)
