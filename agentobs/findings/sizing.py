@@ -2,6 +2,9 @@
 
 - ``misses(ctx, instance)``: per instance, calls, computed prefill Σ(P − C), and re-prefill X with
   its GPU-time cost per miss cause (METRICS.md §1, §3).
+- ``evicted_misses(ctx, instance)``: the evicted-prefix re-prefill of an instance (both eviction
+  causes) with the idle KV, the evidence both "add a second KV tier" rules (SGLang HiCache, vLLM
+  CPU offloading) start from; None when it is not worth a finding.
 - ``idle_kv(ctx, instance)``: the KV held by idle sessions on an instance (METRICS.md §4): every
   idle window ``[t2(prev), t0(c)]`` of a session whose previous call ran on the same instance holds
   ``K = P(prev) + O(prev)`` tokens; the peak of their sum over time is what a second tier must hold
@@ -9,6 +12,8 @@
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .context import Context
 
@@ -60,3 +65,52 @@ def idle_kv(ctx: Context, instance: str) -> dict:
 
 def gib(tokens: float, bytes_per_token: float | None) -> float | None:
     return None if not bytes_per_token else tokens * bytes_per_token / 2**30
+
+
+EVICTED_CAUSES = ("evicted_full", "evicted_partial")
+
+
+@dataclass
+class Evicted:
+    """Re-prefill of prefixes an instance evicted (METRICS.md §1 causes evicted_full + evicted_partial)."""
+
+    misses: dict        # the MISSES_SQL row
+    tokens: int         # X of both causes
+    usd: float          # its GPU-time cost
+    share: float | None  # of computed prefill Σ(P − C)
+    calls: int
+    exact: bool         # every miss measured with KV events / block hashes
+    idle: dict          # idle_kv() of the instance
+
+    @property
+    def cost_basis(self) -> str:
+        return self.misses["cost_basis"]
+
+    def evidence(self) -> dict:
+        m = self.misses
+        return {
+            "evicted_miss_calls": self.calls,
+            "evicted_full_tokens": m["cause_tokens"],
+            "evicted_partial_tokens": m["cause2_tokens"],
+            "reprefill_tokens": self.tokens,
+            "share_of_computed_prefill": self.share,
+            "reprefill_usd": self.usd,
+            "peak_idle_kv_tokens": self.idle["peak_idle_kv_tokens"],
+            "mean_idle_kv_tokens": self.idle["mean_idle_kv_tokens"],
+        }
+
+    @staticmethod
+    def sql_and_params(instance: str) -> tuple[str, dict]:
+        return (MISSES_SQL + ";\n" + IDLE_KV_SQL,
+                {"instance": instance, "cause": EVICTED_CAUSES[0], "cause2": EVICTED_CAUSES[1]})
+
+
+def evicted_misses(ctx: Context, instance: str) -> Evicted | None:
+    m = misses(ctx, instance, *EVICTED_CAUSES)
+    x = m["cause_tokens"] + m["cause2_tokens"]
+    usd = m["cause_usd"] + m["cause2_usd"]
+    share = x / m["computed_prefill"] if m["computed_prefill"] else None
+    if not ctx.at_stake(usd, x, share):
+        return None
+    n = m["cause_calls"] + m["cause2_calls"]
+    return Evicted(m, x, usd, share, n, (m["cause_exact"] + m["cause2_exact"]) == n, idle_kv(ctx, instance))

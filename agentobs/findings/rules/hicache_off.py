@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..context import Context, ceil_to, fmt_tokens, fmt_usd
 from ..finding import Finding, Scope
-from ..sizing import IDLE_KV_SQL, MISSES_SQL, gib, idle_kv, misses
+from ..sizing import evicted_misses, gib
 
 ID = "hicache_off"
 
@@ -28,21 +28,17 @@ def check(ctx: Context) -> list[Finding]:
     for inst, cfg in ctx.instances.items():
         if cfg["engine"] != "sglang" or cfg["hicache"] is not False:
             continue
-        m = misses(ctx, inst, "evicted_full", "evicted_partial")
-        x = m["cause_tokens"] + m["cause2_tokens"]
-        usd = m["cause_usd"] + m["cause2_usd"]
-        share = x / m["computed_prefill"] if m["computed_prefill"] else None
-        if not ctx.at_stake(usd, x, share):
+        ev = evicted_misses(ctx, inst)
+        if ev is None:
             continue
-        idle = idle_kv(ctx, inst)
+        x, usd, share, n = ev.tokens, ev.usd, ev.share, ev.calls
         cap = cfg["kv_capacity_tokens"]
-        peak = idle["peak_idle_kv_tokens"]
+        peak = ev.idle["peak_idle_kv_tokens"]
         ratio = max(2.0, ceil_to(peak / cap, 0.5)) if cap else 2.0
         host_gib = gib(ratio * cap, cfg["bytes_per_token"]) if cap else None
-        tax = ctx.tax(x, usd, f"GPU-time re-prefill cost ({m['cost_basis']})")
+        tax = ctx.tax(x, usd, f"GPU-time re-prefill cost ({ev.cost_basis})")
         rec = ctx.tax(x, usd, "analytical upper bound: every evicted prefix found in the host tier, load-back not "
                       "charged", method="analytical")
-        n = m["cause_calls"] + m["cause2_calls"]
         host_txt = f" (host pool ≈ {host_gib:,.0f} GiB of pinned host memory at {cfg['bytes_per_token']:,.0f} B/token)" \
             if host_gib else ""
         out.append(Finding(
@@ -51,22 +47,14 @@ def check(ctx: Context) -> list[Finding]:
             severity=ctx.severity(tax),
             scope=Scope(instance=inst, model=cfg["model"]),
             evidence=ctx.evidence({
-                "evicted_miss_calls": n,
-                "evicted_full_tokens": m["cause_tokens"],
-                "evicted_partial_tokens": m["cause2_tokens"],
-                "reprefill_tokens": x,
-                "share_of_computed_prefill": share,
-                "reprefill_usd": usd,
-                "peak_idle_kv_tokens": peak,
-                "mean_idle_kv_tokens": idle["mean_idle_kv_tokens"],
+                **ev.evidence(),
                 "kv_capacity_tokens": cap,
                 "enable_hierarchical_cache": False,
                 "suggested_hicache_ratio": ratio,
-            }, MISSES_SQL + ";\n" + IDLE_KV_SQL,
-                {"instance": inst, "cause": "evicted_full", "cause2": "evicted_partial"}),
+            }, *ev.sql_and_params(inst)),
             tax=tax,
             recoverable=rec,
-            confidence=ctx.confidence(n, exact=(m["cause_exact"] + m["cause2_exact"]) == n),
+            confidence=ctx.confidence(n, exact=ev.exact),
             remediation=(
                 f"Launch SGLang with `--enable-hierarchical-cache --hicache-ratio {ratio:g} "
                 f"--hicache-write-policy write_through`: evicted prefixes move to a host-memory tier "

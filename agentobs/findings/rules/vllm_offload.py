@@ -20,7 +20,7 @@ import math
 
 from ..context import Context, fmt_tokens, fmt_usd
 from ..finding import Finding, Scope
-from ..sizing import IDLE_KV_SQL, MISSES_SQL, gib, idle_kv, misses
+from ..sizing import evicted_misses, gib
 
 ID = "vllm_no_offload"
 
@@ -30,16 +30,12 @@ def check(ctx: Context) -> list[Finding]:
     for inst, cfg in ctx.instances.items():
         if cfg["engine"] != "vllm" or cfg["kv_offloading"] is not False:
             continue
-        m = misses(ctx, inst, "evicted_full", "evicted_partial")
-        x = m["cause_tokens"] + m["cause2_tokens"]
-        usd = m["cause_usd"] + m["cause2_usd"]
-        share = x / m["computed_prefill"] if m["computed_prefill"] else None
-        if not ctx.at_stake(usd, x, share):
+        ev = evicted_misses(ctx, inst)
+        if ev is None:
             continue
-        idle = idle_kv(ctx, inst)
-        peak = idle["peak_idle_kv_tokens"]
+        x, usd, share, n = ev.tokens, ev.usd, ev.share, ev.calls
+        peak = ev.idle["peak_idle_kv_tokens"]
         size = gib(peak, cfg["bytes_per_token"])
-        n = m["cause_calls"] + m["cause2_calls"]
         if size is not None:
             size_gib = max(1, math.ceil(size))
             how = (f"`--kv-offloading-size {size_gib} --kv-offloading-backend native` (or `--kv-offloading-backend "
@@ -50,7 +46,7 @@ def check(ctx: Context) -> list[Finding]:
             how = (f"`--kv-offloading-size <GiB> --kv-offloading-backend native` (or `lmcache`) with room for the "
                    f"observed peak of {fmt_tokens(peak)} idle-session KV tokens × the model's KV bytes per token "
                    f"(unknown for model {cfg['model']!r}: add it under [cost.kv_geometry])")
-        tax = ctx.tax(x, usd, f"GPU-time re-prefill cost ({m['cost_basis']})")
+        tax = ctx.tax(x, usd, f"GPU-time re-prefill cost ({ev.cost_basis})")
         rec = ctx.tax(x, usd, "analytical upper bound: every evicted prefix found on the CPU tier, transfer time not "
                       "charged", method="analytical")
         out.append(Finding(
@@ -59,22 +55,14 @@ def check(ctx: Context) -> list[Finding]:
             severity=ctx.severity(tax),
             scope=Scope(instance=inst, model=cfg["model"]),
             evidence=ctx.evidence({
-                "evicted_miss_calls": n,
-                "evicted_full_tokens": m["cause_tokens"],
-                "evicted_partial_tokens": m["cause2_tokens"],
-                "reprefill_tokens": x,
-                "share_of_computed_prefill": share,
-                "reprefill_usd": usd,
-                "peak_idle_kv_tokens": peak,
-                "mean_idle_kv_tokens": idle["mean_idle_kv_tokens"],
+                **ev.evidence(),
                 "kv_capacity_tokens": cfg["kv_capacity_tokens"],
                 "kv_bytes_per_token": cfg["bytes_per_token"],
                 "suggested_offloading_gib": size_gib,
-            }, MISSES_SQL + ";\n" + IDLE_KV_SQL,
-                {"instance": inst, "cause": "evicted_full", "cause2": "evicted_partial"}),
+            }, *ev.sql_and_params(inst)),
             tax=tax,
             recoverable=rec,
-            confidence=ctx.confidence(n, exact=(m["cause_exact"] + m["cause2_exact"]) == n),
+            confidence=ctx.confidence(n, exact=ev.exact),
             remediation=f"Give vLLM a CPU KV tier: {how}. Evicted prefixes are then loaded back instead of recomputed.",
             summary=(f"{n} calls recomputed {fmt_tokens(x)} evicted prefix tokens "
                      f"({share:.0%} of computed prefill), {fmt_usd(tax.usd_week)}{tax.per}"),
