@@ -5,31 +5,11 @@ the console, the CLI and the report agree. Results are cached per db stamp + win
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-
 import polars as pl
 import streamlit as st
 
 from . import data
 from .shell import Context
-
-
-def module_available(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def metrics_available() -> bool:
-    if not module_available("agentobs.metrics"):
-        return False
-    return hasattr(importlib.import_module("agentobs.metrics"), "compute")
-
-
-def findings_available() -> bool:
-    return module_available("agentobs.findings")
 
 
 def _filters_key(ctx: Context) -> tuple:
@@ -89,10 +69,8 @@ def _pair(name: str, by: str | None) -> tuple[str, str]:
 
 def suite(ctx: Context, wanted: dict[str, str | None], period: str = "current") -> dict[str, pl.DataFrame] | None:
     """{metric: grouping} → {metric: DataFrame} for the view, from the metrics API. Metrics the installed API
-    does not have yet are left out. None when the API is missing, or for ``period='previous'`` when the view
-    is open-ended (no previous period of the same length)."""
-    if not metrics_available():
-        return None
+    does not have are left out. None for ``period='previous'`` when the view is open-ended (no previous
+    period of the same length)."""
     win = _window(ctx, period)
     if win is None:
         return None
@@ -124,12 +102,6 @@ def describe(name: str) -> str:
     return f"**{name}** ({m.section or 'METRICS.md'}) — {m.definition} Unit: {m.unit}. Grain: {m.grain}."
 
 
-def missing_metrics_notice() -> None:
-    st.warning("The metrics API (`agentobs.metrics`) is not in this build yet, so this page has no numbers to show. "
-               "The console never computes METRICS.md numbers itself; they appear here once `agentobs.metrics` "
-               "is installed.")
-
-
 @st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
 def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame:
     """The metrics API's ``call_reuse`` body (agentobs.metrics.reuse.reuse_sql) over ONE session's calls:
@@ -146,10 +118,8 @@ def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame
     return df.rename({"reusable_tokens_eff": "r_eff"}, strict=False)
 
 
-def call_reuse(ctx: Context, session_id: str) -> pl.DataFrame | None:
+def call_reuse(ctx: Context, session_id: str) -> pl.DataFrame:
     """Per-call R_eff, re-prefill X, hit class and miss cause of one session (the metrics API's call_reuse)."""
-    if not metrics_available():
-        return None
     from agentobs.config import load_settings
 
     return _call_reuse(ctx.stamp, session_id, int(load_settings().default_block_size))

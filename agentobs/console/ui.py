@@ -91,12 +91,9 @@ def metric_section(ctx: Context, name: str, by: str | None = None, choose_by: bo
                    period: str = "current"):
     """A metric from the metrics API with its definition/unit caption; optional grouping selector.
     Returns (DataFrame or None, grouping used)."""
-    from . import metrics
-
-    if not metrics.metrics_available():
-        metrics.missing_metrics_notice()
-        return None, by
     from agentobs.metrics import catalogue
+
+    from . import metrics
 
     m = catalogue().get(name)
     if m is None:

@@ -21,9 +21,7 @@ if not ui.empty(ov, "engine metric samples"):
 
     st.subheader("Fleet prefix-cache hit rate from engine counters")
     fh = metrics.compute(ctx, "fleet_hit_rate", by="instance")
-    if fh is None:
-        metrics.missing_metrics_notice()
-    elif ui.empty(fh, "counter samples for the fleet hit rate"):
+    if ui.empty(fh, "counter samples for the fleet hit rate"):
         pass
     else:
         st.caption("vLLM: Δprefix_cache_hits / Δprefix_cache_queries; SGLang: Δcached_tokens / Δprompt_tokens "

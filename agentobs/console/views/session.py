@@ -40,8 +40,6 @@ c[3].metric("ΣP prompt (tokens)", ui.n(calls["prompt_tokens"].sum()))
 c[4].metric("ΣC cached (tokens)", ui.n(calls["cached_tokens"].sum()))
 c[5].metric("errors", f"{(calls['status'] == 'error').sum():,}")
 
-if reuse is None:
-    metrics.missing_metrics_notice()
 table = charts.timeline_calls(calls, reuse)
 st.altair_chart(charts.timeline(table, tools), width="stretch")
 st.caption("Lanes: one per instance, then tool calls and idle gaps (tool execution / think time between a call's end "
