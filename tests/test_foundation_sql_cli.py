@@ -157,3 +157,24 @@ def test_docs_cover_every_setting_and_command():
 
     for full in walk(cli, "agentobs"):
         assert f"`{full}" in cli_doc, f"docs/cli.md misses `{full}`"
+
+
+def test_writer_counts_new_rows_per_table(db_path):
+    """Two tables committed in one batch: each ticket gets its own table's count of new rows."""
+    con = connect(db_path)
+
+    def scrapes(n, base=0):
+        return pa.table({"ts": pa.array([(base + i) * 1_000_000 for i in range(n)], pa.timestamp("us")),
+                         "instance": ["i"] * n, "url": [None] * n, "ok": [True] * n, "error": [None] * n,
+                         "duration_s": [0.1] * n, "samples": [1] * n})
+
+    def config(n):
+        return pa.table({"instance": ["i"] * n, "ts": pa.array([0] * n, pa.timestamp("us")), "engine": ["vllm"] * n,
+                         "key": [f"k{i}" for i in range(n)], "value": ["v"] * n, "source": ["t"] * n})
+
+    with Writer(con, batch_rows=10_000, flush_s=10) as w:
+        w.write("scrapes", scrapes(3))  # 3 rows already present
+        a = w.submit("scrapes", scrapes(5))  # 3 duplicates + 2 new
+        b = w.submit("engine_config", config(4))  # 4 new
+        w.flush()  # both tickets commit in one transaction
+        assert (a.wait(), b.wait()) == (2, 4)

@@ -27,6 +27,7 @@ APPEND_ONLY = {"ingest_log"}  # no primary key: plain INSERT
 @dataclass
 class Ticket:
     rows: int
+    table: str = ""
     _done: threading.Event = field(default_factory=threading.Event)
     inserted: int = 0
     error: BaseException | None = None
@@ -72,7 +73,7 @@ class Writer:
             raise ValueError(f"unknown table {table!r}")
         if self._closed:
             raise StoreError("writer is closed")
-        t = Ticket(rows=data.num_rows)
+        t = Ticket(rows=data.num_rows, table=table)
         self._q.put((table, data, t))
         return t
 
@@ -145,9 +146,8 @@ class Writer:
 
     def _commit(self, pending: dict[str, list[pa.Table]], tickets: list[Ticket]) -> None:
         t0 = time.perf_counter()
-        inserted: dict[int, int] = {}
+        per_table: dict[str, int] = {}
         err: BaseException | None = None
-        total = 0
         try:
             self._cur.execute("BEGIN")
             for table, parts in pending.items():
@@ -158,10 +158,7 @@ class Writer:
                     res = self._cur.execute(f"{verb} INTO {table} BY NAME SELECT * FROM _agentobs_batch").fetchone()
                 finally:
                     self._cur.unregister("_agentobs_batch")
-                n = int(res[0]) if res else 0
-                total += n
-                for p in parts:
-                    inserted[id(p)] = n  # per-table count; a ticket reports its table's insert count
+                per_table[table] = int(res[0]) if res else 0
             self._cur.execute("COMMIT")
         except BaseException as e:  # noqa: BLE001 - reported through every ticket
             err = e
@@ -169,6 +166,7 @@ class Writer:
                 self._cur.execute("ROLLBACK")
             except duckdb.Error:
                 pass
+        total = sum(per_table.values()) if err is None else 0
         dt = time.perf_counter() - t0
         self.stats.batches += 1
         self.stats.rows_submitted += sum(t.rows for t in tickets)
@@ -180,12 +178,15 @@ class Writer:
                 self.on_commit(dt, total)
             except Exception:  # noqa: BLE001 - metrics must never break writes
                 pass
-        # tickets learn how many rows their batch inserted (approximation when batches merge)
-        share = total
+        # Each ticket learns how many of its rows were new. DuckDB reports one count per table and
+        # batch; when several tickets of one table were merged, the new rows are credited to the
+        # earliest tickets first (exact whenever a batch holds one ticket per table, or none or all
+        # of the rows were duplicates).
+        left = dict(per_table) if err is None else {}
         for t in tickets:
             t.error = err
-            t.inserted = min(t.rows, share) if err is None else 0
-            share -= t.inserted
+            t.inserted = min(t.rows, left.get(t.table, 0))
+            left[t.table] = left.get(t.table, 0) - t.inserted
             t._done.set()
 
 
