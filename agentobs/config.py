@@ -148,6 +148,12 @@ def _coerce(setting: Setting, value: Any, where: str) -> Any:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise TypeError
             return list(value)
+        if setting.type is bool:
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes", "false", "0", "no"):
+                return value.strip().lower() in ("true", "1", "yes")
+            raise TypeError
         if setting.type is int and not isinstance(value, bool):
             return int(value)
         if setting.type is float and not isinstance(value, bool):

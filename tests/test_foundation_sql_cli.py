@@ -178,3 +178,12 @@ def test_writer_counts_new_rows_per_table(db_path):
         b = w.submit("engine_config", config(4))  # 4 new
         w.flush()  # both tickets commit in one transaction
         assert (a.wait(), b.wait()) == (2, 4)
+
+
+def test_bool_settings_coerce_from_toml_and_env():
+    from agentobs.config import Setting, _coerce
+
+    flag = Setting("x", False, "a flag", bool)
+    assert (_coerce(flag, True, "f"), _coerce(flag, "false", "env"), _coerce(flag, "1", "env")) == (True, False, True)
+    with pytest.raises(ConfigError, match="setting 'x' must be bool, got 'maybe'"):
+        _coerce(flag, "maybe", "env")
