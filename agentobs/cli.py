@@ -57,6 +57,30 @@ def common(f):
     return wrapper
 
 
+# --- backend choice (agentobs/backends/source.py, docs/clickhouse.md) --------------------------------
+def backend_opts(f):
+    """--backend duckdb|clickhouse and --clickhouse-url (defaults: settings backend / clickhouse_url, also
+    $AGENTOBS_BACKEND / $AGENTOBS_CLICKHOUSE_URL)."""
+    f = click.option("--clickhouse-url", "clickhouse_url", default=None,
+                     help="ClickHouse for --backend clickhouse: chdb:///DIR (in-process) or "
+                          "http(s)://user:pass@host:8123/db (default: setting clickhouse_url).")(f)
+    return click.option("--backend", "backend", type=click.Choice(["duckdb", "clickhouse"]), default=None,
+                        help="Read the DuckDB store (--db) or ClickHouse (--clickhouse-url); default: setting "
+                             "backend (duckdb).")(f)
+
+
+def _source(ctx: Ctx, backend: str | None, clickhouse_url: str | None):
+    """What the metrics API takes as ``db``: the store path, or an open ClickHouse connection (closed on exit)."""
+    from .backends.source import open_source
+
+    return open_source(ctx.settings, backend, clickhouse_url, ctx.db)
+
+
+def _is_ch(src) -> bool:
+    return not isinstance(src, str)
+# --- end backend choice ----------------------------------------------------------------------------
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option("--db", default=None, envvar="AGENTOBS_DB", help="DuckDB file (default ./agentobs.duckdb).")
 @click.option("--config", default=None, envvar="AGENTOBS_CONFIG", help="Settings file (TOML).")
@@ -190,16 +214,24 @@ def import_kv_cmd(ctx: Ctx, paths, instance):
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the result to a file (atomically).")
 @click.option("--max-rows", type=int, default=None, help="Row cap (default: setting sql_row_cap).")
 @click.option("--timeout", type=float, default=None, help="Time limit in seconds (default: setting sql_timeout_s).")
+@backend_opts
 @common
-def sql_cmd(ctx: Ctx, query, fmt, out, max_rows, timeout):
-    """Run one read-only SELECT over the store (no writes, no file or network access)."""
+def sql_cmd(ctx: Ctx, query, fmt, out, max_rows, timeout, backend, clickhouse_url):
+    """Run one read-only SELECT over the store (no writes, no file or network access). With --backend
+    clickhouse: ClickHouse SQL over the same views (llm_calls, sessions, ...)."""
     from .output import atomic_write, render
     from .sql import run_query
 
     if fmt == "parquet" and not out:
         raise click.UsageError("--format parquet needs --out FILE")
-    res = run_query(query, ctx.db, row_cap=max_rows or ctx.settings.sql_row_cap,
-                    timeout_s=timeout or ctx.settings.sql_timeout_s)
+    cap, limit = max_rows or ctx.settings.sql_row_cap, timeout or ctx.settings.sql_timeout_s
+    with _source(ctx, backend, clickhouse_url) as src:
+        if _is_ch(src):
+            from .backends.clickhouse.sql import run_query as ch_run_query
+
+            res = ch_run_query(src, query, row_cap=cap, timeout_s=limit)
+        else:
+            res = run_query(query, src, row_cap=cap, timeout_s=limit)
     data = render(res.table, fmt, console=console if not out else Console(file=open(out, "w")))  # noqa: SIM115
     if data is not None:
         if out:
@@ -536,8 +568,9 @@ def console_cmd(ctx: Ctx, host, port):
 @click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
               help="Only calls with KEY=VALUE (instance, model, engine, task_type, tenant, agent_name, session, task); repeatable.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@backend_opts
 @common
-def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt):
+def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, backend, clickhouse_url):
     """Agent metrics (METRICS.md). Without NAME: the catalogue with one-line definitions."""
     from .metrics import catalogue_table, compute
 
@@ -550,8 +583,9 @@ def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt):
         if not sep or not key.strip():
             raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
         flt.setdefault(key.strip(), []).append(value)
-    df = compute(name, db=ctx.db, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
-    _emit(df.to_arrow(), fmt, f"{name}" + (f" by {by}" if by else ""))
+    with _source(ctx, backend, clickhouse_url) as src:
+        df = compute(name, db=src, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
+    _emit(df.to_arrow(), fmt, f"{name}" + (f" by {by}" if by else "") + (" (ClickHouse)" if _is_ch(src) else ""))
 # --- end metrics -----------------------------------------------------------------------------------
 
 
@@ -564,16 +598,19 @@ def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt):
               help="Report directory (replaced atomically): report.html, summary.md, manifest.json, tables/.")
 @click.option("--require-data", is_flag=True, default=False,
               help="Exit 4 when the period has no model calls (the report saying so is still written).")
+@backend_opts
 @common
-def report_cmd(ctx: Ctx, week, since, until, out, require_data):
+def report_cmd(ctx: Ctx, week, since, until, out, require_data, backend, clickhouse_url):
     """Weekly cost-attribution report (default: the last full ISO week): self-contained HTML, a Markdown
     summary, CSV + Parquet of every attribution table. Rerunnable for any past week."""
     from .report import build, resolve, write
     from .store.db import connect
 
     period = resolve(week, since, until)
-    connect(ctx.db, read_only=True).close()  # one clear line if the store is missing
-    rep = build(ctx.db, period, ctx.settings)
+    with _source(ctx, backend, clickhouse_url) as src:
+        if not _is_ch(src):
+            connect(src, read_only=True).close()  # one clear line if the store is missing
+        rep = build(src, period, ctx.settings)
     path = write(rep, out)
     if rep.has_data:
         err_console.print(f"report {period.label}: {rep.calls:,} calls → {path}/report.html, summary.md, "
@@ -590,8 +627,9 @@ def report_cmd(ctx: Ctx, week, since, until, out, require_data):
 @click.option("--port", type=int, default=None, help="Port (default from exporter_listen: 9465; 0 picks a free one).")
 @click.option("--window", "window_s", type=float, default=None, help="Seconds of calls covered (setting exporter_window_s).")
 @click.option("--refresh", "refresh_s", type=float, default=None, help="Seconds between snapshots (exporter_refresh_s).")
+@backend_opts
 @common
-def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s):
+def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s, backend, clickhouse_url):
     """Serve the derived agent metrics (reuse hit rate, re-prefill share, recompute tax and idle rent $/h by
     instance/model/task type) on a Prometheus /metrics endpoint until SIGTERM/SIGINT."""
     import signal
@@ -600,19 +638,22 @@ def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s):
     from .exporter import serve
     from .store.db import connect
 
-    connect(ctx.db, read_only=True).close()
     lhost, _, lport = str(ctx.settings.exporter_listen).rpartition(":")
     host = host or lhost or "127.0.0.1"
     port = port if port is not None else int(lport or 9465)
-    server, collector = serve(ctx.db, host, port, ctx.settings, refresh_s=refresh_s, window_s=window_s)
-    err_console.print(f"agentobs exporter on http://{host}:{server.server_port}/metrics — store {ctx.db} (read-only), "
-                      f"window {collector.window_s:g} s, refresh every {collector.refresh_s:g} s", highlight=False)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
-    server.shutdown()
-    collector.stop()
+    with _source(ctx, backend, clickhouse_url) as src:
+        if not _is_ch(src):
+            connect(src, read_only=True).close()
+        server, collector = serve(src, host, port, ctx.settings, refresh_s=refresh_s, window_s=window_s)
+        store = f"ClickHouse {src}" if _is_ch(src) else f"store {src} (read-only)"
+        err_console.print(f"agentobs exporter on http://{host}:{server.server_port}/metrics — {store}, "
+                          f"window {collector.window_s:g} s, refresh every {collector.refresh_s:g} s", highlight=False)
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        stop.wait()
+        server.shutdown()
+        collector.stop()
 # --- end report ------------------------------------------------------------------------------------
 
 
@@ -625,8 +666,9 @@ def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s):
 @click.option("--all", "show_all", is_flag=True, default=False, help="Also show acknowledged findings.")
 @click.option("--no-simulate", "no_simulate", is_flag=True, default=False,
               help="Skip the simulator replay: recoverable tax from the analytical estimate only (faster).")
+@backend_opts
 @common
-def findings_cmd(ctx: Ctx, since, until, fmt, show_all, no_simulate):
+def findings_cmd(ctx: Ctx, since, until, fmt, show_all, no_simulate, backend, clickhouse_url):
     """Default configs that make sessions pay a recompute tax: evidence, tokens and $ per week, the exact fix
     (docs/findings.md). Subcommands acknowledge a finding until a date."""
     if click.get_current_context().invoked_subcommand:
@@ -634,8 +676,9 @@ def findings_cmd(ctx: Ctx, since, until, fmt, show_all, no_simulate):
     from .findings import run
     from .findings.render import to_json, to_markdown, to_table
 
-    found = run(ctx.db, since=since, until=until, settings=ctx.settings, include_acked=show_all,
-                simulate=not no_simulate)
+    with _source(ctx, backend, clickhouse_url) as src:  # ClickHouse: no acknowledgements (docs/clickhouse.md)
+        found = run(src, since=since, until=until, settings=ctx.settings, include_acked=show_all,
+                    simulate=not no_simulate)
     if fmt == "json":
         sys.stdout.buffer.write(to_json(found))
     elif fmt == "markdown":
@@ -700,9 +743,9 @@ def clickhouse_grp():
 
 
 def _ch_url(f):
-    return click.option("--clickhouse-url", "url", envvar="AGENTOBS_CLICKHOUSE_URL", default="chdb:///agentobs.chdb",
-                        show_default=True,
-                        help="chdb:///DIR (in-process chDB) or http(s)://user:pass@host:8123/db (a server).")(f)
+    return click.option("--clickhouse-url", "url", default=None,
+                        help="chdb:///DIR (in-process chDB) or http(s)://user:pass@host:8123/db (a server); "
+                             "default: setting clickhouse_url ($AGENTOBS_CLICKHOUSE_URL, chdb:///agentobs.chdb).")(f)
 
 
 @clickhouse_grp.command("init")
@@ -713,7 +756,7 @@ def ch_init_cmd(ctx: Ctx, url):
     from .backends.clickhouse import model
     from .backends.clickhouse.conn import ClickHouse
 
-    ch = ClickHouse(url)
+    ch = ClickHouse(url or ctx.settings.clickhouse_url)
     try:
         model.create_tables(ch, ctx.settings)
         model.create_views(ch, ctx.settings)
@@ -737,7 +780,7 @@ def ch_load_cmd(ctx: Ctx, paths, instance, at, url):
     from .backends.clickhouse.conn import ClickHouse
     from .collect.files import decode_otlp_file, parse_at, snapshot_time
 
-    ch = ClickHouse(url)
+    ch = ClickHouse(url or ctx.settings.clickhouse_url)
     try:
         model.create_tables(ch, ctx.settings)
         model.create_views(ch, ctx.settings)
@@ -778,7 +821,7 @@ def ch_metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, url):
         if not sep or not key.strip():
             raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
         flt.setdefault(key.strip(), []).append(value)
-    ch = ClickHouse(url)
+    ch = ClickHouse(url or ctx.settings.clickhouse_url)
     try:
         df = chm.compute(name, ch, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
     finally:
@@ -797,7 +840,7 @@ def ch_sql_cmd(ctx: Ctx, query, fmt, max_rows, url):
     from .backends.clickhouse.conn import ClickHouse
     from .backends.clickhouse.sql import run_select
 
-    ch = ClickHouse(url)
+    ch = ClickHouse(url or ctx.settings.clickhouse_url)
     try:
         table = run_select(ch, query, row_cap=max_rows or ctx.settings.sql_row_cap,
                            timeout_s=ctx.settings.sql_timeout_s)

@@ -58,6 +58,10 @@ TENANT_KEYS = [
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("db", "agentobs.duckdb", "Path of the DuckDB file (also --db and $AGENTOBS_DB)."),
+    Setting("backend", "duckdb", "Engine that metrics, sql, findings, report and exporter read: duckdb (the store "
+            "--db) or clickhouse (--clickhouse-url; docs/clickhouse.md). Also --backend."),
+    Setting("clickhouse_url", "chdb:///agentobs.chdb", "ClickHouse for --backend clickhouse: chdb:///DIR (in-process "
+            "chDB), chdb: (memory) or http(s)://user:password@host:8123/database. Also --clickhouse-url."),
     Setting("session_keys", SESSION_KEYS, "Span attributes holding the session id, first match wins.", list),
     Setting("task_keys", TASK_KEYS, "Span attributes holding the task id; else the root trace id.", list),
     Setting("task_type_keys", TASK_TYPE_KEYS, "Span attributes holding the task type.", list),

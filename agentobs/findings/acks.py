@@ -20,6 +20,8 @@ ACKS_SQL = "SELECT finding_id, reason, until, created_at, created_by FROM findin
 
 
 def _table_exists(con: duckdb.DuckDBPyConnection) -> bool:
+    if not isinstance(con, duckdb.DuckDBPyConnection):
+        return False  # the ClickHouse backend's cursor: acknowledgements live in the DuckDB store only
     return bool(con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'findings_acks'").fetchall()[0][0])
 
 

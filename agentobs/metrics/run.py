@@ -325,8 +325,14 @@ def _stamp(path: str | None) -> tuple | None:
     return tuple(out) if out[1] is not None else None
 
 
+def _clickhouse(db) -> bool:
+    """Whether ``db`` is an agentobs.backends.clickhouse ``ClickHouse`` connection (docs/clickhouse.md)."""
+    return type(db).__name__ == "ClickHouse" and type(db).__module__ == "agentobs.backends.clickhouse.conn"
+
+
 def _share_key(db, con, since, until, filters: dict, settings: Settings) -> tuple | None:
-    stamp = _stamp(_db_file(db, con))
+    # ClickHouse: shared while open on the same connection object (no file stamp to compare)
+    stamp = ("clickhouse", id(db)) if _clickhouse(db) else _stamp(_db_file(db, con))
     if stamp is None:
         return None
     fp = json.dumps(settings.values, sort_keys=True, default=str)
@@ -367,7 +373,12 @@ def prepare(db=None, since=None, until=None, filters: dict | None = None, settin
             hit.users += 1
     if hit is not None:
         return hit.run, _release(key, hit)
-    con, own = _open(db)
+    if _clickhouse(db):  # the same MetricRun over a cursor that speaks ClickHouse (agentobs.backends.clickhouse)
+        from ..backends.clickhouse.metrics import ClickHouseCursor
+
+        con, own = ClickHouseCursor(db), True  # its close() drops the run's tables, not the connection
+    else:
+        con, own = _open(db)
     try:
         run = MetricRun(con, t_since, t_until, flt, settings, cost)
     except BaseException:
@@ -389,7 +400,8 @@ def prepare(db=None, since=None, until=None, filters: dict | None = None, settin
 
 def compute(name: str, db=None, since=None, until=None, by: str | None = None, filters: dict | None = None,
             settings: Settings | None = None, clock: Callable[[], float] = time.time) -> pl.DataFrame:
-    """One metric as a DataFrame. ``db``: a path or an open (possibly read-only) DuckDB connection."""
+    """One metric as a DataFrame. ``db``: a path, an open (possibly read-only) DuckDB connection, or an
+    agentobs.backends.clickhouse ``ClickHouse`` connection."""
     metric = get_metric(name)
     if by is not None and by not in metric.by:
         raise QueryError(f"metric {name!r} cannot be grouped by {by!r}; it supports {', '.join(metric.by)}")

@@ -81,6 +81,15 @@ class ClickHouse:
         else:
             raise ConfigError(f"--clickhouse-url {url!r}: use chdb:, chdb:///path or http(s)://host:8123/db")
 
+    def __str__(self) -> str:
+        """The URL without its password (reports and logs name the source by it)."""
+        u = urlsplit(self.url)
+        if u.password is None:
+            return self.url
+        host = u.hostname or ""
+        netloc = f"{u.username}:***@{host}" + (f":{u.port}" if u.port else "")
+        return u._replace(netloc=netloc).geturl()
+
     def command(self, sql: str, params: dict | None = None) -> None:
         try:
             if self.kind == "chdb":

@@ -32,7 +32,12 @@ PARAM_TYPES = {
     "instances": "Array(String)", "metrics": "Array(String)",
     "bucket_s": "Float64", "itl_slo_ms": "Float64", "itl_tail_mode": "String", "long_prefill_tokens": "Int64",
     "ttft_slo_s": "Float64", "default_block_size": "Int32",
+    # findings (agentobs/findings), report (agentobs/report/build.py)
+    "instance": "String", "cause": "String", "cause2": "String", "mode": "String", "slo_ms": "Float64",
+    "long_tokens": "Int64", "queue_s": "Float64", "lo": "Nullable(Float64)", "hi": "Nullable(Float64)",
+    "ids": "Array(String)",
 }
+LIST_PARAMS = {"instances", "metrics", "ids"}  # lists cannot be NULL in ClickHouse: None → []
 
 
 def param_type(name: str) -> str:
@@ -184,6 +189,41 @@ def _alias_columns(select: exp.Select) -> None:
             e.replace(exp.alias_(e.copy(), e.name, quoted=False))
 
 
+def _is_predicate(e) -> bool:
+    if isinstance(e, exp.Paren):
+        return _is_predicate(e.this)
+    if isinstance(e, (exp.Predicate, exp.Connector, exp.Not, exp.Boolean, exp.Exists)):
+        return True
+    if isinstance(e, exp.Case):
+        branches = [i.args.get("true") for i in e.args.get("ifs") or []] + [e.args.get("default")]
+        known = [b for b in branches if b is not None and not isinstance(b, exp.Null)]
+        return bool(known) and all(_is_predicate(b) for b in known)
+    return False
+
+
+def _bool_columns(select: exp.Select) -> None:
+    """``a = b AS x``: DuckDB gives BOOLEAN, ClickHouse UInt8 (0/1), which Python reads as an int (and
+    ``x is False`` fails): cast named predicate projections to Bool (NULL kept: cast_keep_nullable)."""
+    for e in select.expressions:
+        if isinstance(e, exp.Alias) and _is_predicate(e.this):
+            e.set("this", exp.Cast(this=e.this, to=exp.DataType.build("BOOLEAN")))
+
+
+def _order_by_alias(select: exp.Select) -> None:
+    """DuckDB resolves ``ORDER BY x`` to the output column ``… AS x`` first; with prefer_column_name_to_alias
+    ClickHouse takes the input column ``x`` (not grouped, when the output is ``coalesce(x, '') AS x``): order
+    by the projection's expression instead."""
+    order = select.args.get("order")
+    if order is None:
+        return
+    aliased = {e.alias: e.this for e in select.expressions
+               if isinstance(e, exp.Alias) and not (isinstance(e.this, exp.Column) and e.this.name == e.alias)}
+    for o in order.expressions:
+        c = o.this
+        if isinstance(c, exp.Column) and not c.table and c.name in aliased:
+            c.replace(aliased[c.name].copy())
+
+
 def _expand_stars(select: exp.Select, schema: dict[str, tuple[str, ...]]) -> None:
     """``s.*`` over a joined relation whose columns we know → explicit ``s.col AS col`` (ClickHouse would
     name a column that is ambiguous across the join ``s.col``)."""
@@ -248,6 +288,8 @@ def _to_clickhouse(sql: str, schema_items: tuple) -> str:
     tree = tree.transform(_intdiv)
     for sel in list(tree.find_all(exp.Select)):
         _alias_columns(sel)
+        _order_by_alias(sel)
+        _bool_columns(sel)
     tree = tree.transform(_string_agg)
     tree = tree.transform(_quantiles)
     for sel in list(tree.find_all(exp.Select)):

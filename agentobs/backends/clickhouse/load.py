@@ -135,3 +135,32 @@ def metrics_rows(text: str, instance: str, at: float) -> dict[str, pa.Table]:
                 cols[k] = pa.array(cols[k], pa.timestamp("ns", tz="UTC"))
             out[table] = pa.table(cols)
     return out
+
+
+def from_duckdb(con, ch, batch_rows: int = 200_000) -> dict[str, int]:
+    """Copy a DuckDB store (agentobs.store) into ClickHouse, {table: rows}: spans → ``otel_traces`` as the
+    exporter would write them (the materialized view resolves them again), metric samples straight into
+    ``metric_samples`` (the shape the exporter's metric views produce), ``engine_config`` and ``kv_events``
+    into the side tables. ``vllm:cache_config_info`` samples are left out: their labels are in
+    ``engine_config`` already, and the ClickHouse ``engine_config`` view would derive them a second time.
+    For moving a store to ClickHouse and for tests that compare the two engines on the same data."""
+    copies = (
+        ("otel_traces", "SELECT * FROM spans ORDER BY trace_id, span_id", traces_rows),
+        ("metric_samples", "SELECT ts, instance, metric, labels, labels_key, value, engine FROM metric_samples "
+                           "WHERE metric <> 'vllm:cache_config_info'", None),
+        ("agentobs_engine_config", "SELECT instance, ts, engine, key, value, source FROM engine_config", None),
+        ("agentobs_kv_events", "SELECT instance, ts, seq, event_idx, type, block_hashes, parent_block_hash, "
+                               "num_tokens, block_size, medium, session_id, lora_name FROM kv_events", None),
+    )
+    out = {}
+    for table, sql, convert in copies:
+        n = 0
+        reader = con.cursor().sql(sql).to_arrow_reader(batch_rows)
+        for batch in reader:
+            t = pa.Table.from_batches([batch])
+            if not t.num_rows:
+                continue
+            ch.insert_arrow(table, convert(t) if convert else t)
+            n += t.num_rows
+        out[table] = n
+    return out

@@ -1,5 +1,5 @@
 """The metric suite on ClickHouse: agentobs.metrics' own MetricRun, unchanged, over a cursor that
-speaks ClickHouse.
+speaks ClickHouse (``agentobs.metrics.prepare(db=ClickHouse(url))`` picks it).
 
 ``MetricRun`` (agentobs/metrics/run.py) prepares its tables and runs every metric through a DuckDB
 cursor's ``execute`` / ``register`` / ``sql(...).pl()``. ``ClickHouseCursor`` offers the same calls:
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import time
 from collections.abc import Callable, Iterable
 
@@ -20,12 +21,10 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from ...config import Settings, load_settings
+from ...config import Settings
 from ...errors import QueryError
-from ...metrics.cost import parse_cost
-from ...metrics.run import MetricRun, _normalize_filters, get_metric, names, parse_time
 from .conn import ClickHouse
-from .dialect import to_clickhouse
+from .dialect import LIST_PARAMS, to_clickhouse
 from .model import reuse_schema
 
 _RUN_TABLES = ("m_src", "m_cost", "m_calls", "m_samples", "m_cost_arrow")
@@ -34,7 +33,13 @@ _seq = itertools.count()
 
 class _Result:
     def __init__(self, table: pa.Table):
-        self._t = table
+        # ClickHouse counts are UInt64; DuckDB's (and so every consumer's) BIGINT
+        fields = [pa.field(f.name, pa.int64()) if pa.types.is_unsigned_integer(f.type) else f for f in table.schema]
+        self._t = table.cast(pa.schema(fields)) if fields != list(table.schema) else table
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._t.column_names)
 
     def fetchall(self):
         cols = [c.to_pylist() for c in self._t.columns]
@@ -69,6 +74,8 @@ class ClickHouseCursor:
         tree = sqlglot.parse_one(sql, read="duckdb")
         for t in tree.find_all(exp.Table):
             if t.name in _RUN_TABLES and not t.db:
+                if not t.alias and isinstance(t.parent, (exp.From, exp.Join)):  # `m_calls.col` keeps resolving
+                    t.set("alias", exp.TableAlias(this=exp.to_identifier(t.name)))
                 t.set("this", exp.to_identifier(self._name(t.name)))
         # CREATE [OR REPLACE] TEMP TABLE x AS ... → a Memory table (dropped on close)
         create = tree if isinstance(tree, exp.Create) else None
@@ -90,7 +97,7 @@ class ClickHouseCursor:
     def _params(params) -> dict:
         out = {}
         for k, v in (params or {}).items():
-            if k in ("instances", "metrics") or k.startswith("f_"):
+            if k in LIST_PARAMS or k.startswith("f_"):
                 v = list(v or [])
             out[k] = v
         return out
@@ -113,6 +120,17 @@ class ClickHouseCursor:
             return self
         q = self._translate(s)
         p = self._params(params)
+        # UPDATE / DELETE on a run's table (findings narrow the window: agentobs/findings/context.py) → a
+        # mutation of the Memory table, synchronous there
+        m = re.match(r"(?is)^\s*(UPDATE\s+(\S+)\s+SET\b|DELETE\s+FROM\s+(\S+)\s+WHERE\b)", q)
+        if m:
+            if m.group(2):
+                q = f"ALTER TABLE {m.group(2)} UPDATE " + q[m.end():]
+            else:
+                q = f"ALTER TABLE {m.group(3)} DELETE WHERE " + q[m.end():]
+            self.ch.command(q, p)
+            self._last = None
+            return self
         if q.lstrip().upper().startswith("CREATE"):
             self.ch.command(q, p)
             self._last = None
@@ -153,26 +171,18 @@ def _ch_type(t: pa.DataType) -> str:
     raise QueryError(f"no ClickHouse type for {t}")
 
 
-def prepare(ch: ClickHouse, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
-            clock: Callable[[], float] = time.time) -> MetricRun:
-    settings = settings if settings is not None else load_settings()
-    return MetricRun(ClickHouseCursor(ch), parse_time(since, clock, "since"), parse_time(until, clock, "until"),
-                     _normalize_filters(filters), settings, parse_cost(settings.section("cost")))
-
-
+# agentobs.metrics.prepare / compute / compute_all take a ClickHouse connection as ``db`` and run the same
+# MetricRun over ClickHouseCursor; these are the same calls under the names this module always had.
 def compute_all(ch: ClickHouse, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
                 metrics: Iterable[str] | None = None, by: dict[str, str] | None = None,
                 clock: Callable[[], float] = time.time) -> dict[str, pl.DataFrame]:
-    chosen = list(metrics) if metrics is not None else names()
-    for n in chosen:
-        get_metric(n)
-    run = prepare(ch, since, until, filters, settings, clock)
-    try:
-        return {n: run.compute(n, (by or {}).get(n)) for n in chosen}
-    finally:
-        run.close()
+    from ...metrics.run import compute_all as _compute_all
+
+    return _compute_all(ch, since, until, filters, settings, metrics, by, clock)
 
 
 def compute(name: str, ch: ClickHouse, since=None, until=None, by: str | None = None, filters: dict | None = None,
             settings: Settings | None = None, clock: Callable[[], float] = time.time) -> pl.DataFrame:
-    return compute_all(ch, since, until, filters, settings, [name], {name: by} if by else None, clock)[name]
+    from ...metrics.run import compute as _compute
+
+    return _compute(name, ch, since, until, by, filters, settings, clock)

@@ -7,6 +7,8 @@ is refused by ClickHouse. For a server, use a ClickHouse user with read-only gra
 
 from __future__ import annotations
 
+import time
+
 import pyarrow as pa
 import sqlglot
 from sqlglot import exp
@@ -27,13 +29,19 @@ def check_select(query: str) -> str:
     return query.strip().rstrip(";")
 
 
-def run_select(ch: ClickHouse, query: str, row_cap: int = 100_000, timeout_s: float = 30.0) -> pa.Table:
+def run_query(ch: ClickHouse, query: str, row_cap: int = 10_000, timeout_s: float = 30.0):
+    """The query as an agentobs.sql.QueryResult (truncation noted, elapsed time), as `agentobs sql` shows it."""
+    from ...sql import QueryResult
+
+    t0 = time.perf_counter()
     q = check_select(query)
     if "settings" in q.lower().split()[-6:]:
         raise QueryError("a SETTINGS clause is not allowed")
-    sql = (f"SELECT * FROM ({q}) LIMIT {int(row_cap) + 1} "
-           f"SETTINGS readonly = 1, max_execution_time = {float(timeout_s)}")
-    t = ch.arrow(sql)
-    if t.num_rows > row_cap:
-        t = t.slice(0, row_cap)
-    return t
+    t = ch.arrow(f"SELECT * FROM ({q}) LIMIT {int(row_cap) + 1} "
+                 f"SETTINGS readonly = 1, max_execution_time = {float(timeout_s)}")
+    truncated = t.num_rows > row_cap
+    return QueryResult(t.slice(0, row_cap) if truncated else t, truncated, row_cap, time.perf_counter() - t0)
+
+
+def run_select(ch: ClickHouse, query: str, row_cap: int = 100_000, timeout_s: float = 30.0) -> pa.Table:
+    return run_query(ch, query, row_cap, timeout_s).table
