@@ -44,7 +44,7 @@ def run(db, since=None, until=None, settings: Settings | None = None, *, include
     mrun, close = prepare(db, since, until, settings=settings, clock=clock)
     try:
         given = mrun.since is not None
-        start = mrun.since if given else default_since(mrun.cur, mrun.until,
+        start = mrun.since if given else default_since(mrun, mrun.until,
                                                        float(settings.get("findings_default_window_s")))
         ctx = Context(mrun.cur, settings, start, mrun.until, clock, since_given=given)
         found: list[Finding] = []

@@ -201,17 +201,17 @@ WHERE in_filter AND ($until IS NULL OR start_s < $until)
 """
 
 
-def default_since(cur, until: float | None, window_s: float) -> float | None:
+def default_since(run, until: float | None, window_s: float) -> float | None:
     """The default window start: ``window_s`` before ``until``, or before the newest call's start when
-    ``until`` is not given; the metric run's ``in_win`` flags and engine samples are narrowed to it."""
+    ``until`` is not given; the metric run's ``in_win`` flags and engine samples are narrowed to it
+    (``run``: an agentobs.metrics MetricRun)."""
     end = until
     if end is None:
-        end = cur.sql(DEFAULT_SINCE_SQL, params={"until": None}).fetchall()[0][0]
+        end = run.cur.sql(DEFAULT_SINCE_SQL, params={"until": None}).fetchall()[0][0]
         if end is None:
             return None
     since = float(end) - float(window_s)
-    cur.execute("UPDATE m_calls SET in_win = false WHERE in_win AND start_s < $since", {"since": since})
-    cur.execute("DELETE FROM m_samples WHERE ts_s < $since", {"since": since})
+    run.restrict_since(since)
     return since
 
 

@@ -261,10 +261,10 @@ w AS (
     CROSS JOIN reuse_params rp
     LEFT JOIN kv_sess ks ON ks.instance = z.prev_instance AND ks.session_id = z.session_id
     LEFT JOIN kv_sess ka ON ka.instance = z.instance AND ka.session_id = z.session_id
-)
-SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.agent_name, c.attempt, c.branch,
-       c.instance, c.engine, c.model, c.start_s, c.end_s, c.ttft_s, c.queue_s, c.prefill_s, c.decode_s,
-       c.prompt_tokens, c.cached_tokens, c.output_tokens, c.system_tokens, c.tool_def_tokens, c.status, c.itl_ms,
+),
+-- every computed column, keyed by rid (the narrow result: the metric run stores it as is, see reuse.py)
+fin AS (
+    SELECT w.rid, w.instance, w.start_s, w.prompt_tokens, w.cached_tokens, w.output_tokens,
        w.block_size, w.block_size_source, w.prefix_caching,
        w.prev_call_id, w.prev_instance, w.gap_before_s, w.mode,
        w.reusable_tokens, w.reusable_tokens_eff, w.reprefill_tokens, w.miss_cause, w.context_reset, w.hit_class,
@@ -289,8 +289,21 @@ SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.
                  * (coalesce(ab.abandon_evict_ts_s, ke.last_s) - w.end_s) END AS abandon_rent_token_s,
        CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored,
        w.abandoned
-FROM w
+    FROM w
+    LEFT JOIN ev USING (rid)
+    LEFT JOIN ab USING (rid)
+    LEFT JOIN kv_end ke ON ke.instance = w.instance
+)
+-- final: the call columns joined back onto the computed ones (reuse.py cuts the body here for the narrow form)
+SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.agent_name, c.attempt, c.branch,
+       c.instance, c.engine, c.model, c.start_s, c.end_s, c.ttft_s, c.queue_s, c.prefill_s, c.decode_s,
+       c.prompt_tokens, c.cached_tokens, c.output_tokens, c.system_tokens, c.tool_def_tokens, c.status, c.itl_ms,
+       f.block_size, f.block_size_source, f.prefix_caching,
+       f.prev_call_id, f.prev_instance, f.gap_before_s, f.mode,
+       f.reusable_tokens, f.reusable_tokens_eff, f.reprefill_tokens, f.miss_cause, f.context_reset, f.hit_class,
+       f.is_retry, f.turn_no, f.is_last_attempt, f.is_last,
+       f.kv_tokens_before, f.window_outcome, f.rent_mode, f.evict_ts_s, f.evict_phase,
+       f.rent_paid_token_s, f.rent_wasted_token_s, f.abandon_kv_tokens, f.abandon_rent_token_s, f.abandon_censored,
+       f.abandoned
+FROM fin f
 JOIN calls_src c USING (rid)
-LEFT JOIN ev USING (rid)
-LEFT JOIN ab USING (rid)
-LEFT JOIN kv_end ke ON ke.instance = w.instance

@@ -36,12 +36,20 @@ def seconds_literal(value) -> str:
     return repr(v)
 
 
-def body_sql() -> str:
-    return resources.files(__package__).joinpath("call_reuse.sql").read_text()
+_FINAL = "-- final:"
+
+
+def body_sql(narrow: bool = False) -> str:
+    """The call_reuse body. ``narrow``: without its last step (the call columns joined back onto the computed
+    ones): ``rid``, the computed columns and the few call columns they derive from (CTE ``fin``)."""
+    body = resources.files(__package__).joinpath("call_reuse.sql").read_text()
+    if not narrow:
+        return body
+    return body[:body.index(_FINAL)] + "SELECT * FROM fin\n"
 
 
 def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: str = "*", tail: str = "",
-              abandoned_after_s: float | None = None, has_rid: bool = False, rid: str = "rid") -> str:
+              abandoned_after_s: float | None = None, has_rid: bool = False, rid: str = "rid", narrow: bool = False) -> str:
     """The call_reuse SELECT over ``calls`` (a relation name of ours). ``block_size`` is a SQL
     expression for the default block size (a parameter such as ``$default_block_size``); ``select``
     and ``tail`` extend the outer query (the body is aliased ``r``). All arguments are our own SQL text;
@@ -49,7 +57,9 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
     already has a unique row number ``rid`` (the metric run's m_src); otherwise one is assigned once, in a
     materialized CTE (the body joins the wide rows back by rid, so it must not be recomputed). ``rid``: the
     expression of that row number in ``calls`` — ``rowid`` when ``calls`` is a DuckDB table (the metric run's
-    m_src: no numbering pass at all; the CTE is then never materialized, each use scans the table)."""
+    m_src: no numbering pass at all; the CTE is then never materialized, each use scans the table). ``narrow``: the
+    body without its final join back onto ``calls`` (see body_sql): the metric run stores that and puts the call
+    columns beside it with a positional join."""
     bs = block_size if block_size is not None else str(DEFAULT_BLOCK_SIZE)
     ab = seconds_literal(abandoned_after_s if abandoned_after_s is not None else DEFAULT_ABANDONED_AFTER_S)
     return (
@@ -61,7 +71,7 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
         "kv_src AS (SELECT * FROM kv_events),\n"
         f"reuse_params AS (SELECT CAST({bs} AS INTEGER) AS default_block_size, CAST({ab} AS DOUBLE) AS abandoned_after_s,\n"
         "    (SELECT max(end_ns) FROM spans) / 1e9 AS data_end_s)\n"
-        f"SELECT {select} FROM (\n{body_sql()}\n) r\n{tail}"
+        f"SELECT {select} FROM (\n{body_sql(narrow)}\n) r\n{tail}"
     )
 
 

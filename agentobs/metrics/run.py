@@ -56,6 +56,10 @@ SAMPLE_METRICS = (
     "vllm:admission_rejections_total",
 )
 
+# m_calls view on DuckDB: rows per positional range (see MetricRun._prepare), a multiple of DuckDB's row group
+_ROW_GROUP = 122_880
+_RANGE_ROWS = 4 * _ROW_GROUP
+
 _REL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -165,28 +169,67 @@ class MetricRun:
         preds, params = [], {}
         for key, values in self.filters.items():
             col = FILTER_COLUMNS[key]
-            preds.append(f"list_contains($f_{key}, r.{col})")
+            preds.append(f"list_contains($f_{key}, {{t}}.{col})")
             params[f"f_{key}"] = values
-        in_filter = " AND ".join(preds) or "true"
         params.update({"since": self.since, "until": self.until,
                        "default_block_size": int(self.settings.default_block_size)})
-        select = (
-            "r.*, k.usd_per_s, k.prefill_tps, k.decode_tps, k.usd_per_token_s, k.bytes_per_token, k.g_star_s,\n"
+        cost_cols = (
+            "k.usd_per_s, k.prefill_tps, k.decode_tps, k.usd_per_token_s, k.bytes_per_token, k.g_star_s,\n"
             "(r.prompt_tokens - coalesce(r.cached_tokens, 0)) / k.prefill_tps + coalesce(r.output_tokens, 0) / k.decode_tps AS gpu_s,\n"
             "((r.prompt_tokens - coalesce(r.cached_tokens, 0)) / k.prefill_tps + coalesce(r.output_tokens, 0) / k.decode_tps)"
             " * k.usd_per_s AS cost_usd,\n"
             "r.reprefill_tokens / k.prefill_tps * k.usd_per_s AS reprefill_cost_usd,\n"
             "(r.prompt_tokens - coalesce(r.cached_tokens, 0)) * k.list_input_per_tok + coalesce(r.cached_tokens, 0) * k.list_cached_per_tok"
             " + coalesce(r.output_tokens, 0) * k.list_output_per_tok AS list_cost_usd,\n"
-            f"({in_filter}) AS in_filter,\n"
-            f"({in_filter}) AND ($since IS NULL OR r.start_s >= $since) AND ($until IS NULL OR r.start_s < $until) AS in_win"
         )
-        sql = "CREATE OR REPLACE TEMP TABLE m_calls AS\n" + reuse.reuse_sql(
-            src, "$default_block_size", select, "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')",
-            abandoned_after_s=self.settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S), has_rid=True,
-            rid="rowid" if rowid else "rid")
-        self._timed("m_calls", sql, params)
-        self.cur.execute("DROP TABLE m_src")
+        window = "($since IS NULL OR r.start_s >= $since) AND ($until IS NULL OR r.start_s < $until)"
+        cost_join = "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')"
+        abandoned_after_s = self.settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S)
+        if rowid:
+            # DuckDB: store only the computed columns (m_x: the narrow body, one row per m_src row, in m_src's row
+            # order), and present m_calls as a view that puts m_src's call columns beside them (POSITIONAL JOIN:
+            # no join, no second copy of the wide rows). Writing the wide table was ~40% of m_calls and its peak
+            # memory (docs/metrics.md, round 5). The attribute filters read the wide columns: a semi-join by rowid.
+            in_filter = ("r.rid IN (SELECT rowid FROM m_src s WHERE " + " AND ".join(p.format(t="s") for p in preds)
+                         + ")") if preds else "true"
+            select = ("r.* EXCLUDE (instance, start_s, prompt_tokens, cached_tokens, output_tokens),\n" + cost_cols
+                      + f"({in_filter}) AS in_filter,\n({in_filter}) AND {window} AS in_win")
+            sql = "CREATE OR REPLACE TEMP TABLE m_x AS\n" + reuse.reuse_sql(
+                src, "$default_block_size", select, cost_join + "\nORDER BY r.rid",
+                abandoned_after_s=abandoned_after_s, has_rid=True, rid="rowid", narrow=True)
+            self._timed("m_calls", sql, params)
+            t0 = time.perf_counter()
+            # m_x must hold exactly one row per m_src row, in rowid order (ORDER BY keeps it so, whatever
+            # preserve_insertion_order says); checked, never assumed
+            n_src, n_x, misplaced = self.cur.sql(
+                "SELECT (SELECT count(*) FROM m_src), count(*), count(*) FILTER (WHERE rid <> rowid) FROM m_x"
+            ).fetchall()[0]
+            call_cols = ", ".join(f"s.{c.strip()}" for c in reuse.CALL_COLUMNS.split(",") if c.strip() != "block_hashes")
+            if n_src == n_x and misplaced == 0:
+                # a positional scan runs on one thread; a UNION ALL of row ranges (row-group aligned) runs one
+                # pipeline per range, so scans of m_calls use every core as a table scan would
+                parts = max(1, min(32, -(-n_x // _RANGE_ROWS)))
+                step = -(-n_x // parts) if n_x else 1
+                step = -(-step // _ROW_GROUP) * _ROW_GROUP
+                ranges = [(lo, lo + step) for lo in range(0, max(n_x, 1), step)]
+                self.cur.execute("CREATE OR REPLACE TEMP VIEW m_calls AS " + "\nUNION ALL\n".join(
+                    f"SELECT {call_cols}, x.* EXCLUDE (rid) FROM "
+                    f"(SELECT * FROM m_src WHERE rowid >= {lo} AND rowid < {hi}) s POSITIONAL JOIN "
+                    f"(SELECT * FROM m_x WHERE rowid >= {lo} AND rowid < {hi}) x" for lo, hi in ranges))
+            else:  # not expected; a correct (slower) table rather than a misaligned view
+                self.cur.execute(f"CREATE OR REPLACE TEMP TABLE m_calls AS SELECT {call_cols}, x.* EXCLUDE (rid) "
+                                 "FROM m_src s JOIN m_x x ON x.rid = s.rowid")
+            self.calls_table = "m_x"
+            self.timings["m_calls_view"] = time.perf_counter() - t0
+        else:
+            in_filter = " AND ".join(p.format(t="r") for p in preds) or "true"
+            select = ("r.*, " + cost_cols + f"({in_filter}) AS in_filter,\n({in_filter}) AND {window} AS in_win")
+            sql = "CREATE OR REPLACE TEMP TABLE m_calls AS\n" + reuse.reuse_sql(
+                src, "$default_block_size", select, cost_join,
+                abandoned_after_s=abandoned_after_s, has_rid=True, rid="rid")
+            self._timed("m_calls", sql, params)
+            self.cur.execute("DROP TABLE m_src")
+            self.calls_table = "m_calls"
         inst = self.filters.get("instance")
         self._timed("m_samples", """
             CREATE OR REPLACE TEMP TABLE m_samples AS
@@ -204,6 +247,16 @@ class MetricRun:
             )
             WHERE $since IS NULL OR ts >= make_timestamp(CAST($since * 1e6 AS BIGINT))
         """, {"metrics": list(SAMPLE_METRICS), "instances": inst, "since": self.since, "until": self.until})
+
+    def restrict_since(self, since: float) -> None:
+        """Narrow the run's window start to ``since`` after preparation (findings' default window): calls that
+        start before it leave ``in_win``, engine samples before it are dropped."""
+        if self.calls_table == "m_x":
+            self.cur.execute("UPDATE m_x SET in_win = false WHERE in_win AND rid IN (SELECT rowid FROM m_src "
+                             "WHERE start_s < $since)", {"since": since})
+        else:
+            self.cur.execute("UPDATE m_calls SET in_win = false WHERE in_win AND start_s < $since", {"since": since})
+        self.cur.execute("DELETE FROM m_samples WHERE ts_s < $since", {"since": since})
 
     # -- queries ---------------------------------------------------------------------------------
     def params_for(self, metric: Metric, by: str) -> dict:
@@ -239,7 +292,7 @@ class MetricRun:
 
     def table(self, name: str) -> pl.DataFrame:
         """A prepared table (``m_calls``, ``m_cost``, ``m_samples``) as a DataFrame."""
-        if name not in ("m_calls", "m_cost", "m_samples"):
+        if name not in ("m_calls", "m_cost", "m_samples"):  # m_calls: a view on DuckDB (see _prepare)
             raise QueryError(f"no prepared table {name!r}")
         return self.cur.sql(f"SELECT * FROM {name}").pl()
 
