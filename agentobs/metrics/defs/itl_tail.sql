@@ -38,9 +38,7 @@ gt AS (
 ),
 prefills AS (
     SELECT call_id AS p_call_id, instance, start_s + coalesce(queue_s, 0) AS pa, start_s + ttft_s AS pb,
-           prompt_tokens - coalesce(cached_tokens, 0) AS computed,
-           {'session_id': session_id, 'task_id': task_id, 'retry': is_retry, 'reprefill_tokens': reprefill_tokens,
-            'miss_cause': miss_cause, 'computed': prompt_tokens - coalesce(cached_tokens, 0)} AS who
+           prompt_tokens - coalesce(cached_tokens, 0) AS computed
     FROM calls
     WHERE ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL AND ttft_s > coalesce(queue_s, 0)
       AND instance IN (SELECT DISTINCT instance FROM gaps0)
@@ -57,11 +55,11 @@ gcells AS (
 -- a pair matters when the gap is a tail gap or the prefill is long: two narrow joins instead of all × all
 ov AS (
     SELECT DISTINCT * FROM (
-        SELECT g.call_id, g.i, g.tail, p.p_call_id, p.computed, p.who
+        SELECT g.call_id, g.i, g.tail, p.p_call_id, p.computed
         FROM (SELECT * FROM gcells WHERE tail) g JOIN pcells p ON p.instance = g.instance AND p.cell = g.cell
         WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
         UNION ALL
-        SELECT g.call_id, g.i, g.tail, p.p_call_id, p.computed, p.who
+        SELECT g.call_id, g.i, g.tail, p.p_call_id, p.computed
         FROM gcells g JOIN (SELECT * FROM pcells WHERE computed >= $long_prefill_tokens) p
           ON p.instance = g.instance AND p.cell = g.cell
         WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
@@ -70,12 +68,22 @@ ov AS (
 per_gap AS (
     SELECT call_id, i,
            max(computed >= $long_prefill_tokens) AS long_overlap,
-           arg_max(who, computed) FILTER (WHERE tail) AS off
+           arg_max(p_call_id, computed) FILTER (WHERE tail) AS off_call_id
     FROM ov GROUP BY call_id, i
 ),
+-- the offending prefill's call, read only for the gaps that have one
+offender AS (
+    SELECT call_id AS off_call_id,
+           any_value({'session_id': session_id, 'task_id': task_id, 'retry': is_retry, 'reprefill_tokens': reprefill_tokens,
+            'miss_cause': miss_cause, 'computed': prompt_tokens - coalesce(cached_tokens, 0)}) AS off
+    FROM calls
+    WHERE call_id IN (SELECT off_call_id FROM per_gap WHERE off_call_id IS NOT NULL)
+    GROUP BY call_id  -- one row per call even if a call id repeats
+),
 g_all AS (
-    SELECT gt.*, g_ms > thr_ms AS tail, coalesce(pg.long_overlap, false) AS long_overlap, pg.off
+    SELECT gt.*, g_ms > thr_ms AS tail, coalesce(pg.long_overlap, false) AS long_overlap, o.off
     FROM gt LEFT JOIN per_gap pg USING (call_id, i)
+    LEFT JOIN offender o ON o.off_call_id = pg.off_call_id
 ),
 per_chunk AS (
     SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model
