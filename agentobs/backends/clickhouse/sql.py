@@ -1,8 +1,12 @@
 """Ad-hoc SQL on ClickHouse: exactly one read-only query, capped and time-limited.
 
 The text is parsed (sqlglot, ClickHouse dialect) and refused unless it is one SELECT (with WITH /
-UNION); it runs with ``readonly = 1`` set on the query itself, so even a function with side effects
-is refused by ClickHouse. For a server, use a ClickHouse user with read-only grants as well.
+UNION) that calls no function reaching outside the database: files (``file()`` — also the *scalar*
+``file(path)``, which ``readonly = 1`` does NOT stop: it returns the file's text), network and other
+databases (``url()``, ``s3()``, ``remote()``, ``mysql()``, …), processes (``executable()``) and chDB's
+``Python()`` (reads objects of the host process). A SETTINGS or FORMAT clause anywhere is refused. The
+query then runs with ``readonly = 1`` set on the query itself, so writes are refused by ClickHouse too.
+For a server, use a ClickHouse user with read-only grants as well.
 """
 
 from __future__ import annotations
@@ -16,8 +20,28 @@ from sqlglot import exp
 from ...errors import QueryError
 from .conn import ClickHouse
 
+# Functions (table or scalar; matched case-insensitively) that read or write outside the database.
+REFUSED_FUNCTIONS = frozenset({
+    "file", "filecluster", "url", "urlcluster", "gcs", "oss", "cosn", "remote", "remotesecure", "cluster",
+    "clusterallreplicas", "mysql", "postgresql", "mongodb", "redis", "sqlite", "jdbc", "odbc", "executable",
+    "executablepool", "python", "input", "catboostevaluate", "arrowflight", "ytsaurus", "dictionary", "paimon",
+})
+REFUSED_PREFIXES = ("s3", "azureblob", "hdfs", "iceberg", "deltalake", "hudi")
+
+
+def _refused_function(node: exp.Expression) -> str | None:
+    name = node.name if isinstance(node, exp.Anonymous) else ""
+    if not name:
+        return None
+    low = name.lower()
+    if low in REFUSED_FUNCTIONS or low.startswith(REFUSED_PREFIXES):
+        return name
+    return None
+
 
 def check_select(query: str) -> str:
+    if not query or not query.strip():
+        raise QueryError("empty query")
     try:
         stmts = [s for s in sqlglot.parse(query, read="clickhouse") if s is not None]
     except sqlglot.errors.ParseError as e:
@@ -26,6 +50,15 @@ def check_select(query: str) -> str:
         raise QueryError(f"one statement only, got {len(stmts)}")
     if not isinstance(stmts[0], exp.Query):
         raise QueryError("only SELECT queries are allowed")
+    for node in stmts[0].find_all(exp.Func):
+        name = _refused_function(node)
+        if name is not None:
+            raise QueryError(f"refused: {name}() reaches outside the database (files, network, other "
+                             "databases, processes); agentobs SQL reads the database only")
+    for node in stmts[0].find_all(exp.Query):
+        for clause in ("settings", "format"):
+            if node.args.get(clause):
+                raise QueryError(f"a {clause.upper()} clause is not allowed")
     return query.strip().rstrip(";")
 
 
