@@ -454,7 +454,8 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
     err_console.print(f"store: {ctx.db} — try `agentobs metrics --db {ctx.db}` or `agentobs sql \"SELECT * FROM llm_calls\" --db {ctx.db}`")
     if not no_console:
         click_ctx = click.get_current_context()
-        click_ctx.invoke(console_cmd, port=port, host="127.0.0.1", db=ctx.db, config=ctx.config, debug=ctx.debug)
+        click_ctx.invoke(console_cmd, port=port, host="127.0.0.1", db=ctx.db, config=ctx.config, debug=ctx.debug,
+                         backend="duckdb")  # the store demo just built, whatever the backend setting
 # --- end simulator ---------------------------------------------------------------------------------
 
 
@@ -526,23 +527,42 @@ def import_prometheus_cmd(ctx: Ctx, url, since, step, end, timeout):
 @cli.command("console")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", type=int, default=8501, show_default=True, help="Port (0 picks a free one).")
+@backend_opts
 @common
-def console_cmd(ctx: Ctx, host, port):
-    """Start the Streamlit console on the store (opened read-only); Ctrl-C stops it."""
+def console_cmd(ctx: Ctx, host, port, backend=None, clickhouse_url=None):
+    """Start the Streamlit console on the store (opened read-only), or on ClickHouse with --backend
+    clickhouse; Ctrl-C stops it."""
     import socket
 
+    from .backends.source import resolve
     from .console import launch
     from .store.db import connect
 
-    connect(ctx.db, read_only=True).close()  # fail now, in one line, if the store is missing or unreadable
+    name, url = resolve(ctx.settings, backend, clickhouse_url)
+    if name == "clickhouse":
+        from .backends.clickhouse.conn import ClickHouse
+        from .errors import StoreError
+
+        ch = ClickHouse(url)  # fail now, in one line, if ClickHouse is unreachable or has no agentobs model
+        try:
+            if not ch.arrow("SELECT count() AS n FROM system.tables WHERE database = currentDatabase() "
+                            "AND name = 'llm_calls'").column(0)[0].as_py():
+                raise StoreError(f"no agentobs model at {ch} (view llm_calls missing): "
+                                 "run `agentobs clickhouse init --clickhouse-url …` first")
+            where = f"ClickHouse {ch}"
+        finally:
+            ch.close()  # chDB: this process lets go of the path before the app opens it
+    else:
+        connect(ctx.db, read_only=True).close()  # fail now, in one line, if the store is missing or unreadable
+        where = f"store {ctx.db} (read-only)"
     if port == 0:
         with socket.socket() as s:
             s.bind((host, 0))
             port = s.getsockname()[1]
-    err_console.print(f"agentobs console on http://{host}:{port}/ — store {ctx.db} (read-only)")
+    err_console.print(f"agentobs console on http://{host}:{port}/ — {where}")
     import signal
 
-    proc = launch(ctx.db, host=host, port=port)
+    proc = launch(ctx.db, host=host, port=port, backend=name, clickhouse_url=url)
 
     def _stop(signum, _frame):  # SIGTERM/SIGINT to us: stop the Streamlit child too, never orphan it
         proc.terminate()

@@ -29,8 +29,16 @@ def command(host: str = "127.0.0.1", port: int = 8501, app: Path = APP) -> list[
     ]
 
 
-def launch(db: str, host: str = "127.0.0.1", port: int = 8501, env: dict | None = None) -> subprocess.Popen:
-    """Start the console as a subprocess on ``db`` (opened read-only by the app)."""
+def launch(db: str | None, host: str = "127.0.0.1", port: int = 8501, env: dict | None = None,
+           backend: str = "duckdb", clickhouse_url: str | None = None) -> subprocess.Popen:
+    """Start the console as a subprocess on ``db`` (opened read-only by the app), or on ClickHouse
+    (``backend="clickhouse"``). The choice reaches the app in its environment (``AGENTOBS_BACKEND``,
+    ``AGENTOBS_CLICKHOUSE_URL``), not on its command line, where a URL's password would be visible to
+    every user of the machine."""
     child_env = dict(os.environ if env is None else env)
-    child_env["AGENTOBS_DB"] = str(Path(db).resolve())
+    child_env["AGENTOBS_BACKEND"] = backend
+    if backend == "clickhouse":
+        child_env["AGENTOBS_CLICKHOUSE_URL"] = str(clickhouse_url)
+    elif db is not None:
+        child_env["AGENTOBS_DB"] = str(Path(db).resolve())
     return subprocess.Popen(command(host, port), env=child_env)

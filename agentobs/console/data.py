@@ -3,16 +3,30 @@
 No METRICS.md number is computed here — those come from ``agentobs.metrics`` (see ``metrics.py``).
 What is here are listings (sessions, calls, tool calls), filter options and raw engine samples.
 
-Every function takes a ``stamp`` (``db_stamp(path)``: path, size and mtimes of the file and its WAL)
-as its first argument, so ``st.cache_data`` keys each result by database + modification time + the
-filter values, and a store that grows invalidates the cache by itself. Values are always bound as
-parameters, never spliced into SQL text.
+Two backends, one SQL text. Every function takes a ``stamp`` as its first argument, so ``st.cache_data``
+keys each result by the data's state + the filter values:
+
+- DuckDB (``db_stamp(path)``): ``("duckdb", path, size, mtime, WAL mtime)``; a store that grows
+  invalidates the cache by itself. Each read opens a read-only connection and closes it at once, so
+  collectors can still write.
+- ClickHouse (``ch_stamp(url)``): ``("clickhouse", url, parts)`` where ``parts`` is, per table the model
+  reads (``spans``, ``metric_samples`` and the side tables), its row count and highest block number
+  among the active data parts (``system.parts``: metadata, no data read). Every insert makes a new
+  part with a higher block number; merges keep both, so only new data changes the stamp. Reads go
+  through one process-wide connection per URL (``clickhouse(url)``): chDB holds one database path
+  per process, and Streamlit serves every browser session from one process.
+
+The SQL is written once in DuckDB's dialect with named parameters (``$since``, ``$f_model``, …); on
+ClickHouse it is transpiled by agentobs.backends.clickhouse (the ``ClickHouseCursor`` the metric run
+uses). Times are compared as epoch seconds (``start_s``), as the metrics API does. Values are always
+bound as parameters, never spliced into SQL text.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
 from pathlib import Path
 
 import duckdb
@@ -21,7 +35,8 @@ import polars as pl
 from ..store.db import connect
 from .filters import Filters
 
-Stamp = tuple[str, int, int, int]
+Stamp = tuple
+CH_TABLES = ("spans", "metric_samples", "agentobs_engine_config", "agentobs_kv_events")
 
 
 def db_stamp(db: str | os.PathLike) -> Stamp:
@@ -29,20 +44,77 @@ def db_stamp(db: str | os.PathLike) -> Stamp:
     st = p.stat()
     wal = Path(str(p) + ".wal")
     wal_m = wal.stat().st_mtime_ns if wal.exists() else 0
-    return (str(p.resolve()), st.st_size, st.st_mtime_ns, wal_m)
+    return ("duckdb", str(p.resolve()), st.st_size, st.st_mtime_ns, wal_m)
+
+
+_CH: dict[str, object] = {}
+_CH_LOCK = threading.Lock()
+
+
+def clickhouse(url: str):
+    """The process-wide ClickHouse connection for ``url`` (opened on first use, kept open)."""
+    with _CH_LOCK:
+        ch = _CH.get(url)
+        if ch is None:
+            from ..backends.clickhouse.conn import ClickHouse
+
+            ch = _CH[url] = ClickHouse(url)
+        return ch
+
+
+def close_clickhouse(url: str | None = None) -> None:
+    """Close the shared connection(s) (tests; a process that moves to another chDB path)."""
+    with _CH_LOCK:
+        for u in [url] if url is not None else list(_CH):
+            ch = _CH.pop(u, None)
+            if ch is not None:
+                ch.close()
+
+
+def ch_stamp(url: str) -> Stamp:
+    t = clickhouse(url).arrow(
+        "SELECT table, toInt64(sum(rows)) AS n, toInt64(max(max_block_number)) AS b FROM system.parts "
+        "WHERE database = currentDatabase() AND active AND has({tables:Array(String)}, table) "
+        "GROUP BY table ORDER BY table", {"tables": list(CH_TABLES)})
+    return ("clickhouse", url, tuple(zip(*(c.to_pylist() for c in t.columns), strict=True)))
+
+
+def is_clickhouse(stamp: Stamp) -> bool:
+    return stamp[0] == "clickhouse"
+
+
+def source(stamp: Stamp):
+    """What agentobs.metrics.prepare / agentobs.findings.run take as ``db``: the store path, or the shared
+    ClickHouse connection."""
+    return clickhouse(stamp[1]) if is_clickhouse(stamp) else stamp[1]
+
+
+def label(stamp: Stamp) -> str:
+    """The source as shown to users (a ClickHouse URL without its password)."""
+    return str(clickhouse(stamp[1])) if is_clickhouse(stamp) else stamp[1]
 
 
 def open_ro(stamp: Stamp) -> duckdb.DuckDBPyConnection:
-    """A read-only connection, opened per query and closed at once so collectors can still write."""
-    return connect(stamp[0], read_only=True)
+    """A read-only DuckDB connection, opened per query and closed at once so collectors can still write."""
+    return connect(stamp[1], read_only=True)
 
 
-def query(stamp: Stamp, sql: str, params: list | None = None) -> pl.DataFrame:
+def query(stamp: Stamp, sql: str, params: dict | None = None) -> pl.DataFrame:
+    """One statement (DuckDB SQL, named ``$parameters``) on the stamp's backend, as a DataFrame."""
+    if is_clickhouse(stamp):
+        from ..backends.clickhouse.metrics import ClickHouseCursor
+
+        return ClickHouseCursor(clickhouse(stamp[1])).sql(sql, params or {}).pl()
     con = open_ro(stamp)
     try:
-        return con.sql(sql, params=params or []).pl()
+        return con.sql(sql, params=params or {}).pl()
     finally:
         con.close()
+
+
+def epoch(t: dt.datetime | None) -> float | None:
+    """A naive-UTC datetime as epoch seconds (the form the views' ``start_s`` / the metrics API use)."""
+    return None if t is None else t.replace(tzinfo=dt.UTC).timestamp()
 
 
 # -- filters -----------------------------------------------------------------------------------------
@@ -55,36 +127,34 @@ def bounds(stamp: Stamp) -> tuple[dt.datetime | None, dt.datetime | None]:
 
 def options(stamp: Stamp) -> dict[str, list[str]]:
     """Values offered by the instance / model / task type filters (read from the raw tables: cheap)."""
-    con = open_ro(stamp)
-    try:
-        def col(sql):
-            return [r[0] for r in con.execute(sql).fetchall()]
+    def col(sql):
+        df = query(stamp, sql)
+        return df[df.columns[0]].to_list()
 
-        return {
-            "instance": col("""SELECT instance FROM spans WHERE instance IS NOT NULL AND role IN ('gateway', 'engine')
-                               UNION SELECT instance FROM metric_samples ORDER BY 1"""),
-            "model": col("SELECT DISTINCT model FROM spans WHERE model IS NOT NULL AND role IN ('gateway', 'engine') ORDER BY 1"),
-            "task_type": col("SELECT DISTINCT task_type FROM spans WHERE task_type IS NOT NULL ORDER BY 1"),
-        }
-    finally:
-        con.close()
+    return {
+        "instance": col("""SELECT instance FROM (
+                               SELECT instance FROM spans WHERE instance IS NOT NULL AND role IN ('gateway', 'engine')
+                               UNION SELECT instance FROM metric_samples) ORDER BY 1"""),
+        "model": col("SELECT DISTINCT model FROM spans WHERE model IS NOT NULL AND role IN ('gateway', 'engine') ORDER BY 1"),
+        "task_type": col("SELECT DISTINCT task_type FROM spans WHERE task_type IS NOT NULL ORDER BY 1"),
+    }
 
 
 def call_where(f: Filters, since: dt.datetime | None, until: dt.datetime | None, alias: str = "c"
-               ) -> tuple[str, list]:
+               ) -> tuple[str, dict]:
     """WHERE clause over llm_calls for the global filters (fixed SQL text, values as parameters)."""
-    parts, params = ["TRUE"], []
+    parts, params = ["TRUE"], {}
     if since is not None:
-        parts.append(f"{alias}.start_ts >= ?")
-        params.append(since)
+        parts.append(f"{alias}.start_s >= $since")
+        params["since"] = epoch(since)
     if until is not None:
-        parts.append(f"{alias}.start_ts < ?")
-        params.append(until)
+        parts.append(f"{alias}.start_s < $until")
+        params["until"] = epoch(until)
     for key in ("instance", "model", "task_type"):
         vals = getattr(f, key)
         if vals:
-            parts.append(f"list_contains(?::VARCHAR[], {alias}.{key})")
-            params.append(list(vals))
+            parts.append(f"list_contains($f_{key}, {alias}.{key})")
+            params[f"f_{key}"] = list(vals)
     return " AND ".join(parts), params
 
 
@@ -103,8 +173,8 @@ def sessions(stamp: Stamp, f: Filters, since, until, search: str = "", sort: str
     """Sessions with at least one call matching the filters, aggregated over those calls."""
     where, params = call_where(f, since, until)
     if search:
-        where += " AND contains(lower(c.session_id), lower(?))"
-        params.append(search)
+        where += " AND contains(lower(c.session_id), lower($search))"
+        params["search"] = search
     order = SORTS.get(sort, SORTS["newest"])
     sql = f"""
         SELECT c.session_id,
@@ -125,8 +195,8 @@ def sessions(stamp: Stamp, f: Filters, since, until, search: str = "", sort: str
         WHERE c.session_id IS NOT NULL AND {where}
         GROUP BY c.session_id
         ORDER BY {order}
-        LIMIT ?"""
-    return query(stamp, sql, [*params, limit])
+        LIMIT $n_rows"""
+    return query(stamp, sql, {**params, "n_rows": int(limit)})
 
 
 def session_calls(stamp: Stamp, session_id: str) -> pl.DataFrame:
@@ -136,18 +206,19 @@ def session_calls(stamp: Stamp, session_id: str) -> pl.DataFrame:
                c.prompt_tokens, c.cached_tokens, c.output_tokens, c.status, c.finish_reason, c.error_type, c.source
         FROM llm_calls c
         LEFT JOIN turn_gaps g ON g.call_id = c.call_id
-        WHERE c.session_id = ?
-        ORDER BY c.start_s, c.call_id""", [session_id])
+        WHERE c.session_id = $sid
+        ORDER BY c.start_s, c.call_id""", {"sid": session_id})
 
 
 def session_tools(stamp: Stamp, session_id: str) -> pl.DataFrame:
     return query(stamp, """SELECT tool_name, start_ts, end_ts, start_s, end_s, duration_s, status
-                           FROM tool_calls WHERE session_id = ? ORDER BY start_s""", [session_id])
+                           FROM tool_calls WHERE session_id = $sid ORDER BY start_s""", {"sid": session_id})
 
 
 def session_ids_like(stamp: Stamp, text: str, limit: int = 5) -> list[str]:
     df = query(stamp, """SELECT session_id FROM (SELECT DISTINCT session_id FROM spans WHERE session_id IS NOT NULL)
-                         ORDER BY jaro_winkler_similarity(session_id, ?) DESC LIMIT ?""", [text, limit])
+                         ORDER BY jaro_winkler_similarity(session_id, $near) DESC, session_id LIMIT $n_rows""",
+               {"near": text, "n_rows": int(limit)})
     return df["session_id"].to_list()
 
 
@@ -155,7 +226,7 @@ def task_calls(stamp: Stamp, task_id: str) -> pl.DataFrame:
     return query(stamp, """
         SELECT c.call_id, c.session_id, c.start_ts, c.attempt, c.branch, c.instance, c.model, c.ttft_s, c.e2e_s,
                c.prompt_tokens, c.cached_tokens, c.output_tokens, c.status, c.error_type
-        FROM llm_calls c WHERE c.task_id = ? ORDER BY c.start_s""", [task_id])
+        FROM llm_calls c WHERE c.task_id = $tid ORDER BY c.start_s, c.call_id""", {"tid": task_id})
 
 
 # -- engines -----------------------------------------------------------------------------------------
@@ -172,26 +243,26 @@ ENGINE_SERIES = {
 
 def engine_samples(stamp: Stamp, metrics: list[str], instances: tuple[str, ...], since, until) -> pl.DataFrame:
     """Samples of the given metrics, summed over label sets per (instance, metric, ts)."""
-    parts, params = ["list_contains(?::VARCHAR[], metric)"], [metrics]
+    parts, params = ["list_contains($metrics, metric)"], {"metrics": list(metrics)}
     if instances:
-        parts.append("list_contains(?::VARCHAR[], instance)")
-        params.append(list(instances))
+        parts.append("list_contains($instances, instance)")
+        params["instances"] = list(instances)
     if since is not None:
-        parts.append("ts >= ?")
-        params.append(since)
+        parts.append("ts >= make_timestamp(CAST($since * 1e6 AS BIGINT))")
+        params["since"] = epoch(since)
     if until is not None:
-        parts.append("ts < ?")
-        params.append(until)
+        parts.append("ts < make_timestamp(CAST($until * 1e6 AS BIGINT))")
+        params["until"] = epoch(until)
     return query(stamp, f"""SELECT ts, instance, metric, any_value(engine) AS engine, sum(value) AS value
                             FROM metric_samples WHERE {' AND '.join(parts)}
-                            GROUP BY ts, instance, metric ORDER BY ts""", params)
+                            GROUP BY ts, instance, metric ORDER BY ts, instance, metric""", params)
 
 
 def engine_overview(stamp: Stamp, instances: tuple[str, ...]) -> pl.DataFrame:
     """One row per instance: engine, config highlights, first/last sample, number of series."""
-    params, where = [], "TRUE"
+    params, where = {}, "TRUE"
     if instances:
-        where, params = "list_contains(?::VARCHAR[], m.instance)", [list(instances)]
+        where, params = "list_contains($instances, m.instance)", {"instances": list(instances)}
     return query(stamp, f"""
         SELECT m.instance, any_value(m.engine) AS engine, min(m.ts) AS first_sample, max(m.ts) AS last_sample,
                count(DISTINCT m.ts) AS scrapes, count(DISTINCT m.metric) AS metrics,
@@ -209,7 +280,20 @@ def metric_names(stamp: Stamp) -> list[str]:
 
 # -- SQL page ----------------------------------------------------------------------------------------
 def schema(stamp: Stamp) -> pl.DataFrame:
-    """Tables and views users may query, with their columns (hidden helper views start with '_')."""
+    """Tables and views users may query, with their columns (hidden helper views start with '_').
+    On ClickHouse: the model's views and tables of the connection's database (not the materialized views
+    that feed them, nor a metric run's ``agentobs_run_*`` tables)."""
+    if is_clickhouse(stamp):
+        t = clickhouse(stamp[1]).arrow("""
+            SELECT c.table AS name, if(t.engine = 'View', 'view', 'base table') AS kind, c.name AS column,
+                   c.type AS type, toInt64(c.position) AS pos
+            FROM system.columns c
+            JOIN system.tables t ON t.database = c.database AND t.name = c.table
+            WHERE c.database = currentDatabase() AND t.engine NOT IN ('MaterializedView')
+              AND NOT startsWith(c.table, 'agentobs_run_') AND NOT startsWith(c.table, '.')
+              AND NOT startsWith(c.table, '_')
+            ORDER BY kind, name, pos""")
+        return pl.from_arrow(t)
     return query(stamp, """
         SELECT t.table_name AS name, lower(t.table_type) AS kind, c.column_name AS column, c.data_type AS type,
                c.ordinal_position AS pos

@@ -12,13 +12,14 @@ import importlib
 
 import streamlit as st
 
+from . import data
 from .shell import Context
 
 
 @st.cache_data(show_spinner="evaluating findings…", max_entries=64, ttl=3600)
 def _run(stamp, since, until, simulate: bool = False) -> list:
     mod = importlib.import_module("agentobs.findings")
-    return list(mod.run(stamp[0], since=since, until=until, simulate=simulate))
+    return list(mod.run(data.source(stamp), since=since, until=until, simulate=simulate))
 
 
 def _in_scope(f, ctx: Context) -> bool:

@@ -40,7 +40,7 @@ def _suite(stamp, pairs: tuple[tuple[str, str], ...], since, until, filters: tup
     reported, not fatal."""
     from agentobs.metrics import prepare
 
-    run, close = prepare(stamp[0], since=since, until=until, filters={k: list(v) for k, v in filters} or None)
+    run, close = prepare(data.source(stamp), since=since, until=until, filters={k: list(v) for k, v in filters} or None)
     out, errors = {}, {}
     try:
         for pair in pairs:
@@ -106,15 +106,33 @@ def describe(name: str) -> str:
 def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame:
     """The metrics API's ``call_reuse`` body (agentobs.metrics.reuse.reuse_sql) over ONE session's calls:
     reuse is defined within a session (prev(c), earlier blocks of the session), so restricting the input to
-    the session gives the same rows as the fleet-wide run, without materializing every call."""
-    from agentobs.metrics.reuse import reuse_sql
+    the session gives the same rows as the fleet-wide run, without materializing every call.
 
-    sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size")
-    con = data.open_ro(stamp)
-    try:
-        df = con.sql(sql, params={"sid": session_id, "default_block_size": default_block_size}).pl()
-    finally:
-        con.close()
+    On ClickHouse the session's calls are first copied into a run table (``m_src``, a Memory table the
+    cursor drops at close), as the metric run does: planning the body over the ``llm_calls`` view stack
+    inline takes tens of seconds on chDB (docs/clickhouse.md)."""
+    from agentobs.metrics.reuse import CALL_COLUMNS, reuse_sql
+
+    params = {"sid": session_id, "default_block_size": default_block_size}
+    if data.is_clickhouse(stamp):
+        from agentobs.backends.clickhouse.metrics import ClickHouseCursor
+
+        cur = ClickHouseCursor(data.source(stamp))
+        try:
+            cur.execute(f"""CREATE TEMP TABLE m_src AS
+                            SELECT row_number() OVER (ORDER BY start_s, call_id) AS rid, {CALL_COLUMNS}
+                            FROM llm_calls WHERE session_id = $sid""", {"sid": session_id})
+            df = cur.sql(reuse_sql("m_src", "$default_block_size", has_rid=True),
+                         {"default_block_size": default_block_size}).pl()
+        finally:
+            cur.close()
+    else:
+        sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size")
+        con = data.open_ro(stamp)
+        try:
+            df = con.sql(sql, params=params).pl()
+        finally:
+            con.close()
     return df.rename({"reusable_tokens_eff": "r_eff"}, strict=False)
 
 

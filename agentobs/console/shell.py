@@ -3,8 +3,14 @@
 ``app.py`` (the script ``streamlit run`` executes) calls ``run()``. Pages are the files in ``views/`` (not ``pages/``: Streamlit would treat that as its legacy multipage folder);
 each reads the shared context with ``context()``.
 
-Database: ``$AGENTOBS_DB`` (``agentobs console --db`` sets it), else ``--db PATH`` after ``--`` on the
-``streamlit run`` command line, else ./agentobs.duckdb. The console only ever opens it read-only.
+Backend: DuckDB (default) or ClickHouse — ``--backend clickhouse --clickhouse-url URL`` after ``--`` on
+the ``streamlit run`` command line, else the settings ``backend`` / ``clickhouse_url`` (environment
+``AGENTOBS_BACKEND`` / ``AGENTOBS_CLICKHOUSE_URL``, which ``agentobs console --backend clickhouse
+--clickhouse-url URL`` sets for the app: an environment is not shown to other users as a command line is).
+Every page is the same on both (agentobs/console/data.py).
+
+Database (DuckDB): ``$AGENTOBS_DB`` (``agentobs console --db`` sets it), else ``--db PATH`` after ``--``
+on the ``streamlit run`` command line, else ./agentobs.duckdb. The console only ever opens it read-only.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ PAGES = (
 
 @dataclass(frozen=True)
 class Context:
-    db: str
+    db: str  # the DuckDB store's path, or the ClickHouse URL without its password
     stamp: data.Stamp
     filters: Filters
     since: dt.datetime | None  # resolved current window [since, until)
@@ -57,6 +63,7 @@ class Context:
     prev: tuple[dt.datetime, dt.datetime] | None  # the period before, for "change vs previous"
     data_lo: dt.datetime | None
     data_hi: dt.datetime | None
+    backend: str = "duckdb"
 
     def window_label(self) -> str:
         if self.since is None and self.until is None:
@@ -66,17 +73,27 @@ class Context:
         return f"{lo} → {hi} UTC"
 
 
-def db_path() -> str:
-    env = os.environ.get("AGENTOBS_DB")
-    if env:
-        return env
+def _arg(name: str) -> str | None:
+    """``--name VALUE`` / ``--name=VALUE`` after ``--`` on the ``streamlit run`` command line."""
     argv = sys.argv[1:]
     for i, a in enumerate(argv):
-        if a == "--db" and i + 1 < len(argv):
+        if a == f"--{name}" and i + 1 < len(argv):
             return argv[i + 1]
-        if a.startswith("--db="):
+        if a.startswith(f"--{name}="):
             return a.split("=", 1)[1]
-    return "agentobs.duckdb"
+    return None
+
+
+def db_path() -> str:
+    return os.environ.get("AGENTOBS_DB") or _arg("db") or "agentobs.duckdb"
+
+
+def backend() -> tuple[str, str]:
+    """(backend, ClickHouse URL): the command line after ``--`` when given, else the settings."""
+    from ..backends.source import resolve
+    from ..config import load_settings
+
+    return resolve(load_settings(), _arg("backend"), _arg("clickhouse-url"))
 
 
 def context() -> Context:
@@ -87,6 +104,9 @@ def context() -> Context:
 _cache = st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
 bounds = _cache(data.bounds)
 options = _cache(data.options)
+# The ClickHouse stamp (state of the tables' data parts) is re-read at most every 30 s: under a steady insert
+# stream it changes every few seconds, and recomputing the metrics on every click would follow it.
+ch_stamp = st.cache_data(show_spinner=False, max_entries=16, ttl=30)(data.ch_stamp)
 
 
 def _sidebar_filters(stamp: data.Stamp) -> Filters:
@@ -157,12 +177,25 @@ def _sidebar_filters(stamp: data.Stamp) -> Filters:
 
 def run() -> None:
     st.set_page_config(page_title="agentobs console", page_icon=":material/monitoring:", layout="wide")
-    db = db_path()
-    if db != ":memory:" and not Path(db).exists():
-        st.error(f"no agentobs database at {db!r}; create one with `agentobs demo --db {db}` or `agentobs import ...`, "
-                 "then start the console with `agentobs console --db PATH`")
+    try:
+        name, url = backend()
+    except Exception as e:  # noqa: BLE001 - a bad setting is shown, not raised
+        st.error(str(e))
         st.stop()
-    stamp = data.db_stamp(db)
+    if name == "clickhouse":
+        try:
+            stamp = ch_stamp(url)
+            db = data.label(stamp)
+        except Exception as e:  # noqa: BLE001 - no password in these messages (agentobs.backends.clickhouse.conn)
+            st.error(f"cannot read ClickHouse: {e}; create the model with `agentobs clickhouse init --clickhouse-url …`")
+            st.stop()
+    else:
+        db = db_path()
+        if db != ":memory:" and not Path(db).exists():
+            st.error(f"no agentobs database at {db!r}; create one with `agentobs demo --db {db}` or `agentobs import ...`, "
+                     "then start the console with `agentobs console --db PATH`")
+            st.stop()
+        stamp = data.db_stamp(db)
     sections: dict[str, list] = {}
     for file, title, url, icon, section in PAGES:
         sections.setdefault(section, []).append(
@@ -175,8 +208,10 @@ def run() -> None:
         st.error(f"cannot read {db!r}: {e}")
         st.stop()
     since, until = resolve_window(f, lo, hi)
-    st.sidebar.caption(f"store: `{db}`  \nview: {_label(since, until)}  \ndata: {_label(lo, hi, True)}")
-    st.session_state["_agentobs_ctx"] = Context(db, stamp, f, since, until, previous_window(since, until), lo, hi)
+    where = f"ClickHouse: `{db}`" if name == "clickhouse" else f"store: `{db}`"
+    st.sidebar.caption(f"{where}  \nview: {_label(since, until)}  \ndata: {_label(lo, hi, True)}")
+    st.session_state["_agentobs_ctx"] = Context(db, stamp, f, since, until, previous_window(since, until), lo, hi,
+                                                name)
     pg.run()
 
 

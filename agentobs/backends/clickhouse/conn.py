@@ -7,6 +7,7 @@ Values reach SQL only as ClickHouse query parameters (``{name:Type}``).
 
 from __future__ import annotations
 
+import threading
 from urllib.parse import unquote, urlsplit
 
 import pyarrow as pa
@@ -51,6 +52,9 @@ class ClickHouse:
 
     def __init__(self, url: str = "chdb:"):
         self.url = url
+        # one statement at a time: the console shares one connection between Streamlit's script threads
+        # (chDB holds one database path per process; a server session runs one query at a time)
+        self._lock = threading.RLock()
         u = urlsplit(url)
         self.kind = u.scheme
         if u.scheme == "chdb":
@@ -92,34 +96,38 @@ class ClickHouse:
 
     def command(self, sql: str, params: dict | None = None) -> None:
         try:
-            if self.kind == "chdb":
-                self._s.query(sql, "Null", params={k: _format_param(v) for k, v in (params or {}).items()})
-            else:
-                self._c.command(sql, parameters=params)
+            with self._lock:
+                if self.kind == "chdb":
+                    self._s.query(sql, "Null", params={k: _format_param(v) for k, v in (params or {}).items()})
+                else:
+                    self._c.command(sql, parameters=params)
         except Exception as e:
             raise QueryError(f"ClickHouse: {str(e).splitlines()[0][:500]}") from None
 
     def arrow(self, sql: str, params: dict | None = None) -> pa.Table:
         try:
-            if self.kind == "chdb":
-                return self._s.query(sql, "ArrowTable",
-                                     params={k: _format_param(v) for k, v in (params or {}).items()})
-            return self._c.query_arrow(sql, parameters=params)
+            with self._lock:
+                if self.kind == "chdb":
+                    return self._s.query(sql, "ArrowTable",
+                                         params={k: _format_param(v) for k, v in (params or {}).items()})
+                return self._c.query_arrow(sql, parameters=params)
         except Exception as e:
             raise QueryError(f"ClickHouse: {str(e).splitlines()[0][:500]}") from None
 
     def insert_arrow(self, table: str, data: pa.Table) -> None:
         if not table.replace("_", "").isalnum():
             raise QueryError(f"bad table name {table!r}")
-        if self.kind == "chdb":
-            cols = ", ".join(f"`{c}`" for c in data.column_names)
-            arrow_data = data  # noqa: F841 - read by chDB's Python() table function by name
-            self._s.query(f"INSERT INTO {table} ({cols}) SELECT * FROM Python(arrow_data)")
-        else:
-            self._c.insert_arrow(table, data)
+        with self._lock:
+            if self.kind == "chdb":
+                cols = ", ".join(f"`{c}`" for c in data.column_names)
+                arrow_data = data  # noqa: F841 - read by chDB's Python() table function by name
+                self._s.query(f"INSERT INTO {table} ({cols}) SELECT * FROM Python(arrow_data)")
+            else:
+                self._c.insert_arrow(table, data)
 
     def close(self) -> None:
-        if self.kind == "chdb":
-            self._s.close()
-        else:
-            self._c.close()
+        with self._lock:
+            if self.kind == "chdb":
+                self._s.close()
+            else:
+                self._c.close()

@@ -36,6 +36,8 @@ PARAM_TYPES = {
     "instance": "String", "cause": "String", "cause2": "String", "mode": "String", "slo_ms": "Float64",
     "long_tokens": "Int64", "queue_s": "Float64", "lo": "Nullable(Float64)", "hi": "Nullable(Float64)",
     "ids": "Array(String)",
+    # console (agentobs/console/data.py, metrics.py)
+    "sid": "String", "tid": "String", "search": "String", "near": "String", "n_rows": "Int64",
 }
 LIST_PARAMS = {"instances", "metrics", "ids"}  # lists cannot be NULL in ClickHouse: None → []
 
@@ -70,6 +72,8 @@ def _rewrite(node: exp.Expression) -> exp.Expression:
         return out
     if isinstance(node, exp.Anonymous):
         n = node.name.lower()
+        if n == "jaro_winkler_similarity":
+            return _fn("jaroWinklerSimilarity", *node.expressions)
         if n == "epoch_us":
             return _fn("toUnixTimestamp64Micro", *node.expressions)
         if n == "make_timestamp" and len(node.expressions) == 1:

@@ -1,17 +1,23 @@
-"""SQL: read-only queries over the store (agentobs.sql.run_query), schema browser, saved queries, downloads."""
+"""SQL: read-only queries over the store (agentobs.sql.run_query; on ClickHouse
+agentobs.backends.clickhouse.sql.run_query), schema browser, saved queries, downloads."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from agentobs.config import load_settings
-from agentobs.console import saved, ui
+from agentobs.console import data, saved, ui
 from agentobs.errors import AgentobsError
 from agentobs.output import render
 from agentobs.sql import run_query
 
-ctx = ui.page("SQL", "Read-only: one SELECT at a time; writes, ATTACH/COPY/INSTALL/LOAD and any file or network "
-              "access are refused. Results are capped in rows and time.")
+CLICKHOUSE = data.is_clickhouse(ui.stamp())
+ctx = ui.page("SQL", (
+    "ClickHouse SQL over the same views (llm_calls, sessions, turn_gaps, …). Read-only: one SELECT at a time "
+    "(run with readonly = 1); writes, DDL, SETTINGS and functions that reach files, the network, other databases "
+    "or processes (file, url, s3, remote, mysql, executable, …) are refused." if CLICKHOUSE else
+    "Read-only: one SELECT at a time; writes, ATTACH/COPY/INSTALL/LOAD and any file or network "
+    "access are refused.") + " Results are capped in rows and time.")
 settings = load_settings()
 
 if "sql_text" not in st.session_state:
@@ -62,7 +68,12 @@ with editor:
     if last:
         sql_text, cap, limit = last
         try:
-            res = run_query(sql_text, ctx.db, row_cap=cap, timeout_s=limit)
+            if CLICKHOUSE:
+                from agentobs.backends.clickhouse.sql import run_query as ch_run_query
+
+                res = ch_run_query(data.source(ctx.stamp), sql_text, row_cap=cap, timeout_s=limit)
+            else:
+                res = run_query(sql_text, ctx.db, row_cap=cap, timeout_s=limit)
         except AgentobsError as e:
             st.error(str(e))
         else:
