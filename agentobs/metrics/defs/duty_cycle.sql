@@ -15,24 +15,20 @@ WITH base AS (
     FROM m_calls
     WHERE in_win AND session_id IS NOT NULL AND end_s >= start_s
 ),
+-- union of the call intervals in one sweep: in start order, each call adds the part of it that lies beyond
+-- the furthest end reached by the session's earlier calls (reach), i.e. max(0, end − max(start, reach))
 ordered AS (
-    SELECT *, max(end_s) OVER (PARTITION BY grp, session_id ORDER BY start_s, end_s
-                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+    SELECT grp, session_id, start_s, end_s,
+           max(end_s) OVER (PARTITION BY grp, session_id ORDER BY start_s, end_s
+                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
     FROM base
 ),
-islands AS (
-    SELECT *, sum(CASE WHEN reach IS NULL OR start_s > reach THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY grp, session_id ORDER BY start_s, end_s ROWS UNBOUNDED PRECEDING) AS island
-    FROM ordered
-),
-busy AS (
-    SELECT grp, session_id, island, max(end_s) - min(start_s) AS busy_s, min(start_s) AS s0, max(end_s) AS s1
-    FROM islands GROUP BY grp, session_id, island
-),
 sess AS (
-    SELECT grp, session_id, sum(busy_s) AS busy_s, max(s1) - min(s0) AS life_s, count(*) AS bursts
-    FROM busy GROUP BY grp, session_id
-    HAVING max(s1) > min(s0)
+    SELECT grp, session_id,
+           sum(greatest(end_s - greatest(start_s, coalesce(reach, start_s)), 0)) AS busy_s,
+           max(end_s) - min(start_s) AS life_s
+    FROM ordered GROUP BY grp, session_id
+    HAVING max(end_s) > min(start_s)
 )
 SELECT grp,
        count(*) AS sessions,
