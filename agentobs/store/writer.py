@@ -2,9 +2,16 @@
 
 Every collector and importer hands Arrow tables to one ``Writer``. One thread owns the write
 cursor; it concatenates pending tables per destination and commits them in one transaction with
-``INSERT OR IGNORE ... BY NAME`` (the primary keys make re-imports and OTLP retries idempotent).
+``INSERT ... BY NAME``; the primary keys make re-imports and OTLP retries idempotent.
 ``submit`` returns a ``Ticket``; ``ticket.wait()`` returns once the rows are committed, which is
 what lets a receiver acknowledge only durable spans.
+
+Duplicates are rare (an OTLP retry, a re-imported file), and DuckDB's ``INSERT OR IGNORE`` costs
+about twice a plain ``INSERT`` into a table with a primary key (bench/ingest_otlp.py,
+docs/collectors.md). So a commit first tries a plain ``INSERT``; when a key is already there the
+transaction is rolled back whole and redone with ``INSERT OR IGNORE``, and that table keeps using
+``INSERT OR IGNORE`` for the next ``IGNORE_AFTER_CONFLICT`` commits (a re-import is mostly
+duplicates: trying plain first would waste the attempt every time).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from ..errors import StoreError
 
 TABLES = ("spans", "metric_samples", "scrapes", "engine_config", "kv_events", "ingest_log")
 APPEND_ONLY = {"ingest_log"}  # no primary key: plain INSERT
+IGNORE_AFTER_CONFLICT = 32  # commits a table goes straight to INSERT OR IGNORE after a duplicate key
 
 
 @dataclass
@@ -45,6 +53,7 @@ class WriterStats:
     batches: int = 0
     rows_submitted: int = 0
     rows_inserted: int = 0
+    conflict_retries: int = 0  # commits redone with INSERT OR IGNORE after a duplicate key
     last_commit_s: float = 0.0
     commit_seconds_total: float = 0.0
 
@@ -64,6 +73,7 @@ class Writer:
         self.stats = WriterStats()
         self._q: queue.Queue = queue.Queue()
         self._closed = False
+        self._ignore_left: dict[str, int] = {}  # table -> commits left with INSERT OR IGNORE
         self._thread = threading.Thread(target=self._run, name="agentobs-writer", daemon=True)
         self._thread.start()
 
@@ -148,24 +158,29 @@ class Writer:
         t0 = time.perf_counter()
         per_table: dict[str, int] = {}
         err: BaseException | None = None
+        ignore = {t for t, left in self._ignore_left.items() if left > 0}
+        for t in ignore:
+            self._ignore_left[t] -= 1
         try:
-            self._cur.execute("BEGIN")
-            for table, parts in pending.items():
-                batch = _concat(parts)
-                self._cur.register("_agentobs_batch", batch)
+            batches = {table: _concat(parts) for table, parts in pending.items()}
+            while True:
                 try:
-                    verb = "INSERT" if table in APPEND_ONLY else "INSERT OR IGNORE"
-                    res = self._cur.execute(f"{verb} INTO {table} BY NAME SELECT * FROM _agentobs_batch").fetchone()
-                finally:
-                    self._cur.unregister("_agentobs_batch")
-                per_table[table] = int(res[0]) if res else 0
-            self._cur.execute("COMMIT")
+                    per_table = self._insert(batches, ignore)
+                    break
+                except _Conflict as c:
+                    # a key is already stored (or twice in this batch): nothing of this transaction
+                    # is kept; redo it with INSERT OR IGNORE for the table(s) that had the duplicate
+                    self._rollback()
+                    more = c.tables - ignore
+                    if not more:  # not a duplicate key (e.g. NOT NULL): OR IGNORE cannot help
+                        raise c.__cause__ from None
+                    self.stats.conflict_retries += 1
+                    ignore |= more
+                    for t in more:
+                        self._ignore_left[t] = IGNORE_AFTER_CONFLICT
         except BaseException as e:  # noqa: BLE001 - reported through every ticket
             err = e
-            try:
-                self._cur.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
+            self._rollback()
         total = sum(per_table.values()) if err is None else 0
         dt = time.perf_counter() - t0
         self.stats.batches += 1
@@ -188,6 +203,44 @@ class Writer:
             t.inserted = min(t.rows, left.get(t.table, 0))
             left[t.table] = left.get(t.table, 0) - t.inserted
             t._done.set()
+
+    def _insert(self, batches: dict[str, pa.Table], ignore: set[str]) -> dict[str, int]:
+        """One transaction: every table's batch, committed; new rows per table. A constraint error
+        is raised as ``_Conflict`` naming the table (all of them when COMMIT raised it)."""
+        cur = self._cur
+        per_table = {}
+        cur.execute("BEGIN")
+        for table, batch in batches.items():
+            verb = "INSERT OR IGNORE" if table in ignore and table not in APPEND_ONLY else "INSERT"
+            cur.register("_agentobs_batch", batch)
+            try:
+                res = cur.execute(f"{verb} INTO {table} BY NAME SELECT * FROM _agentobs_batch").fetchone()
+            except duckdb.ConstraintException as e:
+                self._rollback()  # the aborted transaction refuses even the unregister below
+                raise _Conflict({table} - APPEND_ONLY) from e
+            except BaseException:
+                self._rollback()
+                raise
+            finally:
+                cur.unregister("_agentobs_batch")
+            per_table[table] = int(res[0]) if res else 0
+        try:
+            cur.execute("COMMIT")
+        except duckdb.ConstraintException as e:
+            raise _Conflict(set(batches) - APPEND_ONLY) from e
+        return per_table
+
+    def _rollback(self) -> None:
+        try:
+            self._cur.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # no transaction open (BEGIN itself failed)
+
+
+class _Conflict(Exception):
+    def __init__(self, tables: set[str]):
+        super().__init__(", ".join(sorted(tables)))
+        self.tables = tables
 
 
 def _concat(parts: list[pa.Table]) -> pa.Table:

@@ -1,0 +1,114 @@
+"""The Writer inserts with a plain INSERT first and falls back to INSERT OR IGNORE on a duplicate key.
+
+Every case checks what is stored, what each ticket was told, and which path was taken
+(``stats.conflict_retries`` counts the commits that were redone with INSERT OR IGNORE).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from agentobs.errors import StoreError
+from agentobs.store.db import connect
+from agentobs.store.writer import IGNORE_AFTER_CONFLICT, Writer
+
+
+def scrapes(first: int, n: int, instance: str = "i") -> pa.Table:
+    """``n`` scrape rows keyed (instance, ts) with ts = first, first+1, ... seconds."""
+    return pa.table({"ts": pa.array([(first + i) * 1_000_000 for i in range(n)], pa.timestamp("us")),
+                     "instance": [instance] * n, "url": [None] * n, "ok": [True] * n, "error": [None] * n,
+                     "duration_s": [0.1] * n, "samples": [first + i for i in range(n)]})
+
+
+def config(keys: list[str]) -> pa.Table:
+    n = len(keys)
+    return pa.table({"instance": ["i"] * n, "ts": pa.array([0] * n, pa.timestamp("us")), "engine": ["vllm"] * n,
+                     "key": keys, "value": ["v"] * n, "source": ["t"] * n})
+
+
+@pytest.fixture
+def con(db_path):
+    c = connect(db_path)
+    yield c
+    c.close()
+
+
+def count(con, table: str) -> int:
+    return con.sql(f"SELECT count(*) FROM {table}").fetchall()[0][0]
+
+
+def test_new_rows_take_the_plain_insert(con):
+    with Writer(con, flush_s=0) as w:
+        assert w.write("scrapes", scrapes(0, 4)) == 4
+        assert w.write("scrapes", scrapes(4, 4)) == 4
+        assert w.stats.conflict_retries == 0
+    assert count(con, "scrapes") == 8
+
+
+def test_duplicate_of_a_stored_row_redoes_the_commit_with_or_ignore(con):
+    with Writer(con, flush_s=0) as w:
+        w.write("scrapes", scrapes(0, 3))
+        # ts 1, 2 are stored; 3, 4 are new: the plain INSERT fails, the redo keeps only the new two
+        assert w.write("scrapes", scrapes(1, 4)) == 2
+        assert w.stats.conflict_retries == 1
+        # the table now goes straight to INSERT OR IGNORE: duplicates cost no second attempt
+        assert w.write("scrapes", scrapes(0, 6)) == 1  # only ts 5 is new
+        assert w.stats.conflict_retries == 1
+    assert count(con, "scrapes") == 6
+    # the stored values are the first ones written (a duplicate never overwrites)
+    assert con.sql("SELECT list(samples ORDER BY ts) FROM scrapes").fetchall()[0][0] == [0, 1, 2, 3, 4, 5]
+
+
+def test_duplicate_inside_one_commit(con):
+    with Writer(con, batch_rows=10_000, flush_s=10) as w:
+        a = w.submit("scrapes", scrapes(0, 4))  # ts 0..3
+        b = w.submit("scrapes", scrapes(2, 4))  # ts 2..5: 2 and 3 repeat ticket a's rows
+        w.flush()  # both in one commit
+        # 6 distinct keys; new rows are credited to the earliest ticket first
+        assert (a.wait(), b.wait()) == (4, 2)
+        assert w.stats.conflict_retries == 1
+    assert count(con, "scrapes") == 6
+
+
+def test_duplicates_in_two_tables_of_one_commit(con):
+    with Writer(con, batch_rows=10_000, flush_s=10) as w:
+        w.submit("scrapes", scrapes(0, 2))
+        w.submit("engine_config", config(["a", "b"]))
+        w.flush()  # stored, in one commit of new rows
+        s = w.submit("scrapes", scrapes(1, 3))  # ts 1 stored, 2 and 3 new
+        c = w.submit("engine_config", config(["b", "c"]))  # b stored, c new
+        w.flush()
+        assert (s.wait(), c.wait()) == (2, 1)
+        # the first attempt fails on one table, the second on the other, the third commits
+        assert w.stats.conflict_retries == 2
+    assert (count(con, "scrapes"), count(con, "engine_config")) == (4, 3)
+
+
+def test_plain_insert_is_tried_again_after_the_ignore_window(con):
+    with Writer(con, flush_s=0) as w:
+        w.write("scrapes", scrapes(0, 1))
+        w.write("scrapes", scrapes(0, 2))  # duplicate: retry 1, then OR IGNORE for a while
+        for i in range(IGNORE_AFTER_CONFLICT):
+            w.write("scrapes", scrapes(10 + i, 1))
+        assert w.stats.conflict_retries == 1
+        w.write("scrapes", scrapes(0, 1))  # plain INSERT again: the duplicate costs a retry
+        assert w.stats.conflict_retries == 2
+    assert count(con, "scrapes") == 2 + IGNORE_AFTER_CONFLICT
+
+
+def test_other_constraint_errors_fail_the_commit_and_keep_the_writer_working(con):
+    bad = scrapes(0, 2).set_column(1, "instance", pa.array([None, "i"], pa.string()))  # NOT NULL key column
+    with Writer(con, batch_rows=10_000, flush_s=10) as w:
+        good = w.submit("scrapes", scrapes(5, 1))
+        broken = w.submit("scrapes", bad)
+        with pytest.raises(StoreError, match="NOT NULL"):
+            w.flush()  # the flush shares the failed commit
+        # one transaction: the good rows of the same commit are not stored either (nothing half-done)
+        for t in (good, broken):
+            with pytest.raises(StoreError, match="NOT NULL"):
+                t.wait()
+        again = w.submit("scrapes", scrapes(5, 1))
+        w.flush()
+        assert again.wait() == 1  # the writer goes on
+    assert count(con, "scrapes") == 1
