@@ -14,16 +14,11 @@
 -- grain: one row per group (default: instance; session/task: the offending prefill's session/task)
 -- sources: llm_calls (itl_ms, ttft_s, queue_s, P, C), call_reuse (miss cause, retries), metric_samples (fallback)
 -- by: instance, model, session, task
-WITH calls AS (
-    SELECT call_id, session_id, task_id, is_retry, instance, model, start_s, ttft_s, queue_s,
-           prompt_tokens, cached_tokens, reprefill_tokens, miss_cause, itl_ms, in_win
-    FROM m_calls
-    WHERE in_filter
-),
-gaps0 AS (
+-- m_calls is read three times, each time for few rows or few columns (no wide CTE is materialized)
+WITH gaps0 AS (
     SELECT call_id, instance, model, start_s + ttft_s AS t1, unnest(itl_ms) AS g_ms, generate_subscripts(itl_ms, 1) AS i
-    FROM calls
-    WHERE in_win AND itl_ms IS NOT NULL AND ttft_s IS NOT NULL AND len(itl_ms) > 0
+    FROM m_calls
+    WHERE in_filter AND in_win AND itl_ms IS NOT NULL AND ttft_s IS NOT NULL AND len(itl_ms) > 0
 ),
 gaps AS (
     SELECT call_id, i, instance, model, g_ms,
@@ -39,8 +34,8 @@ gt AS (
 prefills AS (
     SELECT call_id AS p_call_id, instance, start_s + coalesce(queue_s, 0) AS pa, start_s + ttft_s AS pb,
            prompt_tokens - coalesce(cached_tokens, 0) AS computed
-    FROM calls
-    WHERE ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL AND ttft_s > coalesce(queue_s, 0)
+    FROM m_calls
+    WHERE in_filter AND ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL AND ttft_s > coalesce(queue_s, 0)
       AND instance IN (SELECT DISTINCT instance FROM gaps0)
 ),
 -- overlap joins on (instance, 5-second cell) so that each gap meets only nearby prefills
@@ -65,7 +60,7 @@ ov AS (
         WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
     )
 ),
-per_gap AS (
+per_gap AS MATERIALIZED (
     SELECT call_id, i,
            max(computed >= $long_prefill_tokens) AS long_overlap,
            arg_max(p_call_id, computed) FILTER (WHERE tail) AS off_call_id
@@ -76,8 +71,8 @@ offender AS (
     SELECT call_id AS off_call_id,
            any_value({'session_id': session_id, 'task_id': task_id, 'retry': is_retry, 'reprefill_tokens': reprefill_tokens,
             'miss_cause': miss_cause, 'computed': prompt_tokens - coalesce(cached_tokens, 0)}) AS off
-    FROM calls
-    WHERE call_id IN (SELECT off_call_id FROM per_gap WHERE off_call_id IS NOT NULL)
+    FROM m_calls
+    WHERE in_filter AND call_id IN (SELECT off_call_id FROM per_gap WHERE off_call_id IS NOT NULL)
     GROUP BY call_id  -- one row per call even if a call id repeats
 ),
 g_all AS (

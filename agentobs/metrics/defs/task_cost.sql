@@ -45,8 +45,13 @@ SELECT grp,
 FROM base
 GROUP BY grp
 )
-SELECT agg.* EXCLUDE (cost_instances),
-       (SELECT string_agg(k.instance || ': ' || k.basis, ' | ' ORDER BY k.instance) FROM m_cost k
-        WHERE list_contains(agg.cost_instances, k.instance)) AS cost_basis
-FROM agg
+-- the basis text once per distinct set of instances (not once per group: the groups are tasks, the sets few)
+, basis AS (
+    SELECT d.cost_instances,
+           (SELECT string_agg(k.instance || ': ' || k.basis, ' | ' ORDER BY k.instance) FROM m_cost k
+            WHERE list_contains(d.cost_instances, k.instance)) AS cost_basis
+    FROM (SELECT DISTINCT cost_instances FROM agg) d
+)
+SELECT agg.* EXCLUDE (cost_instances), b.cost_basis
+FROM agg LEFT JOIN basis b ON b.cost_instances = agg.cost_instances
 ORDER BY cost_usd DESC NULLS LAST, grp
