@@ -24,14 +24,19 @@ cells AS (
 o AS (
     SELECT grp, k, greatest(0, least(b, (k + 1) * $bucket_s) - greatest(a, k * $bucket_s)) AS overlap_s
     FROM cells
+),
+-- aggregate per (group, bucket) first, then put the one-row window bounds beside the buckets
+agg AS (
+    SELECT grp, k, count(*) FILTER (WHERE overlap_s > 0) AS calls, sum(overlap_s) AS request_s
+    FROM o
+    GROUP BY grp, k
 )
 SELECT grp,
        make_timestamp(CAST(k * $bucket_s * 1e6 AS BIGINT)) AS bucket_start,
        least((k + 1) * $bucket_s, w1) - greatest(k * $bucket_s, w0) AS bucket_s,
-       count(*) FILTER (WHERE overlap_s > 0) AS calls,
-       sum(overlap_s) AS request_s,
-       sum(overlap_s) / nullif(least((k + 1) * $bucket_s, w1) - greatest(k * $bucket_s, w0), 0) AS concurrency
-FROM o CROSS JOIN bounds
+       calls,
+       request_s,
+       request_s / nullif(least((k + 1) * $bucket_s, w1) - greatest(k * $bucket_s, w0), 0) AS concurrency
+FROM agg CROSS JOIN bounds
 WHERE (k + 1) * $bucket_s > w0 AND k * $bucket_s < w1
-GROUP BY grp, k, w0, w1
 ORDER BY grp, k

@@ -12,56 +12,78 @@
 -- grain: one row per group (default: one per instance; windows are grouped by the resuming call's group)
 -- sources: call_reuse (llm_calls, kv_events, instance_config), cost model
 -- by: instance, model, task_type, session, task
+-- the calls are aggregated without joins; the per-instance prices (the previous call's instance for rent, the
+-- call's own for the basis text) and the one-row window are put beside the aggregates afterwards
 WITH base AS (
-    SELECT CASE $by WHEN 'instance' THEN m.instance WHEN 'model' THEN m.model WHEN 'task_type' THEN m.task_type
-                    WHEN 'session' THEN m.session_id WHEN 'task' THEN m.task_id END AS grp,
-           m.*, k.usd_per_token_s AS prev_usd_per_token_s, k.bytes_per_token AS prev_bytes_per_token
-    FROM m_calls m
-    LEFT JOIN m_cost k ON k.instance = coalesce(m.prev_instance, m.instance, '')
-    WHERE m.in_win AND m.session_id IS NOT NULL
+    SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type
+                    WHEN 'session' THEN session_id WHEN 'task' THEN task_id END AS grp,
+           *, coalesce(prev_instance, instance, '') AS prev_key
+    FROM m_calls
+    WHERE in_win AND session_id IS NOT NULL
 ),
 span AS (
     SELECT coalesce($until, max(end_s)) - coalesce($since, min(start_s)) AS window_s FROM m_calls WHERE in_win
+),
+rent_by_prev AS (
+    SELECT b.grp, sum(b.rent_paid_token_s * k.usd_per_token_s) AS rent_paid_usd,
+           sum(b.rent_wasted_token_s * k.usd_per_token_s) AS rent_wasted_usd
+    FROM (SELECT grp, prev_key, sum(rent_paid_token_s) AS rent_paid_token_s, sum(rent_wasted_token_s) AS rent_wasted_token_s
+          FROM base GROUP BY grp, prev_key) b
+    LEFT JOIN m_cost k ON k.instance = b.prev_key
+    GROUP BY b.grp
+),
+agg AS (
+    SELECT grp,
+           count(*) FILTER (WHERE prev_call_id IS NOT NULL) AS windows,
+           count(*) FILTER (WHERE window_outcome = 'retained') AS retained,
+           count(*) FILTER (WHERE window_outcome = 'evicted') AS evicted,
+           count(*) FILTER (WHERE window_outcome = 'routed_away') AS routed_away,
+           count(*) FILTER (WHERE window_outcome = 'unknown') AS unknown,
+           sum(rent_paid_token_s) AS rent_paid_token_s,
+           sum(rent_wasted_token_s) AS rent_wasted_token_s,
+           count(*) FILTER (WHERE window_outcome = 'evicted' AND rent_wasted_token_s IS NULL) AS evicted_rent_unknown,
+           count(*) FILTER (WHERE evict_phase = 'idle') AS evicted_while_idle,
+           count(*) FILTER (WHERE evict_phase = 'queued') AS evicted_while_queued,
+           count(*) FILTER (WHERE abandoned) AS abandoned,
+           count(*) FILTER (WHERE is_last AND NOT abandoned) AS open_sessions,
+           CAST(sum(abandon_kv_tokens) AS BIGINT) AS abandoned_kv_tokens,
+           sum(abandon_kv_tokens * bytes_per_token) AS abandoned_kv_bytes,
+           sum(abandon_rent_token_s) AS abandoned_rent_token_s,
+           sum(abandon_rent_token_s * usd_per_token_s) AS abandoned_rent_usd,
+           count(*) FILTER (WHERE abandon_censored) AS abandoned_still_resident,
+           quantile_cont(gap_before_s, 0.5) AS gap_p50_s,
+           quantile_cont(gap_before_s, 0.9) AS gap_p90_s,
+           avg(g_star_s) AS g_star_s,
+           count(*) FILTER (WHERE gap_before_s > g_star_s) AS windows_over_g_star,
+           sum((coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) / 2.0) * (end_s - start_s)) AS running_kv_token_s,
+           count(*) FILTER (WHERE rent_mode = 'kv_events') AS kv_event_windows,
+           count(*) FILTER (WHERE rent_mode = 'estimate') AS estimate_windows,
+           list(DISTINCT coalesce(instance, '')) AS instances
+    FROM base
+    GROUP BY grp
+),
+basis AS (
+    SELECT d.instances, (SELECT string_agg(DISTINCT k.rent_basis, ' | ') FROM m_cost k
+                         WHERE list_contains(d.instances, k.instance)) AS rent_basis
+    FROM (SELECT DISTINCT instances FROM agg) d
 )
-SELECT grp,
-       count(*) FILTER (WHERE prev_call_id IS NOT NULL) AS windows,
-       count(*) FILTER (WHERE window_outcome = 'retained') AS retained,
-       count(*) FILTER (WHERE window_outcome = 'evicted') AS evicted,
-       count(*) FILTER (WHERE window_outcome = 'routed_away') AS routed_away,
-       count(*) FILTER (WHERE window_outcome = 'unknown') AS unknown,
-       sum(rent_paid_token_s) AS rent_paid_token_s,
-       sum(rent_paid_token_s * prev_usd_per_token_s) AS rent_paid_usd,
-       sum(rent_wasted_token_s) AS rent_wasted_token_s,
-       sum(rent_wasted_token_s * prev_usd_per_token_s) AS rent_wasted_usd,
-       count(*) FILTER (WHERE window_outcome = 'evicted' AND rent_wasted_token_s IS NULL) AS evicted_rent_unknown,
-       count(*) FILTER (WHERE evict_phase = 'idle') AS evicted_while_idle,
-       count(*) FILTER (WHERE evict_phase = 'queued') AS evicted_while_queued,
-       count(*) FILTER (WHERE abandoned) AS abandoned,
-       count(*) FILTER (WHERE is_last AND NOT abandoned) AS open_sessions,
-       CAST(sum(abandon_kv_tokens) AS BIGINT) AS abandoned_kv_tokens,
-       sum(abandon_kv_tokens * base.bytes_per_token) AS abandoned_kv_bytes,
-       sum(abandon_rent_token_s) AS abandoned_rent_token_s,
-       sum(abandon_rent_token_s * base.usd_per_token_s) AS abandoned_rent_usd,
-       count(*) FILTER (WHERE abandon_censored) AS abandoned_still_resident,
-       quantile_cont(gap_before_s, 0.5) AS gap_p50_s,
-       quantile_cont(gap_before_s, 0.9) AS gap_p90_s,
-       avg(base.g_star_s) AS g_star_s,
-       count(*) FILTER (WHERE gap_before_s > base.g_star_s) AS windows_over_g_star,
-       count(*) FILTER (WHERE gap_before_s > base.g_star_s) / nullif(count(*) FILTER (WHERE prev_call_id IS NOT NULL), 0)
-           AS share_over_g_star,
-       sum(rent_paid_token_s) / any_value(span.window_s) AS idle_kv_tokens_avg,
-       sum((coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) / 2.0) * (end_s - start_s)) / any_value(span.window_s)
-           AS running_kv_tokens_avg,
-       sum(rent_paid_token_s) / nullif(sum(rent_paid_token_s)
-           + sum((coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) / 2.0) * (end_s - start_s)), 0) AS idle_kv_share,
-       CASE WHEN sum(rent_paid_token_s) > sum((coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) / 2.0) * (end_s - start_s))
+SELECT a.grp, a.windows, a.retained, a.evicted, a.routed_away, a.unknown,
+       a.rent_paid_token_s, r.rent_paid_usd, a.rent_wasted_token_s, r.rent_wasted_usd,
+       a.evicted_rent_unknown, a.evicted_while_idle, a.evicted_while_queued, a.abandoned, a.open_sessions,
+       a.abandoned_kv_tokens, a.abandoned_kv_bytes, a.abandoned_rent_token_s, a.abandoned_rent_usd,
+       a.abandoned_still_resident, a.gap_p50_s, a.gap_p90_s, a.g_star_s, a.windows_over_g_star,
+       a.windows_over_g_star / nullif(a.windows, 0) AS share_over_g_star,
+       a.rent_paid_token_s / span.window_s AS idle_kv_tokens_avg,
+       a.running_kv_token_s / span.window_s AS running_kv_tokens_avg,
+       a.rent_paid_token_s / nullif(a.rent_paid_token_s + a.running_kv_token_s, 0) AS idle_kv_share,
+       CASE WHEN a.rent_paid_token_s > a.running_kv_token_s
             THEN 'idle sessions hold more KV than running requests' END AS note,
-       CASE WHEN count(*) FILTER (WHERE rent_mode = 'kv_events') = 0 THEN 'estimate'
-            WHEN count(*) FILTER (WHERE rent_mode = 'estimate') = 0 THEN 'kv_events'
+       CASE WHEN a.kv_event_windows = 0 THEN 'estimate'
+            WHEN a.estimate_windows = 0 THEN 'kv_events'
             ELSE 'mixed' END AS rent_mode,
-       string_agg(DISTINCT k2.rent_basis, ' | ') AS rent_basis
-FROM base
+       b.rent_basis
+FROM agg a
 CROSS JOIN span
-LEFT JOIN m_cost k2 ON k2.instance = coalesce(base.instance, '')
-GROUP BY grp
-ORDER BY grp
+LEFT JOIN rent_by_prev r ON r.grp IS NOT DISTINCT FROM a.grp
+LEFT JOIN basis b ON b.instances = a.instances
+ORDER BY a.grp

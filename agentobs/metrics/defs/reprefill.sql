@@ -19,8 +19,7 @@ WITH base AS (
            *
     FROM m_calls
     WHERE in_win
-),
-fleet AS (SELECT sum(cost_usd) AS fleet_cost_usd FROM base)
+)
 SELECT grp,
        count(*) AS calls,
        count(*) FILTER (WHERE reprefill_tokens > 0) AS calls_with_reprefill,
@@ -39,14 +38,24 @@ SELECT grp,
        sum(reprefill_cost_usd) AS reprefill_cost_usd,
        sum(cost_usd) AS cost_usd,
        sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS cost_share,
-       sum(reprefill_cost_usd) / nullif(any_value(fleet.fleet_cost_usd), 0) AS fleet_cost_share,
        string_agg(DISTINCT mode, ',') AS mode,
        list(DISTINCT coalesce(instance, '')) AS cost_instances
-FROM base CROSS JOIN fleet
+FROM base
 GROUP BY grp
+),
+-- the fleet total (one row) is put beside the groups after aggregating; the basis text once per instance set
+fleet AS (SELECT sum(cost_usd) AS fleet_cost_usd FROM agg),
+basis AS (
+    SELECT d.cost_instances,
+           (SELECT string_agg(k.instance || ': ' || k.basis, ' | ' ORDER BY k.instance) FROM m_cost k
+            WHERE list_contains(d.cost_instances, k.instance)) AS cost_basis
+    FROM (SELECT DISTINCT cost_instances FROM agg) d
 )
-SELECT agg.* EXCLUDE (cost_instances),
-       (SELECT string_agg(k.instance || ': ' || k.basis, ' | ' ORDER BY k.instance) FROM m_cost k
-        WHERE list_contains(agg.cost_instances, k.instance)) AS cost_basis
-FROM agg
-ORDER BY reprefill_tokens DESC NULLS LAST, grp
+SELECT agg.grp, agg.calls, agg.calls_with_reprefill, agg.prompt_tokens, agg.cached_tokens, agg.reusable_tokens_eff,
+       agg.reprefill_tokens, agg.computed_prompt_tokens, agg.hit_rate, agg.reuse_hit_rate, agg.share_of_cache_tokens,
+       agg.share_of_computed_prefill, agg.reprefill_cost_usd, agg.cost_usd, agg.cost_share,
+       agg.reprefill_cost_usd / nullif(fleet.fleet_cost_usd, 0) AS fleet_cost_share,
+       agg.mode, b.cost_basis
+FROM agg CROSS JOIN fleet
+LEFT JOIN basis b ON b.cost_instances = agg.cost_instances
+ORDER BY agg.reprefill_tokens DESC NULLS LAST, agg.grp

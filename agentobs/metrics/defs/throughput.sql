@@ -20,21 +20,22 @@ WITH base AS (
     FROM m_calls
     WHERE in_filter AND ($until IS NULL OR start_s < $until) AND ($since IS NULL OR end_s > $since)
 ),
-span AS (SELECT coalesce($until, max(end_s)) - coalesce($since, min(start_s)) AS window_s FROM base)
-SELECT grp,
-       count(*) AS calls,
-       any_value(span.window_s) AS window_s,
-       sum(frac * (coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0))) AS processed_tokens,
-       sum(frac * (coalesce(prompt_tokens, 0) - coalesce(cached_tokens, 0) + coalesce(output_tokens, 0))) AS computed_tokens,
-       sum(frac * coalesce(reprefill_tokens, 0)) AS reprefill_tokens,
-       sum(frac * (coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0))) / nullif(any_value(span.window_s), 0)
-           AS processed_tokens_per_s,
-       sum(frac * (coalesce(prompt_tokens, 0) - coalesce(cached_tokens, 0) + coalesce(output_tokens, 0)))
-           / nullif(any_value(span.window_s), 0) AS computed_tokens_per_s,
-       sum(frac * coalesce(output_tokens, 0)) / nullif(any_value(span.window_s), 0) AS output_tokens_per_s,
-       sum(frac * coalesce(output_tokens, 0))
-           / nullif(sum(frac * (coalesce(prompt_tokens, 0) - coalesce(cached_tokens, 0) + coalesce(output_tokens, 0))), 0)
-           AS decode_share_of_computed
-FROM base CROSS JOIN span
-GROUP BY grp
+span AS (SELECT coalesce($until, max(end_s)) - coalesce($since, min(start_s)) AS window_s FROM base),
+-- aggregate the calls first, then put the one-row window beside the groups
+agg AS (
+    SELECT grp,
+           count(*) AS calls,
+           sum(frac * (coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0))) AS processed_tokens,
+           sum(frac * (coalesce(prompt_tokens, 0) - coalesce(cached_tokens, 0) + coalesce(output_tokens, 0))) AS computed_tokens,
+           sum(frac * coalesce(reprefill_tokens, 0)) AS reprefill_tokens,
+           sum(frac * coalesce(output_tokens, 0)) AS output_tokens
+    FROM base
+    GROUP BY grp
+)
+SELECT grp, calls, span.window_s AS window_s, processed_tokens, computed_tokens, reprefill_tokens,
+       processed_tokens / nullif(span.window_s, 0) AS processed_tokens_per_s,
+       computed_tokens / nullif(span.window_s, 0) AS computed_tokens_per_s,
+       output_tokens / nullif(span.window_s, 0) AS output_tokens_per_s,
+       output_tokens / nullif(computed_tokens, 0) AS decode_share_of_computed
+FROM agg CROSS JOIN span
 ORDER BY grp

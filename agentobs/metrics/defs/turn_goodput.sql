@@ -32,20 +32,26 @@ judged AS (
            last_ttft_s IS NULL OR last_itl_p99_ms IS NULL AS unverified
     FROM turns
 ),
-span AS (SELECT coalesce($until, max(end_s)) - coalesce($since, min(start_s)) AS window_s FROM calls)
-SELECT grp,
-       count(*) AS turns,
-       count(*) FILTER (WHERE good) AS good_turns,
-       count(*) FILTER (WHERE last_status <> 'ok') AS failed_turns,
-       count(*) FILTER (WHERE last_status = 'ok' AND NOT good) AS slo_missed_turns,
-       count(*) FILTER (WHERE unverified) AS slo_unverified,
-       CAST(sum(attempts) AS BIGINT) AS attempts,
-       count(*) FILTER (WHERE good) / nullif(any_value(span.window_s), 0) AS goodput_turns_per_s,
-       count(*) FILTER (WHERE good) / count(*) AS good_share,
-       CAST(coalesce(sum(waste_tokens), 0) AS BIGINT) AS waste_tokens,
-       any_value(span.window_s) AS window_s,
+span AS (SELECT coalesce($until, max(end_s)) - coalesce($since, min(start_s)) AS window_s FROM calls),
+-- aggregate the turns first, then put the one-row window beside the groups
+agg AS (
+    SELECT grp,
+           count(*) AS turns,
+           count(*) FILTER (WHERE good) AS good_turns,
+           count(*) FILTER (WHERE last_status <> 'ok') AS failed_turns,
+           count(*) FILTER (WHERE last_status = 'ok' AND NOT good) AS slo_missed_turns,
+           count(*) FILTER (WHERE unverified) AS slo_unverified,
+           CAST(sum(attempts) AS BIGINT) AS attempts,
+           CAST(coalesce(sum(waste_tokens), 0) AS BIGINT) AS waste_tokens
+    FROM judged
+    GROUP BY grp
+)
+SELECT grp, turns, good_turns, failed_turns, slo_missed_turns, slo_unverified, attempts,
+       good_turns / nullif(span.window_s, 0) AS goodput_turns_per_s,
+       good_turns / turns AS good_share,
+       waste_tokens,
+       span.window_s AS window_s,
        $ttft_slo_s AS ttft_slo_s,
        $itl_slo_ms AS itl_slo_ms
-FROM judged CROSS JOIN span
-GROUP BY grp
+FROM agg CROSS JOIN span
 ORDER BY grp
