@@ -41,15 +41,33 @@ pf AS (
     WHERE coalesce(instance, '') = $instance AND ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL
 ),
 tail AS (SELECT gg.*, gg.tb - gg.gap_ms / 1000.0 AS ta FROM gg, thr WHERE gg.gap_ms > thr.t),
+-- the overlap joins meet on (instance, 5-second cell): a gap and a prefill window that overlap share a cell (a
+-- point of the overlap lies in both), so each gap meets only nearby prefills (the metric itl_tail does the
+-- same); a pair sharing several cells repeats, which max/arg_max and DISTINCT absorb
+pfc AS (
+    SELECT *, unnest(generate_series(CAST(floor(least(pa, pb) / 5) AS BIGINT), CAST(floor(greatest(pa, pb) / 5) AS BIGINT))) AS cell
+    FROM pf
+),
+tailc AS (
+    SELECT *, unnest(generate_series(CAST(floor(least(ta, tb) / 5) AS BIGINT), CAST(floor(greatest(ta, tb) / 5) AS BIGINT))) AS cell
+    FROM tail
+),
+ggc AS (
+    SELECT call_id, i, instance, tb, tb - gap_ms / 1000.0 AS ta,
+           unnest(generate_series(CAST(floor(least(tb - gap_ms / 1000.0, tb) / 5) AS BIGINT),
+                                  CAST(floor(greatest(tb - gap_ms / 1000.0, tb) / 5) AS BIGINT))) AS cell
+    FROM gg
+),
 attr AS (  -- each tail gap → the overlapping prefill with the most computed tokens
     SELECT t.call_id, t.i, arg_max(p.p_call, p.computed) AS p_call, max(p.computed) AS computed
-    FROM tail t JOIN pf p ON p.instance = t.instance AND p.p_call <> t.call_id AND p.pa < t.tb AND p.pb > t.ta
+    FROM tailc t JOIN pfc p ON p.instance = t.instance AND p.cell = t.cell AND p.p_call <> t.call_id
+                            AND p.pa < t.tb AND p.pb > t.ta
     GROUP BY t.call_id, t.i
 ),
 long_ov AS (  -- every gap overlapping some long prefill
     SELECT DISTINCT g.call_id, g.i
-    FROM gg g JOIN pf p ON p.instance = g.instance AND p.p_call <> g.call_id
-                       AND p.pa < g.tb AND p.pb > g.tb - g.gap_ms / 1000.0 AND p.computed >= $long_tokens
+    FROM ggc g JOIN (SELECT * FROM pfc WHERE computed >= $long_tokens) p
+      ON p.instance = g.instance AND p.cell = g.cell AND p.p_call <> g.call_id AND p.pa < g.tb AND p.pb > g.ta
 ),
 flag AS (
     SELECT gg.gap_ms, lo.call_id IS NOT NULL AS with_long FROM gg LEFT JOIN long_ov lo USING (call_id, i)
