@@ -78,7 +78,9 @@ def suite(ctx: Context, wanted: dict[str, str | None], period: str = "current") 
     if not pairs:
         return {}
     defaults = tuple(dict.fromkeys(_pair(n, b) for n, b in DEFAULT_PAIRS if known([n])))
-    batch = defaults if set(pairs) <= set(defaults) else pairs
+    # the current view computes the pages' default pairs together (moving between pages prepares nothing new);
+    # the previous period is only read for the Overview's deltas: just the pairs asked for
+    batch = defaults if period == "current" and set(pairs) <= set(defaults) else pairs
     out, errors = _suite(ctx.stamp, batch, win[0], win[1], _filters_key(ctx))
     for pair in pairs:
         if pair in errors:
