@@ -77,7 +77,9 @@ def _source(ctx: Ctx, backend: str | None, clickhouse_url: str | None):
 
 
 def _is_ch(src) -> bool:
-    return not isinstance(src, str)
+    from .backends.source import is_clickhouse
+
+    return is_clickhouse(src)
 # --- end backend choice ----------------------------------------------------------------------------
 
 

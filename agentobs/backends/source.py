@@ -17,6 +17,14 @@ from ..errors import ConfigError
 BACKENDS = ("duckdb", "clickhouse")
 
 
+def is_clickhouse(db) -> bool:
+    """Whether ``db`` (what open_source yields, or what the metrics API takes) is a ClickHouse connection.
+    agentobs.backends.clickhouse.conn imports no ClickHouse client at module level, so this is cheap."""
+    from .clickhouse.conn import ClickHouse
+
+    return isinstance(db, ClickHouse)
+
+
 def resolve(settings: Settings, backend: str | None = None, url: str | None = None) -> tuple[str, str]:
     """(backend, ClickHouse URL): the flag when given, else the setting (``backend``, ``clickhouse_url``;
     environment ``AGENTOBS_BACKEND`` / ``AGENTOBS_CLICKHOUSE_URL``, or the settings file)."""

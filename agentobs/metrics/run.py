@@ -30,6 +30,7 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
+from ..backends.source import is_clickhouse
 from ..config import Settings, load_settings
 from ..errors import QueryError
 from . import reuse
@@ -378,14 +379,9 @@ def _stamp(path: str | None) -> tuple | None:
     return tuple(out) if out[1] is not None else None
 
 
-def _clickhouse(db) -> bool:
-    """Whether ``db`` is an agentobs.backends.clickhouse ``ClickHouse`` connection (docs/clickhouse.md)."""
-    return type(db).__name__ == "ClickHouse" and type(db).__module__ == "agentobs.backends.clickhouse.conn"
-
-
 def _share_key(db, con, since, until, filters: dict, settings: Settings) -> tuple | None:
     # ClickHouse: shared while open on the same connection object (no file stamp to compare)
-    stamp = ("clickhouse", id(db)) if _clickhouse(db) else _stamp(_db_file(db, con))
+    stamp = ("clickhouse", id(db)) if is_clickhouse(db) else _stamp(_db_file(db, con))
     if stamp is None:
         return None
     fp = json.dumps(settings.values, sort_keys=True, default=str)
@@ -426,7 +422,7 @@ def prepare(db=None, since=None, until=None, filters: dict | None = None, settin
             hit.users += 1
     if hit is not None:
         return hit.run, _release(key, hit)
-    if _clickhouse(db):  # the same MetricRun over a cursor that speaks ClickHouse (agentobs.backends.clickhouse)
+    if is_clickhouse(db):  # the same MetricRun over a cursor that speaks ClickHouse (agentobs.backends.clickhouse)
         from ..backends.clickhouse.metrics import ClickHouseCursor
 
         con, own = ClickHouseCursor(db), True  # its close() drops the run's tables, not the connection
