@@ -21,6 +21,7 @@ import pytest
 
 pytest.importorskip("chdb", reason="chdb (in-process ClickHouse) is not installed: pip install 'agentobs[clickhouse]'")
 
+from console_checks import check_instance_change, check_worked_timeline, df_of, goto  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from test_console_store import QWEN, WORKED_SESSION, build_store  # noqa: E402
 
@@ -71,19 +72,6 @@ def app(stores, monkeypatch, tmp_path):
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
-
-
-def goto(at: AppTest, file: str, **qp) -> AppTest:
-    at.switch_page(f"views/{file}")
-    for k, v in qp.items():
-        at.query_params[k] = v
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def df_of(at: AppTest, i: int = 0) -> pl.DataFrame:
-    return pl.from_pandas(at.dataframe[i].value)
 
 
 def same(a, b) -> bool:
@@ -166,28 +154,11 @@ def test_sessions_sort_and_search(app):
 
 
 def test_session_timeline_worked_example(app):
-    goto(app, "session.py", session=WORKED_SESSION)
-    calls = df_of(app)
-    # METRICS.md worked example, per call: cold, then X = 0 (hit), then X = 1808 evicted_partial
-    assert calls["prompt_tokens"].to_list() == [3412, 4892, 7357]
-    assert calls["r_eff"].to_list() == [None, 3408, 4880]
-    assert calls["reprefill_tokens"].to_list() == [None, 0, 1808]
-    assert calls["hit_class"].to_list() == [None, "hit", "partial"]
-    assert calls["miss_cause"].to_list() == ["cold", None, "evicted_partial"]
-    assert [round(g, 3) if g is not None else None for g in calls["gap_before_s"]] == [None, 0.109, 41.748]
-    assert len(app.get("vega_lite_chart")) == 1
-    labels = {m.label: m.value for m in app.metric}
-    assert labels["calls"] == "3" and labels["ΣP prompt (tokens)"] == "15,661"
+    check_worked_timeline(app)
 
 
 def test_session_timeline_instance_change_and_tools(app):
-    goto(app, "session.py", session="sess-gen-02")
-    calls = df_of(app)
-    assert calls["instance"].to_list() == ["10.42.7.31:8000", "10.42.7.32:8000", "10.42.7.32:8000"]
-    # call 2 moved to B: routed_away; R_eff = floor(min(1500, 2599)/16)*16 = 1488, C = 0 → X = 1488
-    assert calls["miss_cause"].to_list() == ["cold", "routed_away", None]
-    assert calls["reprefill_tokens"].to_list() == [None, 1488, 0]
-    assert "moved to instance" in app.get("vega_lite_chart")[0].proto.spec
+    check_instance_change(app)
     tools = df_of(app, 1)  # web_search from 32.2 s to 39.8 s of the session (tests/test_console_store.py)
     assert tools["tool_name"].to_list() == ["web_search"]
     assert tools["duration_s"][0] == pytest.approx(7.6)
