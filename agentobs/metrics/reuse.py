@@ -2,8 +2,8 @@
 
 - as the model view ``call_reuse`` (created with the other views on every read-write open), over
   ``llm_calls`` with the built-in default block size;
-- as the temp table ``m_calls`` that one metric run materializes once and every metric reads,
-  over a materialized copy of ``llm_calls`` and with the ``default_block_size`` setting.
+- in the metric run (``m_calls``, which every metric reads), over a materialized copy of ``llm_calls``
+  and with the ``default_block_size`` setting; on DuckDB only its computed columns are stored (``narrow``).
 
 The body reads relations named ``calls_src``, ``cfg_src``, ``kv_src`` and ``reuse_params``; the
 callers bind them as CTEs (our own constant SQL text, no user input is spliced).

@@ -5,8 +5,10 @@ materializes, once:
 
 - ``m_src``   the model calls (``llm_calls``) — the view over spans is evaluated once per run;
 - ``m_cost``  the cost basis per instance (agentobs.metrics.cost);
-- ``m_calls`` ``call_reuse`` over ``m_src`` joined with the cost columns, flagged ``in_filter``
-              (the attribute filters) and ``in_win`` (in_filter and start inside [since, until));
+- ``m_calls`` ``call_reuse`` over ``m_src`` with the cost columns, flagged ``in_filter`` (the attribute
+              filters) and ``in_win`` (in_filter and start inside [since, until)). On DuckDB a view: ``m_src``
+              beside ``m_x`` (only the computed columns, in ``m_src``'s row order) by positional join; on
+              ClickHouse (no row ids) a table;
 - ``m_samples`` the engine counters/gauges the metrics read, with reset-aware deltas.
 
 Every metric file then reads these tables. Values (window, filters, thresholds, the grouping)
