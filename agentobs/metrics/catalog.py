@@ -98,7 +98,8 @@ def parse_header(text: str, where: str) -> tuple[dict[str, str], str]:
     return fields, "\n".join(lines[i:]).strip()
 
 
-def parse_metric(name: str, text: str, where: str | None = None) -> Metric:
+def parse_metric(name: str, text: str, where: str | None = None,
+                 con: duckdb.DuckDBPyConnection | None = None) -> Metric:
     where = where or f"{name}.sql"
     fields, body = parse_header(text, where)
     if fields.get("metric") and fields["metric"] != name:
@@ -107,13 +108,15 @@ def parse_metric(name: str, text: str, where: str | None = None) -> Metric:
     bad = [b for b in by if b not in BY_COLUMNS]
     if bad:
         raise ConfigError(f"{where}: unknown grouping(s) {', '.join(map(repr, bad))} in 'by:' (known: {', '.join(BY_COLUMNS)})")
-    con = duckdb.connect()
+    own = con is None  # the parser only: one in-memory connection serves every file (catalogue)
+    con = duckdb.connect() if own else con
     try:
         stmts = con.extract_statements(body)
     except duckdb.ParserException as e:
         raise ConfigError(f"{where}: SQL does not parse: {str(e).splitlines()[0]}") from None
     finally:
-        con.close()
+        if own:
+            con.close()
     if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
         raise ConfigError(f"{where}: the body must be exactly one SELECT statement")
     params = frozenset(stmts[0].named_parameters)
@@ -130,8 +133,12 @@ def catalogue() -> dict[str, Metric]:
     """All metrics shipped in the package, by name, in file-name order."""
     out: dict[str, Metric] = {}
     root = resources.files(__package__).joinpath("defs")
-    for f in sorted(root.iterdir(), key=lambda p: p.name):
-        if f.name.endswith(".sql"):
-            name = f.name[:-4]
-            out[name] = parse_metric(name, f.read_text(), f"agentobs/metrics/defs/{f.name}")
+    con = duckdb.connect()
+    try:
+        for f in sorted(root.iterdir(), key=lambda p: p.name):
+            if f.name.endswith(".sql"):
+                name = f.name[:-4]
+                out[name] = parse_metric(name, f.read_text(), f"agentobs/metrics/defs/{f.name}", con)
+    finally:
+        con.close()
     return out
