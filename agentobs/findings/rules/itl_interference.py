@@ -93,6 +93,17 @@ SELECT (SELECT count(*) FROM gg) AS gaps,
 """
 
 
+# one scan for every instance: gaps, and gaps above the SLO threshold; an instance with fewer than
+# findings_itl_min_tail_gaps (tail gaps ≤ gaps in either threshold mode) cannot trigger, so SQL above is
+# only run where it can (it reads every gap and prefill of its instance)
+PRECHECK = """
+SELECT instance, count(*) AS gaps, count(*) FILTER (WHERE gap_ms > $slo_ms) AS over_slo
+FROM (SELECT coalesce(instance, '') AS instance, unnest(itl_ms) AS gap_ms FROM m_calls
+      WHERE in_win AND itl_ms IS NOT NULL AND len(itl_ms) > 0 AND ttft_s IS NOT NULL)
+GROUP BY ALL
+"""
+
+
 def _pow2_below(n: int) -> int:
     p = 512
     while p * 2 <= n:
@@ -105,11 +116,16 @@ def check(ctx: Context) -> list[Finding]:
     mode = str(ctx.setting("itl_tail_threshold"))
     params_base = {"mode": mode, "slo_ms": float(ctx.setting("itl_slo_ms")),
                    "long_tokens": int(ctx.setting("long_prefill_tokens"))}
+    min_tail = int(ctx.setting("findings_itl_min_tail_gaps"))
+    counts = {r["instance"]: r for r in ctx.rows(PRECHECK, {"slo_ms": params_base["slo_ms"]})}
     for inst, cfg in ctx.instances.items():
+        c = counts.get(inst)
+        if c is None or (c["over_slo"] if mode != "p99" else c["gaps"]) < max(min_tail, 1):
+            continue
         params = {**params_base, "instance": inst}
         r = ctx.one(SQL, params)
         tail = r.get("tail_gaps") or 0
-        if tail < int(ctx.setting("findings_itl_min_tail_gaps")):
+        if tail < max(min_tail, 1):
             continue
         share = r["tail_gaps_long_prefill"] / tail
         if share < float(ctx.setting("findings_itl_long_prefill_share")):

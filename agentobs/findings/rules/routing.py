@@ -24,22 +24,37 @@ from ..finding import Finding, Scope
 ID = "non_affine_routing"
 
 SQL = """
-SELECT coalesce(model, '') AS model,
-       count(DISTINCT instance) AS replicas,
-       count(*) AS calls,
-       count(*) FILTER (WHERE prev_call_id IS NOT NULL) AS follow_ups,
-       count(*) FILTER (WHERE prev_call_id IS NOT NULL AND instance <> prev_instance) AS changed_replica,
-       count(*) FILTER (WHERE miss_cause = 'routed_away') AS routed_away_calls,
-       count(*) FILTER (WHERE miss_cause = 'routed_away' AND mode = 'exact') AS routed_away_exact,
-       CAST(coalesce(sum(reprefill_tokens) FILTER (WHERE miss_cause = 'routed_away'), 0) AS BIGINT) AS routed_away_tokens,
-       coalesce(sum(reprefill_cost_usd) FILTER (WHERE miss_cause = 'routed_away'), 0) AS routed_away_usd,
-       CAST(coalesce(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS BIGINT) AS reusable_tokens,
-       CAST(coalesce(sum(prompt_tokens - coalesce(cached_tokens, 0)), 0) AS BIGINT) AS computed_prefill,
-       string_agg(DISTINCT cost_basis, ' | ') AS cost_basis
-FROM m_calls LEFT JOIN (SELECT instance AS cb_instance, basis AS cost_basis FROM m_cost) cb ON cb.cb_instance = coalesce(m_calls.instance, '')
-WHERE in_win AND session_id IS NOT NULL
-GROUP BY ALL
-ORDER BY model
+WITH a AS (  -- per model and instance first: the cost basis then joins a few rows, not every call
+    SELECT coalesce(model, '') AS model, instance,
+           count(*) AS calls,
+           count(*) FILTER (WHERE prev_call_id IS NOT NULL) AS follow_ups,
+           count(*) FILTER (WHERE prev_call_id IS NOT NULL AND instance <> prev_instance) AS changed_replica,
+           count(*) FILTER (WHERE miss_cause = 'routed_away') AS routed_away_calls,
+           count(*) FILTER (WHERE miss_cause = 'routed_away' AND mode = 'exact') AS routed_away_exact,
+           sum(reprefill_tokens) FILTER (WHERE miss_cause = 'routed_away') AS routed_away_tokens,
+           sum(reprefill_cost_usd) FILTER (WHERE miss_cause = 'routed_away') AS routed_away_usd,
+           sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL) AS reusable_tokens,
+           sum(prompt_tokens - coalesce(cached_tokens, 0)) AS computed_prefill
+    FROM m_calls
+    WHERE in_win AND session_id IS NOT NULL
+    GROUP BY ALL
+)
+SELECT a.model,
+       count(DISTINCT a.instance) AS replicas,
+       CAST(sum(a.calls) AS BIGINT) AS calls,
+       CAST(sum(a.follow_ups) AS BIGINT) AS follow_ups,
+       CAST(sum(a.changed_replica) AS BIGINT) AS changed_replica,
+       CAST(sum(a.routed_away_calls) AS BIGINT) AS routed_away_calls,
+       CAST(sum(a.routed_away_exact) AS BIGINT) AS routed_away_exact,
+       CAST(coalesce(sum(a.routed_away_tokens), 0) AS BIGINT) AS routed_away_tokens,
+       coalesce(sum(a.routed_away_usd), 0) AS routed_away_usd,
+       CAST(coalesce(sum(a.reusable_tokens), 0) AS BIGINT) AS reusable_tokens,
+       CAST(coalesce(sum(a.computed_prefill), 0) AS BIGINT) AS computed_prefill,
+       string_agg(DISTINCT cb.cost_basis, ' | ') AS cost_basis
+FROM a LEFT JOIN (SELECT instance AS cb_instance, basis AS cost_basis FROM m_cost) cb
+  ON cb.cb_instance = coalesce(a.instance, '')
+GROUP BY a.model
+ORDER BY a.model
 """
 
 MECHANISMS = (
