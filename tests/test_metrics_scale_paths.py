@@ -88,3 +88,63 @@ def test_a_second_prepare_of_the_same_window_reuses_the_first(store):
         assert run5 is not run1                    # nothing is kept after the last user closed
     finally:
         close5()
+
+
+def test_a_run_moved_to_the_previous_period_equals_a_preparation_of_it(store):
+    # the console's Overview computes "change vs the previous period" from the run of the view: the working set
+    # of [since, until) holds every session active in [since − (until − since), until), so moving the run to
+    # the period just before gives exactly what preparing that period gives, metric by metric
+    since, until = T0 + 30_000, T0 + 51_600
+    prev = (since - (until - since), since)
+    s = Settings()
+    con = connect(store, read_only=True)
+    try:
+        moved = MetricRun(con, since, until, {}, s, parse_cost({}))
+        fresh = MetricRun(con, *prev, {}, s, parse_cost({}))
+        moved.set_window(*prev)
+        assert (moved.since, moved.until) == prev
+        a, b = _suite(moved), _suite(fresh)
+        for name in names():
+            assert_frame_equal(a[name], b[name], check_exact=False, rel_tol=1e-9)
+        # and back: the view's own numbers again
+        own = MetricRun(con, since, until, {}, s, parse_cost({}))
+        moved.set_window(since, until)
+        a, b = _suite(moved), _suite(own)
+        for name in names():
+            assert_frame_equal(a[name], b[name], check_exact=False, rel_tol=1e-9)
+        # a window the working set does not cover is refused, not answered wrongly
+        from agentobs.errors import QueryError
+
+        with pytest.raises(QueryError, match="outside this run's working set"):
+            moved.set_window(prev[0] - 1, since)
+        with pytest.raises(QueryError, match="outside this run's working set"):
+            moved.set_window(since, until + 1)
+        for r in (moved, fresh, own):
+            r.close()
+    finally:
+        con.close()
+
+
+def test_findings_give_a_shared_run_back_with_its_own_window(store):
+    # findings without a since narrow the run to their default window (findings_default_window_s before the
+    # newest call); a run shared with another user (the Overview's metrics, the report) must read as before
+    from agentobs.findings import run as findings
+
+    s = Settings(values={"findings_default_window_s": 21_600.0})   # 6 h: narrower than the day of data
+    run, close = prepare(store, settings=s)
+    try:
+        before = _suite(run)
+        in_win = run.cur.sql("SELECT count(*) FILTER (WHERE in_win) FROM m_calls").fetchall()[0][0]
+        assert in_win == 6000
+        findings(store, settings=s, simulate=False)        # shares `run` (same store, window, settings)
+        assert run.cur.sql("SELECT count(*) FILTER (WHERE in_win) FROM m_calls").fetchall()[0][0] == 6000
+        after = _suite(run)
+        for name in names():
+            assert_frame_equal(before[name], after[name])
+        # the narrowing itself happened (and is what reset_window undid): restrict_since reports a change
+        assert run.restrict_since(T0 + 60_000) is True
+        assert run.cur.sql("SELECT count(*) FILTER (WHERE in_win) FROM m_calls").fetchall()[0][0] < 6000
+        run.reset_window()
+        assert run.cur.sql("SELECT count(*) FILTER (WHERE in_win) FROM m_calls").fetchall()[0][0] == 6000
+    finally:
+        close()

@@ -53,7 +53,12 @@ def run(db, since=None, until=None, settings: Settings | None = None, *, include
         found = refine(found, ctx, simulate=simulate)
         acks = active(mrun.cur, clock)
     finally:
-        close()
+        try:
+            # the run may be shared with other users (agentobs.metrics.prepare: the report, the console's
+            # Overview): give it back with its own window
+            mrun.reset_window()
+        finally:
+            close()
     out = []
     for f in found:
         a = acks.get(f.id)

@@ -128,11 +128,18 @@ class MetricRun:
     cost: CostModel = field(default_factory=CostModel)
     timings: dict[str, float] = field(default_factory=dict)
     prune: bool = True  # window pruning of the working set (False: every call, as a check of the pruning)
+    _narrowed: bool = field(default=False, repr=False)  # restrict_since changed in_win or m_samples
 
     def __post_init__(self):
         if self.since is not None and self.until is not None and self.until <= self.since:
             raise QueryError(f"empty window: until ({self.until}) must be after since ({self.since})")
         self.cur = self.con.cursor()
+        # the windows this run's working set can serve (set_window): every call when not pruned, else
+        # [since − (until − since), until) — see the pruning in _prepare
+        pruned = self.prune and (self.since is not None or self.until is not None)
+        self._covers = (
+            (None if self.since is None else self.since if self.until is None else 2 * self.since - self.until),
+            self.until) if pruned else (None, None)
         self._prepare()
 
     # -- preparation ---------------------------------------------------------------------------
@@ -233,7 +240,9 @@ class MetricRun:
             self._timed("m_calls", sql, params)
             self.cur.execute("DROP TABLE m_src")
             self.calls_table = "m_calls"
-        inst = self.filters.get("instance")
+        self._samples(self.since, self.until)
+
+    def _samples(self, since: float | None, until: float | None) -> None:
         self._timed("m_samples", """
             CREATE OR REPLACE TEMP TABLE m_samples AS
             SELECT * FROM (
@@ -249,17 +258,63 @@ class MetricRun:
                 WINDOW w AS (PARTITION BY instance, metric, labels_key ORDER BY ts)
             )
             WHERE $since IS NULL OR ts >= make_timestamp(CAST($since * 1e6 AS BIGINT))
-        """, {"metrics": list(SAMPLE_METRICS), "instances": inst, "since": self.since, "until": self.until})
+        """, {"metrics": list(SAMPLE_METRICS), "instances": self.filters.get("instance"), "since": since,
+              "until": until})
 
-    def restrict_since(self, since: float) -> None:
+    def restrict_since(self, since: float) -> bool:
         """Narrow the run's window start to ``since`` after preparation (findings' default window): calls that
-        start before it leave ``in_win``, engine samples before it are dropped."""
+        start before it leave ``in_win``, engine samples before it are dropped. True when that changed anything
+        (``reset_window`` undoes it)."""
         if self.calls_table == "m_x":
-            self.cur.execute("UPDATE m_x SET in_win = false WHERE in_win AND rid IN (SELECT rowid FROM m_src "
-                             "WHERE start_s < $since)", {"since": since})
+            n = self._changes("UPDATE m_x SET in_win = false WHERE in_win AND rid IN (SELECT rowid FROM m_src "
+                              "WHERE start_s < $since)", {"since": since})
         else:
-            self.cur.execute("UPDATE m_calls SET in_win = false WHERE in_win AND start_s < $since", {"since": since})
-        self.cur.execute("DELETE FROM m_samples WHERE ts_s < $since", {"since": since})
+            n = self._changes("UPDATE m_calls SET in_win = false WHERE in_win AND start_s < $since", {"since": since})
+        d = self._changes("DELETE FROM m_samples WHERE ts_s < $since", {"since": since})
+        changed = bool(n or d)
+        self._narrowed = self._narrowed or changed
+        return changed
+
+    def _changes(self, sql: str, params: dict) -> int:
+        """Run an UPDATE/DELETE; the rows it changed (DuckDB returns the count; a backend that does not: 1,
+        i.e. assume something changed)."""
+        self.cur.execute(sql, params)
+        if not isinstance(self.cur, duckdb.DuckDBPyConnection):
+            return 1
+        rows = self.cur.fetchall()
+        return int(rows[0][0]) if rows and rows[0] and rows[0][0] is not None else 0
+
+    def set_window(self, since: float | None, until: float | None) -> None:
+        """Move the run to another window inside its working set: ``in_win``, the engine samples and the window
+        the metrics read (``$since``/``$until``). The working set was pruned to sessions with a call overlapping
+        [since − (until − since), until) at preparation, so a window inside that range — the view's own, or
+        the period just before it (the console's "change vs previous") — gives the numbers a preparation of
+        that window would (every metric reads calls of sessions overlapping its window, whole sessions kept).
+        Windows outside it are refused."""
+        if since is not None and until is not None and until <= since:
+            raise QueryError(f"empty window: until ({until}) must be after since ({since})")
+        if (since, until) == (self.since, self.until) and not self._narrowed:
+            return
+        lo, hi = self._covers
+        if (lo is not None and (since is None or since < lo)) or (hi is not None and (until is None or until > hi)):
+            raise QueryError("set_window: the window is outside this run's working set; prepare that window")
+        win = "($since IS NULL OR start_s >= $since) AND ($until IS NULL OR start_s < $until)"
+        p = {"since": since, "until": until}
+        if self.calls_table == "m_x":
+            self.cur.execute(f"UPDATE m_x SET in_win = false WHERE in_win AND rid IN "
+                             f"(SELECT rowid FROM m_src WHERE NOT ({win}))", p)
+            self.cur.execute(f"UPDATE m_x SET in_win = true WHERE NOT in_win AND in_filter AND rid IN "
+                             f"(SELECT rowid FROM m_src WHERE {win})", p)
+        else:
+            self.cur.execute(f"UPDATE m_calls SET in_win = in_filter AND {win} "
+                             f"WHERE in_win <> (in_filter AND {win})", p)
+        self._samples(since, until)
+        self.since, self.until, self._narrowed = since, until, False
+
+    def reset_window(self) -> None:
+        """Undo ``restrict_since``: the run's own window again (nothing to do when the narrowing changed nothing)."""
+        if self._narrowed:
+            self.set_window(self.since, self.until)
 
     # -- queries ---------------------------------------------------------------------------------
     def params_for(self, metric: Metric, by: str) -> dict:
