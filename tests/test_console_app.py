@@ -124,6 +124,32 @@ def test_overview_with_window_shows_change_vs_previous(app):
     assert app.metric and not app.exception
 
 
+def test_overview_change_vs_previous_equals_metrics_api_of_both_periods(app, db, monkeypatch):
+    # [09:30, 09:50) holds sess-gen-01…04; the period before, [09:10, 09:30), the worked example (Qwen only).
+    # The page computes both, and the findings, from one preparation (the previous period is the same run moved
+    # back a period); the delta must equal the metrics API on each period prepared on its own
+    from agentobs.metrics.run import MetricRun
+
+    prepared = []
+    real = MetricRun._prepare
+    monkeypatch.setattr(MetricRun, "_prepare", lambda self: (prepared.append((self.since, self.until)), real(self)))
+    goto(app, "overview.py", since="2026-10-14T09:30:00", until="2026-10-14T09:50:00")
+    assert len(prepared) == 1   # nothing of this window was cached yet: one preparation served the whole page
+    monkeypatch.undo()
+    now = compute("reuse", db=str(db), by="model", since="2026-10-14T09:30:00", until="2026-10-14T09:50:00")
+    before = compute("reuse", db=str(db), by="model", since="2026-10-14T09:10:00", until="2026-10-14T09:30:00")
+    assert before["model"].to_list() == [QWEN]
+    u = [m for m in app.metric if m.label == "Session reuse hit rate U"]
+    models = now["model"].to_list()
+    q = u[models.index(QWEN)]
+    u_now = now.filter(pl.col("model") == QWEN)["reuse_hit_rate"][0]
+    assert before["reuse_hit_rate"][0] == pytest.approx(6480 / 8288)   # the worked example: U = 6480/8288
+    assert q.value == f"{100 * u_now:.1f} %"
+    assert q.delta == f"{100 * (u_now - 6480 / 8288):.1f} %"
+    # Llama had no calls the period before: no delta
+    assert u[models.index(LLAMA)].delta in (None, "")
+
+
 def test_filters_in_url_restrict_every_listing(app, db):
     goto(app, "sessions.py", model=LLAMA)
     assert app.sidebar.multiselect(key="f_model").value == [LLAMA]

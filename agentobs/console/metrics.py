@@ -5,6 +5,9 @@ the console, the CLI and the report agree. Results are cached per db stamp + win
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import polars as pl
 import streamlit as st
 
@@ -33,14 +36,65 @@ DEFAULT_PAIRS = (
 )
 
 
+# Within one page run (``one_preparation``) the metric runs prepared here stay open until the page is done, so
+# the Overview prepares once: its previous period is the same run moved to the period before (MetricRun.
+# set_window; the working set covers it) and findings share the open run (agentobs.metrics.prepare shares an
+# open run of the same store state, window and filters within a thread). At the end of the page every run is
+# closed: a read-only connection left open would keep collectors from writing the store.
+_HELD = threading.local()
+
+
+@contextlib.contextmanager
+def one_preparation():
+    """Keep the runs this thread prepares open until the block ends (see above); nested blocks are one."""
+    if getattr(_HELD, "runs", None) is not None:
+        yield
+        return
+    _HELD.runs = []
+    try:
+        yield
+    finally:
+        runs, _HELD.runs = _HELD.runs, None
+        errors = []
+        for _key, _run, close in reversed(runs):
+            try:
+                close()
+            except Exception as e:  # noqa: BLE001 - close every run, then report
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+
+def _held_run(stamp, filters: tuple, since, until):
+    """(run, its own window): a run held open by ``one_preparation`` for this store state and filters whose
+    working set covers [since, until), moved to that window; (None, None) when there is none."""
+    from agentobs.errors import QueryError
+    from agentobs.metrics import parse_time
+
+    for key, run, _close in getattr(_HELD, "runs", None) or []:
+        if key != (stamp, filters):
+            continue
+        own = (run.since, run.until)
+        try:
+            run.set_window(parse_time(since), parse_time(until))
+        except QueryError:
+            continue
+        return run, own
+    return None, None
+
+
 @st.cache_data(show_spinner="computing metrics…", max_entries=256, ttl=3600)
 def _suite(stamp, pairs: tuple[tuple[str, str], ...], since, until, filters: tuple
            ) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], str]]:
-    """One preparation (``agentobs.metrics.prepare``), then each (metric, grouping); a failing metric is
-    reported, not fatal."""
+    """One preparation (``agentobs.metrics.prepare``), or a held one (``one_preparation``), then each (metric,
+    grouping); a failing metric is reported, not fatal."""
     from agentobs.metrics import prepare
 
-    run, close = prepare(data.source(stamp), since=since, until=until, filters={k: list(v) for k, v in filters} or None)
+    run, own = _held_run(stamp, filters, since, until)
+    held = run is not None
+    if not held:
+        run, close = prepare(data.source(stamp), since=since, until=until,
+                             filters={k: list(v) for k, v in filters} or None)
     out, errors = {}, {}
     try:
         for pair in pairs:
@@ -49,7 +103,12 @@ def _suite(stamp, pairs: tuple[tuple[str, str], ...], since, until, filters: tup
             except Exception as e:  # noqa: BLE001 - shown on the page next to the metric
                 errors[pair] = str(e)
     finally:
-        close()
+        if held:
+            run.set_window(*own)  # back to the window it was prepared for (findings share it by that key)
+        elif getattr(_HELD, "runs", None) is not None:
+            _HELD.runs.append(((stamp, filters), run, close))
+        else:
+            close()
     return out, errors
 
 
