@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 import os
 import re
 import threading
@@ -116,6 +117,65 @@ def names() -> list[str]:
     return [n for n in ORDER if n in cat] + sorted(set(cat) - set(ORDER))
 
 
+# -- the compact m_x (DuckDB) ------------------------------------------------------------------------------------
+# call_reuse's label columns and every value they take (agentobs/metrics/call_reuse.sql): stored as ENUMs in m_x,
+# VARCHAR again in m_calls. A value missing here fails the preparation loudly (the CAST), never silently.
+_ENUM_COLUMNS = {
+    "block_size_source": ("engine_config", "default"),
+    "mode": ("no_session", "exact", "estimate"),
+    "miss_cause": ("cold", "routed_away", "cache_disabled", "evicted_full", "evicted_partial", "unknown"),
+    "hit_class": ("hit", "partial", "miss"),
+    "window_outcome": ("retained", "evicted", "routed_away", "unknown"),
+    "rent_mode": ("kv_events", "estimate"),
+    "evict_phase": ("idle", "queued", "after_resume"),
+}
+# m_cost's per-instance numbers the cost columns of m_calls read
+_COST_CONSTANTS = ("usd_per_s", "prefill_tps", "decode_tps", "usd_per_token_s", "bytes_per_token", "g_star_s",
+                   "list_input_per_tok", "list_cached_per_tok", "list_output_per_tok")
+
+
+def _sql_str(v: str) -> str:
+    return "'" + str(v).replace("'", "''") + "'"
+
+
+def _sql_double(v) -> str:
+    if v is None:
+        return "NULL"
+    f = float(v)
+    return repr(f) if math.isfinite(f) else f"CAST('{f}' AS DOUBLE)"
+
+
+def _view_columns(x_cols: list[str], insts: list[tuple]) -> str:
+    """The select list of the m_calls view over (m_src's call columns, m_x's columns): m_x's ENUMs as VARCHAR,
+    the previous call's instance by its index, and at ``inst_no`` the cost columns, computed from the instance's
+    m_cost numbers (``insts``: (instance, *_COST_CONSTANTS) in m_cost order by instance, i.e. by inst_no) exactly
+    as they were when stored: same operands, same order of operations, so the same doubles."""
+    names = "CAST([" + ", ".join(_sql_str(r[0]) for r in insts) + "] AS VARCHAR[])"
+    k = {c: "CAST([" + ", ".join(_sql_double(r[i + 1]) for r in insts) + f"] AS DOUBLE[])[u.inst_no]"
+         for i, c in enumerate(_COST_CONSTANTS)}
+    computed = "(u.prompt_tokens - coalesce(u.cached_tokens, 0))"
+    out = [c.strip() for c in reuse.CALL_COLUMNS.split(",") if c.strip() != "block_hashes"]
+    out = [f"u.{c}" for c in out]
+    for c in x_cols:
+        if c in _ENUM_COLUMNS:
+            out.append(f"CAST(u.{c} AS VARCHAR) AS {c}")
+        elif c == "prev_instance":
+            out.append(f"{names}[u.prev_instance] AS prev_instance")
+        elif c == "inst_no":
+            out += [f"{k[c2]} AS {c2}" for c2 in ("usd_per_s", "prefill_tps", "decode_tps", "usd_per_token_s",
+                                                   "bytes_per_token", "g_star_s")]
+            out.append(f"{computed} / {k['prefill_tps']} + coalesce(u.output_tokens, 0) / {k['decode_tps']} AS gpu_s")
+            out.append(f"({computed} / {k['prefill_tps']} + coalesce(u.output_tokens, 0) / {k['decode_tps']})"
+                       f" * {k['usd_per_s']} AS cost_usd")
+            out.append(f"u.reprefill_tokens / {k['prefill_tps']} * {k['usd_per_s']} AS reprefill_cost_usd")
+            out.append(f"{computed} * {k['list_input_per_tok']} + coalesce(u.cached_tokens, 0) * "
+                       f"{k['list_cached_per_tok']} + coalesce(u.output_tokens, 0) * {k['list_output_per_tok']}"
+                       " AS list_cost_usd")
+        else:
+            out.append(f"u.{c}")
+    return ",\n".join(out)
+
+
 @dataclass
 class MetricRun:
     """Prepared temp tables on a private cursor; ``compute(name, by)`` runs one metric."""
@@ -200,12 +260,24 @@ class MetricRun:
             # order), and present m_calls as a view that puts m_src's call columns beside them (POSITIONAL JOIN:
             # no join, no second copy of the wide rows). Writing the wide table was ~40% of m_calls and its peak
             # memory (docs/metrics.md, round 5). The attribute filters read the wide columns: a semi-join by rowid.
+            # m_x is compact (round 6): the labels are ENUMs (1 byte, not a 16-byte string), the instance of the
+            # previous call an index into the instance list, and the cost columns — functions of the instance and
+            # the call's tokens — are not stored: the view computes them from the instance's index (_view_columns).
             in_filter = ("r.rid IN (SELECT rowid FROM m_src s WHERE " + " AND ".join(p.format(t="s") for p in preds)
                          + ")") if preds else "true"
-            select = ("r.* EXCLUDE (instance, start_s, prompt_tokens, cached_tokens, output_tokens),\n" + cost_cols
-                      + f"({in_filter}) AS in_filter,\n({in_filter}) AND {window} AS in_win")
+            insts = self.cur.sql(f"SELECT instance, {', '.join(_COST_CONSTANTS)} FROM m_cost ORDER BY instance"
+                                 ).fetchall()
+            self.cur.execute("CREATE OR REPLACE TEMP TABLE m_inst AS SELECT instance, "
+                             "CAST(row_number() OVER (ORDER BY instance) AS UINTEGER) AS inst_no FROM m_cost")
+            replace = ", ".join(f"CAST(r.{c} AS ENUM({', '.join(_sql_str(v) for v in vals)})) AS {c}"
+                                for c, vals in _ENUM_COLUMNS.items())
+            select = ("r.* EXCLUDE (instance, start_s, prompt_tokens, cached_tokens, output_tokens)"
+                      f" REPLACE ({replace}, pk.inst_no AS prev_instance),\n"
+                      f"ki.inst_no,\n({in_filter}) AS in_filter,\n({in_filter}) AND {window} AS in_win")
+            joins = ("LEFT JOIN m_inst ki ON ki.instance = coalesce(r.instance, '')\n"
+                     "LEFT JOIN m_inst pk ON pk.instance = r.prev_instance")
             sql = "CREATE OR REPLACE TEMP TABLE m_x AS\n" + reuse.reuse_sql(
-                src, "$default_block_size", select, cost_join + "\nORDER BY r.rid",
+                src, "$default_block_size", select, joins + "\nORDER BY r.rid",
                 abandoned_after_s=abandoned_after_s, has_rid=True, rid="rowid", narrow=True)
             self._timed("m_calls", sql, params)
             t0 = time.perf_counter()
@@ -215,6 +287,8 @@ class MetricRun:
                 "SELECT (SELECT count(*) FROM m_src), count(*), count(*) FILTER (WHERE rid <> rowid) FROM m_x"
             ).fetchall()[0]
             call_cols = ", ".join(f"s.{c.strip()}" for c in reuse.CALL_COLUMNS.split(",") if c.strip() != "block_hashes")
+            x_cols = [r[0] for r in self.cur.sql("DESCRIBE m_x").fetchall() if r[0] != "rid"]
+            outer = _view_columns(x_cols, insts)
             if n_src == n_x and misplaced == 0:
                 # a positional scan runs on one thread; a UNION ALL of row ranges (row-group aligned) runs one
                 # pipeline per range, so scans of m_calls use every core as a table scan would
@@ -222,13 +296,13 @@ class MetricRun:
                 step = -(-n_x // parts) if n_x else 1
                 step = -(-step // _ROW_GROUP) * _ROW_GROUP
                 ranges = [(lo, lo + step) for lo in range(0, max(n_x, 1), step)]
-                self.cur.execute("CREATE OR REPLACE TEMP VIEW m_calls AS " + "\nUNION ALL\n".join(
+                self.cur.execute(f"CREATE OR REPLACE TEMP VIEW m_calls AS SELECT {outer} FROM (" + "\nUNION ALL\n".join(
                     f"SELECT {call_cols}, x.* EXCLUDE (rid) FROM "
                     f"(SELECT * FROM m_src WHERE rowid >= {lo} AND rowid < {hi}) s POSITIONAL JOIN "
-                    f"(SELECT * FROM m_x WHERE rowid >= {lo} AND rowid < {hi}) x" for lo, hi in ranges))
+                    f"(SELECT * FROM m_x WHERE rowid >= {lo} AND rowid < {hi}) x" for lo, hi in ranges) + ") u")
             else:  # not expected; a correct (slower) table rather than a misaligned view
-                self.cur.execute(f"CREATE OR REPLACE TEMP TABLE m_calls AS SELECT {call_cols}, x.* EXCLUDE (rid) "
-                                 "FROM m_src s JOIN m_x x ON x.rid = s.rowid")
+                self.cur.execute(f"CREATE OR REPLACE TEMP TABLE m_calls AS SELECT {outer} FROM (SELECT {call_cols}, "
+                                 "x.* EXCLUDE (rid) FROM m_src s JOIN m_x x ON x.rid = s.rowid) u")
             self.calls_table = "m_x"
             self.timings["m_calls_view"] = time.perf_counter() - t0
         else:
