@@ -166,8 +166,14 @@ kv_store AS MATERIALIZED (
 -- chain depth of stored blocks (block 0 = the first block of a prompt): an event without a parent starts
 -- at 0; an event whose parent block was stored before continues that chain (first storing event of
 -- the parent hash on the instance, at the parent's index). Unknown (NULL) when the chain's start was not seen.
-kv_first AS (SELECT instance, h, min(eid) AS eid, arg_min(i, eid) AS i FROM kv_store GROUP BY instance, h),
-kv_edge AS (
+-- (only the hashes some event names as its parent: the chain edges below read nothing else)
+kv_first AS MATERIALIZED (
+    SELECT instance, h, min(eid) AS eid, arg_min(i, eid) AS i FROM kv_store
+    WHERE (instance, h) IN (SELECT instance, parent_block_hash FROM kv_st WHERE parent_block_hash IS NOT NULL)
+    GROUP BY instance, h
+),
+-- materialized: the recursion below reads it once per step (inlined, each step grouped every stored block again)
+kv_edge AS MATERIALIZED (
     SELECT e.eid, f.eid AS parent_eid, f.i AS parent_i
     FROM kv_st e JOIN kv_first f ON f.instance = e.instance AND f.h = e.parent_block_hash
     WHERE f.eid < e.eid
@@ -196,17 +202,9 @@ kv_live AS (
                AS superseded_s
     FROM kv_owner
 ),
-kv_rm AS (
-    SELECT o.instance, o.session_id, epoch_us(r.ts) / 1e6 AS ts_s
-    FROM (SELECT instance, ts, unnest(block_hashes) AS h FROM kv_src WHERE type = 'BlockRemoved') r
-    JOIN kv_owner o ON o.instance = r.instance AND o.h = r.h
-    UNION ALL
-    SELECT s.instance, s.session_id, epoch_us(a.ts) / 1e6
-    FROM kv_src a JOIN kv_sess s ON s.instance = a.instance
-    WHERE a.type = 'AllBlocksCleared'
-),
--- removals with the removed block's chain position (AllBlocksCleared: every block, depth -1)
-kv_rm_chain AS (
+-- removals with the removed block's chain position (AllBlocksCleared: every block, depth -1); materialized:
+-- read by ev, and as kv_rm (every removal of a session's block, whatever its position) by ab
+kv_rm_chain AS MATERIALIZED (
     SELECT o.instance, o.session_id, epoch_us(r.ts) / 1e6 AS ts_s, o.stored_s, o.superseded_s,
            coalesce(o.depth, -1) AS depth
     FROM (SELECT instance, ts, unnest(block_hashes) AS h FROM kv_src WHERE type = 'BlockRemoved') r
@@ -216,6 +214,7 @@ kv_rm_chain AS (
     FROM kv_src a JOIN kv_sess s ON s.instance = a.instance
     WHERE a.type = 'AllBlocksCleared'
 ),
+kv_rm AS (SELECT instance, session_id, ts_s FROM kv_rm_chain),
 kv_end AS (SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_src GROUP BY instance),
 -- the idle window's eviction: the first removal, after the previous call ended and on its instance, of a
 -- block the next call would reuse — a block of the session's live chain at t2(prev) before the reusable
