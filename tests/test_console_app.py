@@ -150,6 +150,24 @@ def test_overview_change_vs_previous_equals_metrics_api_of_both_periods(app, db,
     assert u[models.index(LLAMA)].delta in (None, "")
 
 
+def test_a_page_prepares_once_for_all_its_sections(app, monkeypatch):
+    # KV rent & capacity shows three metrics (idle_kv_rent, capacity, concurrency): the first section computes
+    # the page's default pairs from one preparation, the next two read the cache; and the page does not
+    # compute other pages' pairs (the Overview's per-model KPIs, the per-task costs)
+    from agentobs.metrics.run import MetricRun
+
+    computed = []
+    prepared = []
+    real_prepare, real_compute = MetricRun._prepare, MetricRun.compute
+    monkeypatch.setattr(MetricRun, "_prepare", lambda self: (prepared.append(1), real_prepare(self)))
+    monkeypatch.setattr(MetricRun, "compute",
+                        lambda self, name, by=None: (computed.append((name, by)), real_compute(self, name, by))[1])
+    goto(app, "kv_rent.py", since="2026-10-14T09:00:00", until="2026-10-14T10:00:00")   # a window not cached yet
+    assert len(prepared) == 1
+    assert sorted(n for n, _ in computed) == ["capacity", "concurrency", "idle_kv_rent"]
+    monkeypatch.undo()
+
+
 def test_filters_in_url_restrict_every_listing(app, db):
     goto(app, "sessions.py", model=LLAMA)
     assert app.sidebar.multiselect(key="f_model").value == [LLAMA]
