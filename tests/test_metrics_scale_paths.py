@@ -148,3 +148,27 @@ def test_findings_give_a_shared_run_back_with_its_own_window(store):
         assert run.cur.sql("SELECT count(*) FILTER (WHERE in_win) FROM m_calls").fetchall()[0][0] == 6000
     finally:
         close()
+
+
+def test_a_window_around_all_the_data_skips_the_pruning_pass(store):
+    # every call of the store (a day from T0) overlaps [since − (until − since), until): pruning would keep
+    # every session, so m_src is the plain copy (the check reads two aggregates of the raw spans), and the
+    # numbers are those of the pruned path
+    since, until = T0 - 3_600, T0 + 90_000
+    s = Settings()
+    con = connect(store, read_only=True)
+    try:
+        plain = MetricRun(con, since, until, {}, s, parse_cost({}))
+        assert "prune_check" in plain.timings
+        assert plain._nothing_to_prune() is True
+        assert plain.cur.sql("SELECT count(*) FROM m_src").fetchall()[0][0] == 6000
+        tight = MetricRun(con, T0 + 30_000, T0 + 51_600, {}, s, parse_cost({}))
+        assert tight._nothing_to_prune() is False   # the day's early and late sessions lie outside
+        full = MetricRun(con, since, until, {}, s, parse_cost({}), prune=False)
+        a, b = _suite(plain), _suite(full)
+        for name in names():
+            assert_frame_equal(a[name], b[name], check_exact=False, rel_tol=1e-9)
+        for r in (plain, tight, full):
+            r.close()
+    finally:
+        con.close()

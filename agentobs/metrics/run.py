@@ -216,7 +216,7 @@ class MetricRun:
         # backend (ClickHouse, which has no rowid) a numbered column as before
         rowid = isinstance(self.cur, duckdb.DuckDBPyConnection)
         number = "" if rowid else "row_number() OVER () AS rid, "
-        if (self.since is None and self.until is None) or not self.prune:
+        if (self.since is None and self.until is None) or not self.prune or self._nothing_to_prune():
             self._timed("m_src", f"CREATE OR REPLACE TEMP TABLE m_src AS SELECT {number}{cols} FROM llm_calls")
         else:
             # window pruning: only sessions with a call overlapping [lo, until) enter the working set, with all
@@ -315,6 +315,20 @@ class MetricRun:
             self.cur.execute("DROP TABLE m_src")
             self.calls_table = "m_calls"
         self._samples(self.since, self.until)
+
+    def _nothing_to_prune(self) -> bool:
+        """True when every model call overlaps [lo, until) (see the pruning in _prepare), so pruning would keep
+        every session: the plain copy of llm_calls then, not the materialize-and-filter (twice the work). From
+        the raw spans the calls' times come from (gateway and engine spans): two aggregates, no view."""
+        lo = self._covers[0]
+        t0 = time.perf_counter()
+        row = self.cur.sql("""
+            SELECT ($until IS NULL OR coalesce(max(start_ns) / 1e9 < $until, true))
+               AND ($lo IS NULL OR coalesce(min(end_ns) / 1e9 > $lo, true))
+            FROM spans WHERE role IN ('gateway', 'engine')
+        """, params={"lo": lo, "until": self.until}).fetchall()
+        self.timings["prune_check"] = time.perf_counter() - t0
+        return bool(row and row[0][0])
 
     def _samples(self, since: float | None, until: float | None) -> None:
         self._timed("m_samples", """
