@@ -136,18 +136,32 @@ SELECT count(*) AS calls,
            AS reprefill_share_of_computed_prefill,
        sum(reprefill_cost_usd) AS reprefill_cost_usd,
        sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS reprefill_cost_share,
-       sum(rent_paid_token_s * k.usd_per_token_s) FILTER (WHERE session_id IS NOT NULL) AS rent_paid_usd,
-       sum(rent_wasted_token_s * k.usd_per_token_s) FILTER (WHERE session_id IS NOT NULL) AS rent_wasted_usd,
+       (SELECT rent_paid_usd FROM rent) AS rent_paid_usd,
+       (SELECT rent_wasted_usd FROM rent) AS rent_wasted_usd,
        count(*) FILTER (WHERE is_retry) AS retries
 FROM m_calls m
-LEFT JOIN m_cost k ON k.instance = coalesce(m.prev_instance, m.instance, '')
 WHERE m.in_filter AND m.start_s >= $lo AND m.start_s < $hi
 """
+# idle KV rent: token-seconds summed per pricing instance (the previous call's, where the KV sat; else the
+# call's own), then priced — as the idle_kv_rent metric does; joining m_cost to every call built the join's
+# hash table on the calls (a positional view is estimated at 0 rows)
+TOTALS_SQL = """
+WITH rent AS (
+    SELECT sum(r.paid_ts * k.usd_per_token_s) AS rent_paid_usd, sum(r.wasted_ts * k.usd_per_token_s) AS rent_wasted_usd
+    FROM (SELECT coalesce(prev_instance, instance, '') AS inst,
+                 sum(rent_paid_token_s) FILTER (WHERE session_id IS NOT NULL) AS paid_ts,
+                 sum(rent_wasted_token_s) FILTER (WHERE session_id IS NOT NULL) AS wasted_ts
+          FROM m_calls
+          WHERE in_filter AND start_s >= $lo AND start_s < $hi
+          GROUP BY 1) r
+    LEFT JOIN m_cost k ON k.instance = r.inst
+)
+""" + TOTALS_SQL
 
+# one scan of the calls per dimension; the spend share divides by the sum of the groups (a window over the few
+# groups), not by a second read of the calls (a CTE of every call read twice was materialized, wide)
 SPEND_SQL = """
-WITH base AS (SELECT {col} AS grp, * FROM m_calls WHERE in_win),
-total AS (SELECT sum(cost_usd) AS t FROM base)
-SELECT coalesce(CAST(grp AS VARCHAR), '(none)') AS {name},
+SELECT coalesce(CAST({col} AS VARCHAR), '(none)') AS {name},
        count(*) AS calls,
        count(DISTINCT session_id) AS sessions,
        count(DISTINCT task_id) AS tasks,
@@ -157,12 +171,13 @@ SELECT coalesce(CAST(grp AS VARCHAR), '(none)') AS {name},
        CAST(sum(output_tokens) AS BIGINT) AS output_tokens,
        sum(gpu_s) AS gpu_s,
        sum(cost_usd) AS cost_usd,
-       sum(cost_usd) / nullif(any_value(total.t), 0) AS share_of_spend,
+       sum(cost_usd) / nullif(sum(sum(cost_usd)) OVER (), 0) AS share_of_spend,
        CAST(sum(reprefill_tokens) AS BIGINT) AS reprefill_tokens,
        sum(reprefill_cost_usd) AS reprefill_cost_usd,
        sum(list_cost_usd) AS list_price_usd
-FROM base CROSS JOIN total
-GROUP BY grp
+FROM m_calls
+WHERE in_win
+GROUP BY {col}
 ORDER BY sum(cost_usd) DESC NULLS LAST, 1
 """
 
