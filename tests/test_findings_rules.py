@@ -357,6 +357,38 @@ def test_itl_long_prefill_fires(store, tmp_path):
     assert row["p99_without_long_prefill_ms"] == pytest.approx(ev["itl_p99_without_long_ms"])
 
 
+def test_itl_rule_reads_every_instance_in_one_query_with_the_per_instance_numbers(store, tmp_path):
+    # the rule computes all instances with ALL_SQL; the evidence shows SQL for one instance: the same numbers.
+    # Two instances: the fleet above on SG, and on VL the same decodes with a shorter long prefill (12,000
+    # computed tokens, still ≥ 8,192) and one more tail gap that overlaps nothing
+    from dataclasses import replace
+
+    from agentobs.findings.context import Context
+    from agentobs.findings.rules import itl_interference as rule
+    from agentobs.metrics import prepare
+
+    sg = itl_fleet().calls
+    vl = [replace(c, session=f"v{c.session}", instance=VL) for c in sg]
+    vl[1] = replace(vl[1], P=12000)
+    vl.append(Call("vd", VL, 300.0, 1.0, 500, 0, ttft=0.1, itl=[300.0]))
+    build(store, tmp_path, Fleet(sg + vl, vllm={VL: {}}, sglang={SG: {"enable_hierarchical_cache": True}}))
+    s = settings()
+    run_, close = prepare(store[0], since=WINDOW[0], until=WINDOW[1], settings=s)
+    try:
+        ctx = Context(run_.cur, s, WINDOW[0], WINDOW[1])
+        base = {"mode": "slo", "slo_ms": 100.0, "long_tokens": 8192}
+        rows = {r["instance"]: r for r in ctx.rows(rule.ALL_SQL, {**base, "instances": [SG, VL]})}
+        assert set(rows) == {SG, VL}
+        for inst in (SG, VL):
+            assert rows[inst] == {"instance": inst, **ctx.one(rule.SQL, {**base, "instance": inst})}
+        assert rows[SG]["tail_gaps"] == 30 and rows[VL]["tail_gaps"] == 31   # the extra 300 ms gap on VL
+        assert rows[VL]["offending_computed_tokens"] == 12000
+        # an instance left out of $instances is not read
+        assert set(r["instance"] for r in ctx.rows(rule.ALL_SQL, {**base, "instances": [VL]})) == {VL}
+    finally:
+        close()
+
+
 def test_itl_silent_when_share_below_threshold(store, tmp_path):
     build(store, tmp_path, itl_fleet())
     assert "itl_long_prefill" not in findings_by_rule(
