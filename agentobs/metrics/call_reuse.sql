@@ -23,7 +23,6 @@ WITH c AS (
            s.attempt, s.branch, s.instance, s.engine, s.model, s.start_s, s.end_s, s.ttft_s, s.queue_s,
            s.prefill_s, s.decode_s, s.prompt_tokens, s.cached_tokens, s.output_tokens, s.system_tokens,
            s.tool_def_tokens, s.status, s.itl_ms, s.block_hashes,
-           coalesce(s.session_id, 'call:' || s.call_id) AS sess_key,
            coalesce(ic.block_size, rp.default_block_size) AS block_size,
            CASE WHEN ic.block_size IS NOT NULL THEN 'engine_config' ELSE 'default' END AS block_size_source,
            ic.prefix_caching
@@ -33,7 +32,7 @@ WITH c AS (
 ),
 -- the narrow working set: every step below carries only these columns (the wide rows join back at the end)
 n AS MATERIALIZED (
-    SELECT rid, call_id, session_id, branch, sess_key, instance, start_s, end_s, prompt_tokens, cached_tokens,
+    SELECT rid, call_id, session_id, branch, instance, start_s, end_s, prompt_tokens, cached_tokens,
            output_tokens, status, attempt, block_size, block_size_source, prefix_caching, queue_s, ttft_s,
            block_hashes IS NOT NULL AS has_hashes
     FROM c
@@ -46,7 +45,9 @@ lagw AS (
     SELECT rid, session_id, branch, start_s,
            max(end_s) OVER (w ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS m_end,
            lag(end_s) OVER w AS lag_end,
-           lag(rid) OVER w AS lag_rid
+           lag(rid) OVER w AS lag_rid,
+           -- the row id of the partition's first call: an integer name of (session, branch) for the turn window
+           first_value(rid) OVER w AS part_id
     FROM n
     WHERE session_id IS NOT NULL
     WINDOW w AS (PARTITION BY session_id, branch ORDER BY start_s, rid)
@@ -60,7 +61,7 @@ slow AS (
 pb AS (
     SELECT l.rid, CASE WHEN l.m_end <= l.start_s AND l.lag_end = l.m_end THEN l.lag_rid ELSE s.prev_rid END AS prev_rid,
            l.session_id,
-           l.branch, l.start_s
+           l.branch, l.start_s, l.part_id
     FROM lagw l LEFT JOIN slow s USING (rid)
 ),
 -- first call of a non-main branch: the fork point is the latest earlier call of the session on any branch
@@ -71,11 +72,11 @@ pf AS (
     GROUP BY b.rid
 ),
 prev_id AS (
-    SELECT pb.rid, coalesce(pb.prev_rid, pf.prev_rid) AS prev_rid
+    SELECT pb.rid, coalesce(pb.prev_rid, pf.prev_rid) AS prev_rid, pb.part_id
     FROM pb LEFT JOIN pf USING (rid)
 ),
 j AS (
-    SELECT n.*, p.call_id AS prev_call_id,
+    SELECT n.*, coalesce(pi.part_id, n.rid) AS part_id, p.call_id AS prev_call_id,
            p.instance AS prev_instance, p.prompt_tokens AS prev_prompt_tokens,
            p.output_tokens AS prev_output_tokens, p.end_s AS prev_end_s, p.status AS prev_status,
            p.has_hashes AS prev_has_hashes
@@ -244,8 +245,9 @@ tw AS (
            CAST(sum(CASE WHEN is_retry THEN 0 ELSE 1 END) OVER (t ROWS UNBOUNDED PRECEDING) AS BIGINT) AS turn_no,
            coalesce(NOT lead(is_retry) OVER t, true) AS is_last_attempt,
            NOT coalesce(last_value(start_s) OVER (t ROWS BETWEEN CURRENT ROW AND UNBOUNDED FOLLOWING) >= end_s, false) AS is_last
-    FROM (SELECT rid, sess_key, branch, start_s, end_s, is_retry FROM z)
-    WINDOW t AS (PARTITION BY sess_key, branch ORDER BY start_s, rid)
+    FROM (SELECT rid, part_id, start_s, end_s, is_retry FROM z)
+    -- part_id names the session and branch (a call without a session: its own row id, a sequence of one)
+    WINDOW t AS (PARTITION BY part_id ORDER BY start_s, rid)
 ),
 w AS (
     SELECT z.*, tw.turn_no, tw.is_last_attempt, tw.is_last,
