@@ -13,9 +13,21 @@ WITH calls AS (
     SELECT * FROM m_calls WHERE in_win
 ),
 -- a turn: (session, branch, turn_no); a call without a session is a turn of its own
+-- a turn is its first attempt and the retries after it (turn_no, call_reuse); its outcome is the last attempt's.
+-- Most turns are one call (not a retry, and the last attempt): those are read as they are; only the calls of
+-- turns with retries are grouped (grouping every call by turn was a 10M-group aggregation)
 turns AS (
-    SELECT session_id, CASE WHEN session_id IS NULL THEN call_id END AS lone_call, branch, turn_no,
-           arg_max(CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type
+    SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type
+                    WHEN 'task' THEN task_id WHEN 'session' THEN session_id END AS grp,
+           1 AS attempts,
+           status AS last_status,
+           ttft_s AS last_ttft_s,
+           list_aggregate(itl_ms, 'quantile_cont', 0.99) AS last_itl_p99_ms,
+           CASE WHEN status = 'error' THEN coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) END AS waste_tokens
+    FROM calls
+    WHERE is_last_attempt AND NOT is_retry
+    UNION ALL
+    SELECT arg_max(CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type
                             WHEN 'task' THEN task_id WHEN 'session' THEN session_id END, start_s) AS grp,
            count(*) AS attempts,
            arg_max(status, start_s) AS last_status,
@@ -23,7 +35,8 @@ turns AS (
            arg_max(list_aggregate(itl_ms, 'quantile_cont', 0.99), start_s) AS last_itl_p99_ms,
            sum(coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0)) FILTER (WHERE status = 'error') AS waste_tokens
     FROM calls
-    GROUP BY session_id, lone_call, branch, turn_no
+    WHERE is_retry OR NOT is_last_attempt
+    GROUP BY session_id, CASE WHEN session_id IS NULL THEN call_id END, branch, turn_no
 ),
 judged AS (
     SELECT *,
