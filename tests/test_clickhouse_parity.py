@@ -229,3 +229,41 @@ def test_cli_backend_clickhouse(tmp_path):
     manifest = json.loads((tmp_path / "report" / "manifest.json").read_text())
     assert manifest["calls"] == 3 and manifest["db"] == url and (tmp_path / "report" / "report.html").exists()
     assert res["bad"][0] != 0 and "use chdb:, chdb:///path or http" in res["bad"][3]
+
+
+def test_a_run_moved_to_the_previous_period_agrees_on_both_engines(both):
+    # MetricRun.set_window (the console Overview's "change vs previous") re-flags in_win with an UPDATE: a
+    # mutation of the run's Memory table on ClickHouse, an UPDATE of m_x on DuckDB. The sample runs 600 s:
+    # the view is its last 300 s, the previous period the 300 s before
+    from agentobs.metrics import prepare
+
+    con, ch, settings, _ = both
+    lo, hi = con.sql("SELECT min(start_s), max(start_s) FROM llm_calls").fetchall()[0]
+    until = hi + 1e-3
+    since = until - 300.0
+    out = {}
+    for name, db in (("duckdb", con), ("clickhouse", ch)):
+        run, done = prepare(db, since=since, until=until, settings=settings)
+        try:
+            now = run.compute("reuse", "model")
+            run.set_window(since - 300.0, since)
+            before = run.compute("reuse", "model")
+            run.set_window(since, until)
+            again = run.compute("reuse", "model")
+        finally:
+            done()
+        out[name] = (now.sort("model").to_dicts(), before.sort("model").to_dicts(), again.sort("model").to_dicts())
+    fresh, done = prepare(con, since=since - 300.0, until=since, settings=settings)
+    try:
+        want_before = fresh.compute("reuse", "model").sort("model").to_dicts()
+    finally:
+        done()
+    assert out["duckdb"][0] == out["duckdb"][2]            # back to its own window: the same numbers
+    assert sum(r["calls"] for r in want_before) > 0
+    for got in (out["duckdb"][1], out["clickhouse"][1]):   # moved back = prepared for that period
+        assert [r["model"] for r in got] == [r["model"] for r in want_before]
+        for a, b in zip(got, want_before, strict=True):
+            assert all(close(a[k], b[k]) for k in a), (a, b)
+    for i in range(3):
+        for a, b in zip(out["clickhouse"][i], out["duckdb"][i], strict=True):
+            assert all(close(a[k], b[k]) for k in a), (i, a, b)
