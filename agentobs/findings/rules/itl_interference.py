@@ -25,13 +25,14 @@ ID = "itl_long_prefill"
 
 SQL = """
 WITH d AS (
-    SELECT call_id, instance, start_s + ttft_s AS t1, itl_ms
+    SELECT row_number() OVER () AS cno, call_id, instance, start_s + ttft_s AS t1, itl_ms
     FROM m_calls
     WHERE in_win AND coalesce(instance, '') = $instance AND itl_ms IS NOT NULL AND len(itl_ms) > 0 AND ttft_s IS NOT NULL
 ),
-g AS (SELECT call_id, instance, t1, unnest(itl_ms) AS gap_ms, generate_subscripts(itl_ms, 1) AS i FROM d),
+g AS (SELECT cno, call_id, instance, t1, unnest(itl_ms) AS gap_ms, generate_subscripts(itl_ms, 1) AS i FROM d),
 gg AS (
-    SELECT *, t1 + sum(gap_ms) OVER (PARTITION BY call_id ORDER BY i ROWS UNBOUNDED PRECEDING) / 1000.0 AS tb FROM g
+    SELECT * EXCLUDE (cno),
+           t1 + sum(gap_ms) OVER (PARTITION BY cno ORDER BY i ROWS UNBOUNDED PRECEDING) / 1000.0 AS tb FROM g
 ),
 thr AS (SELECT CASE WHEN $mode = 'p99' THEN quantile_cont(gap_ms, 0.99) ELSE $slo_ms END AS t FROM gg),
 pf AS (
@@ -109,14 +110,16 @@ GROUP BY ALL
 # as the findings name it (NULL → ''); the overlap joins still compare the raw instance, as SQL does.
 ALL_SQL = """
 WITH d AS (
-    SELECT call_id, instance, coalesce(instance, '') AS ikey, start_s + ttft_s AS t1, itl_ms
+    SELECT row_number() OVER () AS cno, call_id, instance, coalesce(instance, '') AS ikey, start_s + ttft_s AS t1,
+           itl_ms
     FROM m_calls
     WHERE in_win AND list_contains($instances, coalesce(instance, '')) AND itl_ms IS NOT NULL AND len(itl_ms) > 0
       AND ttft_s IS NOT NULL
 ),
-g AS (SELECT call_id, instance, ikey, t1, unnest(itl_ms) AS gap_ms, generate_subscripts(itl_ms, 1) AS i FROM d),
+g AS (SELECT cno, call_id, instance, ikey, t1, unnest(itl_ms) AS gap_ms, generate_subscripts(itl_ms, 1) AS i FROM d),
 gg AS (
-    SELECT *, t1 + sum(gap_ms) OVER (PARTITION BY call_id ORDER BY i ROWS UNBOUNDED PRECEDING) / 1000.0 AS tb FROM g
+    SELECT * EXCLUDE (cno),
+           t1 + sum(gap_ms) OVER (PARTITION BY cno ORDER BY i ROWS UNBOUNDED PRECEDING) / 1000.0 AS tb FROM g
 ),
 thr AS (
     SELECT ikey, CASE WHEN $mode = 'p99' THEN quantile_cont(gap_ms, 0.99) ELSE $slo_ms END AS t FROM gg GROUP BY ikey
