@@ -172,3 +172,42 @@ def test_a_window_around_all_the_data_skips_the_pruning_pass(store):
             r.close()
     finally:
         con.close()
+
+
+def test_a_move_that_fails_halfway_is_redone_by_the_next_one(store):
+    # set_window re-flags in_win in two UPDATEs; if the second fails, the run is marked unsettled, so moving it
+    # back to its own window (what the console does after a failure) recomputes in_win instead of returning early
+    import duckdb
+
+    since, until = T0 + 30_000, T0 + 51_600
+    con = connect(store, read_only=True)
+    try:
+        run = MetricRun(con, since, until, {}, Settings(), parse_cost({}))
+        count = "SELECT count(*) FILTER (WHERE in_win) FROM m_calls"
+        n0 = run.cur.sql(count).fetchall()[0][0]
+        real = run.cur
+
+        class FailSecondUpdate:
+            updates = 0
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def execute(self, sql, params=None):
+                if sql.lstrip().startswith("UPDATE"):
+                    FailSecondUpdate.updates += 1
+                    if FailSecondUpdate.updates == 2:
+                        raise duckdb.IOException("disk full (simulated)")
+                return real.execute(sql, params or {})
+
+        run.cur = FailSecondUpdate()
+        with pytest.raises(duckdb.IOException):
+            run.set_window(since - (until - since), since)
+        run.cur = real
+        assert (run.since, run.until) == (since, until)           # the move did not complete
+        assert run.cur.sql(count).fetchall()[0][0] != n0           # …but the first UPDATE did change in_win
+        run.set_window(since, until)                               # the same window: redone, not skipped
+        assert run.cur.sql(count).fetchall()[0][0] == n0
+        run.close()
+    finally:
+        con.close()

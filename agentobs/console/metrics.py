@@ -58,8 +58,10 @@ def one_preparation():
         yield
         return
     _HELD.runs = []
+    failed = True
     try:
         yield
+        failed = False
     finally:
         runs, _HELD.runs = _HELD.runs, None
         errors = []
@@ -68,7 +70,7 @@ def one_preparation():
                 close()
             except Exception as e:  # noqa: BLE001 - close every run, then report
                 errors.append(e)
-        if errors:
+        if errors and not failed:  # the page's own exception (or Streamlit's stop/rerun) goes first
             raise errors[0]
 
 
@@ -85,7 +87,10 @@ def _held_run(stamp, filters: tuple, since, until):
         try:
             run.set_window(parse_time(since), parse_time(until))
         except QueryError:
-            continue
+            continue  # outside its working set: not moved
+        except Exception:
+            run.set_window(*own)  # a failed move must not leave the shared run on another window
+            raise
         return run, own
     return None, None
 

@@ -388,6 +388,7 @@ class MetricRun:
             raise QueryError("set_window: the window is outside this run's working set; prepare that window")
         win = "($since IS NULL OR start_s >= $since) AND ($until IS NULL OR start_s < $until)"
         p = {"since": since, "until": until}
+        self._narrowed = True  # until the move completes, in_win may match neither window (a retry redoes it)
         if self.calls_table == "m_x":
             self.cur.execute(f"UPDATE m_x SET in_win = false WHERE in_win AND rid IN "
                              f"(SELECT rowid FROM m_src WHERE NOT ({win}))", p)
