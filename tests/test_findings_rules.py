@@ -358,9 +358,10 @@ def test_itl_long_prefill_fires(store, tmp_path):
 
 
 def test_itl_rule_reads_every_instance_in_one_query_with_the_per_instance_numbers(store, tmp_path):
-    # the rule computes all instances with ALL_SQL; the evidence shows SQL for one instance: the same numbers.
-    # Two instances: the fleet above on SG, and on VL the same decodes with a shorter long prefill (12,000
-    # computed tokens, still ≥ 8,192) and one more tail gap that overlaps nothing
+    # the rule computes all instances in one query; the evidence shows that query for one instance
+    # ($instances = [it]): the same numbers. Two instances: the fleet above on SG, and on VL the same decodes
+    # with a shorter long prefill (12,000 computed tokens, still ≥ 8,192) and one more tail gap that
+    # overlaps nothing
     from dataclasses import replace
 
     from agentobs.findings.context import Context
@@ -377,14 +378,14 @@ def test_itl_rule_reads_every_instance_in_one_query_with_the_per_instance_number
     try:
         ctx = Context(run_.cur, s, WINDOW[0], WINDOW[1])
         base = {"mode": "slo", "slo_ms": 100.0, "long_tokens": 8192}
-        rows = {r["instance"]: r for r in ctx.rows(rule.ALL_SQL, {**base, "instances": [SG, VL]})}
+        rows = {r["instance"]: r for r in ctx.rows(rule.SQL, {**base, "instances": [SG, VL]})}
         assert set(rows) == {SG, VL}
-        for inst in (SG, VL):
-            assert rows[inst] == {"instance": inst, **ctx.one(rule.SQL, {**base, "instance": inst})}
-        assert rows[SG]["tail_gaps"] == 30 and rows[VL]["tail_gaps"] == 31   # the extra 300 ms gap on VL
+        for inst in (SG, VL):   # alone, each instance reads exactly as it does next to the other
+            assert ctx.rows(rule.SQL, {**base, "instances": [inst]}) == [rows[inst]]
+        assert rows[SG]["tail_gaps"] == 30 and rows[SG]["tail_gaps_long_prefill"] == 24   # as itl_fleet says
+        assert rows[VL]["tail_gaps"] == 31 and rows[VL]["tail_gaps_long_prefill"] == 24   # + the 300 ms gap
         assert rows[VL]["offending_computed_tokens"] == 12000
-        # an instance left out of $instances is not read
-        assert set(r["instance"] for r in ctx.rows(rule.ALL_SQL, {**base, "instances": [VL]})) == {VL}
+        assert ctx.rows(rule.SQL, {**base, "instances": []}) == []
     finally:
         close()
 

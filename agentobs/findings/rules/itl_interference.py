@@ -23,80 +23,9 @@ from ..finding import Finding, Scope, Tax
 
 ID = "itl_long_prefill"
 
-SQL = """
-WITH d AS (
-    SELECT row_number() OVER () AS cno, call_id, instance, start_s + ttft_s AS t1, itl_ms
-    FROM m_calls
-    WHERE in_win AND coalesce(instance, '') = $instance AND itl_ms IS NOT NULL AND len(itl_ms) > 0 AND ttft_s IS NOT NULL
-),
-g AS (SELECT cno, call_id, instance, t1, unnest(itl_ms) AS gap_ms, generate_subscripts(itl_ms, 1) AS i FROM d),
-gg AS (
-    SELECT * EXCLUDE (cno),
-           t1 + sum(gap_ms) OVER (PARTITION BY cno ORDER BY i ROWS UNBOUNDED PRECEDING) / 1000.0 AS tb FROM g
-),
-thr AS (SELECT CASE WHEN $mode = 'p99' THEN quantile_cont(gap_ms, 0.99) ELSE $slo_ms END AS t FROM gg),
-pf AS (
-    SELECT call_id AS p_call, instance, start_s + coalesce(queue_s, 0) AS pa, start_s + ttft_s AS pb,
-           prompt_tokens - coalesce(cached_tokens, 0) AS computed, reprefill_tokens, reprefill_cost_usd
-    FROM m_calls
-    WHERE coalesce(instance, '') = $instance AND ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL
-),
-tail AS (SELECT gg.*, gg.tb - gg.gap_ms / 1000.0 AS ta FROM gg, thr WHERE gg.gap_ms > thr.t),
--- the overlap joins meet on (instance, 5-second cell): a gap and a prefill window that overlap share a cell (a
--- point of the overlap lies in both), so each gap meets only nearby prefills (the metric itl_tail does the
--- same); a pair sharing several cells repeats, which max/arg_max and DISTINCT absorb
-pfc AS (
-    SELECT *, unnest(generate_series(CAST(floor(least(pa, pb) / 5) AS BIGINT), CAST(floor(greatest(pa, pb) / 5) AS BIGINT))) AS cell
-    FROM pf
-),
-tailc AS (
-    SELECT *, unnest(generate_series(CAST(floor(least(ta, tb) / 5) AS BIGINT), CAST(floor(greatest(ta, tb) / 5) AS BIGINT))) AS cell
-    FROM tail
-),
-ggc AS (
-    SELECT call_id, i, instance, tb, tb - gap_ms / 1000.0 AS ta,
-           unnest(generate_series(CAST(floor(least(tb - gap_ms / 1000.0, tb) / 5) AS BIGINT),
-                                  CAST(floor(greatest(tb - gap_ms / 1000.0, tb) / 5) AS BIGINT))) AS cell
-    FROM gg
-),
-attr AS (  -- each tail gap → the overlapping prefill with the most computed tokens
-    SELECT t.call_id, t.i, arg_max(p.p_call, p.computed) AS p_call, max(p.computed) AS computed
-    FROM tailc t JOIN pfc p ON p.instance = t.instance AND p.cell = t.cell AND p.p_call <> t.call_id
-                            AND p.pa < t.tb AND p.pb > t.ta
-    GROUP BY t.call_id, t.i
-),
-long_ov AS (  -- every gap overlapping some long prefill
-    SELECT DISTINCT g.call_id, g.i
-    FROM ggc g JOIN (SELECT * FROM pfc WHERE computed >= $long_tokens) p
-      ON p.instance = g.instance AND p.cell = g.cell AND p.p_call <> g.call_id AND p.pa < g.tb AND p.pb > g.ta
-),
-flag AS (
-    SELECT gg.gap_ms, lo.call_id IS NOT NULL AS with_long FROM gg LEFT JOIN long_ov lo USING (call_id, i)
-),
-off AS (
-    SELECT DISTINCT pf.* FROM attr JOIN pf USING (p_call) WHERE attr.computed >= $long_tokens
-)
-SELECT (SELECT count(*) FROM gg) AS gaps,
-       (SELECT any_value(t) FROM thr) AS tail_threshold_ms,
-       (SELECT count(*) FROM tail) AS tail_gaps,
-       (SELECT count(*) FROM attr WHERE computed >= $long_tokens) AS tail_gaps_long_prefill,
-       (SELECT count(*) FROM tail) - (SELECT count(*) FROM attr) AS tail_gaps_unattributed,
-       (SELECT quantile_cont(gap_ms, 0.5) FROM flag) AS itl_p50_ms,
-       (SELECT quantile_cont(gap_ms, 0.99) FROM flag) AS itl_p99_ms,
-       (SELECT quantile_cont(gap_ms, 0.5) FROM flag WHERE with_long) AS itl_p50_with_long_ms,
-       (SELECT quantile_cont(gap_ms, 0.99) FROM flag WHERE with_long) AS itl_p99_with_long_ms,
-       (SELECT quantile_cont(gap_ms, 0.5) FROM flag WHERE NOT with_long) AS itl_p50_without_long_ms,
-       (SELECT quantile_cont(gap_ms, 0.99) FROM flag WHERE NOT with_long) AS itl_p99_without_long_ms,
-       (SELECT count(*) FROM off) AS offending_prefills,
-       (SELECT CAST(coalesce(sum(computed), 0) AS BIGINT) FROM off) AS offending_computed_tokens,
-       (SELECT CAST(coalesce(sum(reprefill_tokens), 0) AS BIGINT) FROM off) AS offending_reprefill_tokens,
-       (SELECT coalesce(sum(reprefill_cost_usd), 0) FROM off) AS offending_reprefill_usd
-"""
-
-
 # one scan for every instance: gaps, and gaps above the SLO threshold; an instance with fewer than
-# findings_itl_min_tail_gaps (tail gaps ≤ gaps in either threshold mode) cannot trigger, so SQL above is
-# only run where it can (it reads every gap and prefill of its instance)
+# findings_itl_min_tail_gaps (tail gaps ≤ gaps in either threshold mode) cannot trigger, so SQL below is
+# only run for the instances that can
 PRECHECK = """
 SELECT instance, count(*) AS gaps, count(*) FILTER (WHERE gap_ms > $slo_ms) AS over_slo
 FROM (SELECT coalesce(instance, '') AS instance, unnest(itl_ms) AS gap_ms FROM m_calls
@@ -105,10 +34,10 @@ GROUP BY ALL
 """
 
 
-# SQL for every instance of $instances in one query (rows by instance; the same numbers as SQL run per instance,
-# which the evidence shows): the calls are read twice in all, not twice per instance. ``ikey`` is the instance
-# as the findings name it (NULL → ''); the overlap joins still compare the raw instance, as SQL does.
-ALL_SQL = """
+# every instance of $instances in one query, a row each (the calls are read twice in all, not twice per
+# instance); the evidence shows it with $instances = [the finding's instance]. ``ikey`` is the instance as the
+# findings name it (NULL → ''); the overlap joins compare the raw instance (a NULL instance overlaps nothing).
+SQL = """
 WITH d AS (
     SELECT row_number() OVER () AS cno, call_id, instance, coalesce(instance, '') AS ikey, start_s + ttft_s AS t1,
            itl_ms
@@ -217,11 +146,11 @@ def check(ctx: Context) -> list[Finding]:
     counts = {r["instance"]: r for r in ctx.rows(PRECHECK, {"slo_ms": params_base["slo_ms"]})}
     wanted = [inst for inst in ctx.instances if inst in counts
               and (counts[inst]["over_slo"] if mode != "p99" else counts[inst]["gaps"]) >= max(min_tail, 1)]
-    per = {r["instance"]: r for r in ctx.rows(ALL_SQL, {**params_base, "instances": wanted})} if wanted else {}
+    per = {r["instance"]: r for r in ctx.rows(SQL, {**params_base, "instances": wanted})} if wanted else {}
     for inst, cfg in ctx.instances.items():
         if inst not in per:
             continue
-        params = {**params_base, "instance": inst}   # the evidence: SQL for this one instance, same numbers
+        params = {**params_base, "instances": [inst]}   # the evidence: the same query for this instance
         r = per[inst]
         tail = r.get("tail_gaps") or 0
         if tail < max(min_tail, 1):
