@@ -17,6 +17,18 @@ def goto(at: AppTest, file: str, **qp) -> AppTest:
     return at
 
 
+SQL_RUN = "FormSubmitter:sql_form-Run query"  # the SQL page's run button
+
+
+def check_sql_refused(at: AppTest, sql: str, message: str) -> None:
+    """The SQL page refuses ``sql`` with ``message`` and shows no result."""
+    goto(at, "sql.py")
+    at.text_area(key="sql_text").input(sql)
+    at.button(key=SQL_RUN).click().run()
+    assert not at.dataframe
+    assert message in at.error[0].value
+
+
 def df_of(at: AppTest, i: int = 0) -> pl.DataFrame:
     return pl.from_pandas(at.dataframe[i].value)
 

@@ -7,7 +7,7 @@ import math
 
 import polars as pl
 import pytest
-from console_checks import check_instance_change, check_worked_timeline, df_of, goto
+from console_checks import check_instance_change, check_sql_refused, check_worked_timeline, df_of, goto
 from streamlit.testing.v1 import AppTest
 from test_console_store import LLAMA, QWEN, WORKED_SESSION, build_store
 
@@ -245,11 +245,7 @@ def test_sql_page_row_cap_says_truncated(app):
     ("SELECT 1; SELECT 2", "one statement at a time, got 2"),
 ])
 def test_sql_page_refuses(app, sql, message):
-    goto(app, "sql.py")
-    app.text_area(key="sql_text").input(sql)
-    app.button(key="FormSubmitter:sql_form-Run query").click().run()
-    assert not app.dataframe
-    assert message in app.error[0].value
+    check_sql_refused(app, sql, message)
 
 
 def test_saved_queries_roundtrip(app, tmp_path):

@@ -21,7 +21,14 @@ import pytest
 
 pytest.importorskip("chdb", reason="chdb (in-process ClickHouse) is not installed: pip install 'agentobs[clickhouse]'")
 
-from console_checks import check_instance_change, check_worked_timeline, df_of, goto  # noqa: E402
+from console_checks import (  # noqa: E402
+    SQL_RUN,
+    check_instance_change,
+    check_sql_refused,
+    check_worked_timeline,
+    df_of,
+    goto,
+)
 from streamlit.testing.v1 import AppTest  # noqa: E402
 from test_console_store import QWEN, WORKED_SESSION, build_store  # noqa: E402
 
@@ -36,7 +43,7 @@ from agentobs.metrics import compute  # noqa: E402
 from agentobs.store.db import connect  # noqa: E402
 
 TIMEOUT = 120
-RUN = "FormSubmitter:sql_form-Run query"
+RUN = SQL_RUN
 
 
 @pytest.fixture(scope="module")
@@ -313,11 +320,7 @@ def test_sql_page_examples_run_on_clickhouse(app):
     ("SELECT 1; SELECT 2", "one statement only, got 2"),
 ])
 def test_sql_page_refuses(app, sql, message):
-    goto(app, "sql.py")
-    app.text_area(key="sql_text").input(sql)
-    app.button(key=RUN).click().run()
-    assert not app.dataframe
-    assert message in app.error[0].value
+    check_sql_refused(app, sql, message)
     assert "root:" not in " ".join(e.value for e in app.error)
 
 

@@ -151,7 +151,7 @@ def _view_columns(x_cols: list[str], insts: list[tuple]) -> str:
     m_cost numbers (``insts``: (instance, *_COST_CONSTANTS) in m_cost order by instance, i.e. by inst_no) exactly
     as they were when stored: same operands, same order of operations, so the same doubles."""
     names = "CAST([" + ", ".join(_sql_str(r[0]) for r in insts) + "] AS VARCHAR[])"
-    k = {c: "CAST([" + ", ".join(_sql_double(r[i + 1]) for r in insts) + f"] AS DOUBLE[])[u.inst_no]"
+    k = {c: "CAST([" + ", ".join(_sql_double(r[i + 1]) for r in insts) + "] AS DOUBLE[])[u.inst_no]"
          for i, c in enumerate(_COST_CONSTANTS)}
     computed = "(u.prompt_tokens - coalesce(u.cached_tokens, 0))"
     out = [c.strip() for c in reuse.CALL_COLUMNS.split(",") if c.strip() != "block_hashes"]
