@@ -145,15 +145,29 @@ def _sql_double(v) -> str:
     return repr(f) if math.isfinite(f) else f"CAST('{f}' AS DOUBLE)"
 
 
+def _cost_columns(k: Callable[[str], str], t: str) -> list[str]:
+    """The per-call cost columns of m_calls (METRICS.md §8), one definition for both ways they are made: ``k(name)``
+    is the SQL of the call's instance's m_cost number ``name`` (a joined m_cost row, or the compact view's lookup),
+    ``t`` the alias of the call's columns (tokens, ``reprefill_tokens``)."""
+    computed = f"({t}.prompt_tokens - coalesce({t}.cached_tokens, 0))"
+    gpu = f"{computed} / {k('prefill_tps')} + coalesce({t}.output_tokens, 0) / {k('decode_tps')}"
+    return [*(f"{k(c)} AS {c}" for c in ("usd_per_s", "prefill_tps", "decode_tps", "usd_per_token_s",
+                                         "bytes_per_token", "g_star_s")),
+            f"{gpu} AS gpu_s",
+            f"({gpu}) * {k('usd_per_s')} AS cost_usd",
+            f"{t}.reprefill_tokens / {k('prefill_tps')} * {k('usd_per_s')} AS reprefill_cost_usd",
+            f"{computed} * {k('list_input_per_tok')} + coalesce({t}.cached_tokens, 0) * {k('list_cached_per_tok')}"
+            f" + coalesce({t}.output_tokens, 0) * {k('list_output_per_tok')} AS list_cost_usd"]
+
+
 def _view_columns(x_cols: list[str], insts: list[tuple]) -> str:
     """The select list of the m_calls view over (m_src's call columns, m_x's columns): m_x's ENUMs as VARCHAR,
-    the previous call's instance by its index, and at ``inst_no`` the cost columns, computed from the instance's
-    m_cost numbers (``insts``: (instance, *_COST_CONSTANTS) in m_cost order by instance, i.e. by inst_no) exactly
-    as they were when stored: same operands, same order of operations, so the same doubles."""
+    the previous call's instance by its index, and at ``inst_no`` the cost columns (_cost_columns, as the
+    ClickHouse run stores them), reading the instance's m_cost numbers from list literals (``insts``: (instance,
+    *_COST_CONSTANTS) in m_cost order by instance, i.e. by inst_no): same operands, same order, same doubles."""
     names = "CAST([" + ", ".join(_sql_str(r[0]) for r in insts) + "] AS VARCHAR[])"
     k = {c: "CAST([" + ", ".join(_sql_double(r[i + 1]) for r in insts) + "] AS DOUBLE[])[u.inst_no]"
          for i, c in enumerate(_COST_CONSTANTS)}
-    computed = "(u.prompt_tokens - coalesce(u.cached_tokens, 0))"
     out = [c.strip() for c in reuse.CALL_COLUMNS.split(",") if c.strip() != "block_hashes"]
     out = [f"u.{c}" for c in out]
     for c in x_cols:
@@ -162,15 +176,7 @@ def _view_columns(x_cols: list[str], insts: list[tuple]) -> str:
         elif c == "prev_instance":
             out.append(f"{names}[u.prev_instance] AS prev_instance")
         elif c == "inst_no":
-            out += [f"{k[c2]} AS {c2}" for c2 in ("usd_per_s", "prefill_tps", "decode_tps", "usd_per_token_s",
-                                                   "bytes_per_token", "g_star_s")]
-            out.append(f"{computed} / {k['prefill_tps']} + coalesce(u.output_tokens, 0) / {k['decode_tps']} AS gpu_s")
-            out.append(f"({computed} / {k['prefill_tps']} + coalesce(u.output_tokens, 0) / {k['decode_tps']})"
-                       f" * {k['usd_per_s']} AS cost_usd")
-            out.append(f"u.reprefill_tokens / {k['prefill_tps']} * {k['usd_per_s']} AS reprefill_cost_usd")
-            out.append(f"{computed} * {k['list_input_per_tok']} + coalesce(u.cached_tokens, 0) * "
-                       f"{k['list_cached_per_tok']} + coalesce(u.output_tokens, 0) * {k['list_output_per_tok']}"
-                       " AS list_cost_usd")
+            out += _cost_columns(k.__getitem__, "u")
         else:
             out.append(f"u.{c}")
     return ",\n".join(out)
@@ -243,15 +249,7 @@ class MetricRun:
             params[f"f_{key}"] = values
         params.update({"since": self.since, "until": self.until,
                        "default_block_size": int(self.settings.default_block_size)})
-        cost_cols = (
-            "k.usd_per_s, k.prefill_tps, k.decode_tps, k.usd_per_token_s, k.bytes_per_token, k.g_star_s,\n"
-            "(r.prompt_tokens - coalesce(r.cached_tokens, 0)) / k.prefill_tps + coalesce(r.output_tokens, 0) / k.decode_tps AS gpu_s,\n"
-            "((r.prompt_tokens - coalesce(r.cached_tokens, 0)) / k.prefill_tps + coalesce(r.output_tokens, 0) / k.decode_tps)"
-            " * k.usd_per_s AS cost_usd,\n"
-            "r.reprefill_tokens / k.prefill_tps * k.usd_per_s AS reprefill_cost_usd,\n"
-            "(r.prompt_tokens - coalesce(r.cached_tokens, 0)) * k.list_input_per_tok + coalesce(r.cached_tokens, 0) * k.list_cached_per_tok"
-            " + coalesce(r.output_tokens, 0) * k.list_output_per_tok AS list_cost_usd,\n"
-        )
+        cost_cols = ",\n".join(_cost_columns(lambda c: f"k.{c}", "r")) + ",\n"
         window = "($since IS NULL OR r.start_s >= $since) AND ($until IS NULL OR r.start_s < $until)"
         cost_join = "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')"
         abandoned_after_s = self.settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S)
