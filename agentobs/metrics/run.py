@@ -164,7 +164,7 @@ def _view_columns(x_cols: list[str], insts: list[tuple]) -> str:
     """The select list of the m_calls view over (m_src's call columns, m_x's columns): m_x's ENUMs as VARCHAR,
     the previous call's instance by its index, and at ``inst_no`` the cost columns (_cost_columns, as the
     ClickHouse run stores them), reading the instance's m_cost numbers from list literals (``insts``: (instance,
-    *_COST_CONSTANTS) in m_cost order by instance, i.e. by inst_no): same operands, same order, same doubles."""
+    *_COST_CONSTANTS) in inst_no order, so list position = inst_no): same operands, same order, same doubles."""
     names = "CAST([" + ", ".join(_sql_str(r[0]) for r in insts) + "] AS VARCHAR[])"
     k = {c: "CAST([" + ", ".join(_sql_double(r[i + 1]) for r in insts) + "] AS DOUBLE[])[u.inst_no]"
          for i, c in enumerate(_COST_CONSTANTS)}
@@ -263,10 +263,11 @@ class MetricRun:
             # the call's tokens — are not stored: the view computes them from the instance's index (_view_columns).
             in_filter = ("r.rid IN (SELECT rowid FROM m_src s WHERE " + " AND ".join(p.format(t="s") for p in preds)
                          + ")") if preds else "true"
-            insts = self.cur.sql(f"SELECT instance, {', '.join(_COST_CONSTANTS)} FROM m_cost ORDER BY instance"
-                                 ).fetchall()
             self.cur.execute("CREATE OR REPLACE TEMP TABLE m_inst AS SELECT instance, "
                              "CAST(row_number() OVER (ORDER BY instance) AS UINTEGER) AS inst_no FROM m_cost")
+            # the view's lookup lists, position = inst_no (read back in that order, not numbered twice)
+            insts = self.cur.sql(f"SELECT k.instance, {', '.join('k.' + c for c in _COST_CONSTANTS)} "
+                                 "FROM m_inst i JOIN m_cost k USING (instance) ORDER BY i.inst_no").fetchall()
             replace = ", ".join(f"CAST(r.{c} AS ENUM({', '.join(_sql_str(v) for v in vals)})) AS {c}"
                                 for c, vals in _ENUM_COLUMNS.items())
             select = ("r.* EXCLUDE (instance, start_s, prompt_tokens, cached_tokens, output_tokens)"
