@@ -40,7 +40,6 @@ PAGE_PAIRS = {
     "cost": (("task_cost", "task_type"), ("task_cost", "task")),
     "engines": (("fleet_hit_rate", "instance"),),
 }
-DEFAULT_PAIRS = tuple(p for pairs in PAGE_PAIRS.values() for p in pairs)
 
 
 # Within one page run (``one_preparation``) the metric runs prepared here stay open until the page is done, so
