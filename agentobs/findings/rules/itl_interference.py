@@ -75,22 +75,26 @@ ggc AS (
                                   CAST(floor(greatest(tb - gap_ms / 1000.0, tb) / 5) AS BIGINT))) AS cell
     FROM gg
 ),
+-- a pair is kept in one cell only, the first both span (the greater of their first cells)
 attr AS (
     SELECT t.call_id, t.i, any_value(t.ikey) AS ikey, arg_max(p.p_call, p.computed) AS p_call, max(p.computed) AS computed
     FROM tailc t JOIN pfc p ON p.instance = t.instance AND p.cell = t.cell AND p.p_call <> t.call_id
                             AND p.pa < t.tb AND p.pb > t.ta
+    WHERE t.cell = greatest(CAST(floor(least(t.ta, t.tb) / 5) AS BIGINT), CAST(floor(least(p.pa, p.pb) / 5) AS BIGINT))
     GROUP BY t.call_id, t.i
 ),
+-- whether a long prefill overlaps the gap: a semi-join (no gap × prefill pairs are formed)
 long_ov AS (
     SELECT DISTINCT g.call_id, g.i
-    FROM ggc g JOIN (SELECT * FROM pfc WHERE computed >= $long_tokens) p
+    FROM ggc g SEMI JOIN (SELECT * FROM pfc WHERE computed >= $long_tokens) p
       ON p.instance = g.instance AND p.cell = g.cell AND p.p_call <> g.call_id AND p.pa < g.tb AND p.pb > g.ta
 ),
 flag AS (
     SELECT gg.ikey, gg.gap_ms, lo.call_id IS NOT NULL AS with_long FROM gg LEFT JOIN long_ov lo USING (call_id, i)
 ),
+-- the offending prefills: their few ids first, then those calls (not every attributed gap joined to every call)
 off AS (
-    SELECT DISTINCT pf.* FROM attr JOIN pf USING (p_call) WHERE attr.computed >= $long_tokens
+    SELECT DISTINCT * FROM pf WHERE p_call IN (SELECT p_call FROM attr WHERE computed >= $long_tokens)
 ),
 k AS (SELECT DISTINCT ikey FROM d),
 n_gg AS (SELECT ikey, count(*) AS gaps FROM gg GROUP BY ikey),

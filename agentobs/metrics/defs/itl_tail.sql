@@ -52,24 +52,28 @@ gcells AS (
            unnest(generate_series(CAST(floor(ta / 5) AS BIGINT), CAST(floor(tb / 5) AS BIGINT))) AS cell
     FROM gt
 ),
--- a pair matters when the gap is a tail gap or the prefill is long: two narrow joins instead of all × all
-ov AS (
-    SELECT DISTINCT * FROM (
-        SELECT g.call_id, g.i, g.tail, p.p_call_id, p.computed
-        FROM (SELECT * FROM gcells WHERE tail) g JOIN pcells p ON p.instance = g.instance AND p.cell = g.cell
-        WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
-        UNION ALL
-        SELECT g.call_id, g.i, g.tail, p.p_call_id, p.computed
-        FROM gcells g JOIN (SELECT * FROM pcells WHERE computed >= $long_prefill_tokens) p
-          ON p.instance = g.instance AND p.cell = g.cell
-        WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
-    )
+-- a tail gap: every prefill it overlaps (the attribution below). A pair is kept in one cell only, the first both
+-- span (the greater of their first cells), so no pair repeats and none needs a DISTINCT pass
+tail_ov AS (
+    SELECT g.call_id, g.i, p.p_call_id, p.computed
+    FROM (SELECT * FROM gcells WHERE tail) g JOIN pcells p ON p.instance = g.instance AND p.cell = g.cell
+    WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
+      AND g.cell = greatest(CAST(floor(g.ta / 5) AS BIGINT), CAST(floor(p.pa / 5) AS BIGINT))
+),
+-- any other gap: only whether a long prefill overlaps it (a semi-join: no pairs are formed)
+long_gap AS (
+    SELECT DISTINCT g.call_id, g.i
+    FROM (SELECT * FROM gcells WHERE NOT coalesce(tail, false)) g
+    SEMI JOIN (SELECT * FROM pcells WHERE computed >= $long_prefill_tokens) p
+      ON p.instance = g.instance AND p.cell = g.cell AND p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
 ),
 per_gap AS MATERIALIZED (
     SELECT call_id, i,
            max(computed >= $long_prefill_tokens) AS long_overlap,
-           arg_max(p_call_id, computed) FILTER (WHERE tail) AS off_call_id
-    FROM ov GROUP BY call_id, i
+           arg_max(p_call_id, computed) AS off_call_id
+    FROM tail_ov GROUP BY call_id, i
+    UNION ALL
+    SELECT call_id, i, true, NULL FROM long_gap
 ),
 -- the offending prefill's call, read only for the gaps that have one
 offender AS (
