@@ -15,9 +15,10 @@ APP = Path(__file__).resolve().parent / "app.py"
 
 
 def command(host: str = "127.0.0.1", port: int = 8501, app: Path = APP) -> list[str]:
-    """The ``streamlit run`` command line: loopback by default, no telemetry, no browser, no file watcher."""
+    """The ``streamlit run`` command line: loopback by default, no telemetry, no browser, no file watcher; run
+    through agentobs.console.serve, which imports the console's modules before the server listens."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(app),
+        sys.executable, "-m", "agentobs.console.serve", "run", str(app),
         "--server.address", host,
         "--server.port", str(port),
         "--server.headless", "true",
