@@ -51,7 +51,12 @@ SELECT o.trace_id, o.span_id, o.parent_span_id, o.name, o.start_ns, o.end_ns, o.
        coalesce(o.itl_ms, i.itl_ms)               AS itl_ms,
        coalesce(o.block_hashes, i.block_hashes)   AS block_hashes
 FROM _gateway_spans o
-LEFT JOIN (SELECT * FROM _gateway_spans WHERE is_inner
+-- the inner spans: gateway spans whose parent is a gateway span (written from the children, which have a parent
+-- id: mostly none, so no table of every span's id is built for them)
+LEFT JOIN (SELECT s.*, true AS is_inner FROM spans s
+           WHERE s.role = 'gateway' AND s.parent_span_id IS NOT NULL
+             AND EXISTS (SELECT 1 FROM spans p
+                         WHERE p.trace_id = s.trace_id AND p.span_id = s.parent_span_id AND p.role = 'gateway')
            QUALIFY row_number() OVER (PARTITION BY trace_id, parent_span_id ORDER BY start_ns) = 1) i
   ON i.trace_id = o.trace_id AND i.parent_span_id = o.span_id
 WHERE NOT o.is_inner;
@@ -104,7 +109,8 @@ SELECT g.span_id AS call_id, g.trace_id, g.span_id, e.span_id AS engine_span_id,
        CASE WHEN e.span_id IS NULL THEN 'gateway' ELSE 'gateway+engine' END AS source
 FROM _gateway_calls g
 LEFT JOIN _engine_match m ON m.g_trace_id = g.trace_id AND m.g_span_id = g.span_id
-LEFT JOIN spans e ON e.trace_id = m.e_trace_id AND e.span_id = m.e_span_id
+-- only engine spans can match (_engine_match): the join reads those, not every span
+LEFT JOIN (SELECT * FROM spans WHERE role = 'engine') e ON e.trace_id = m.e_trace_id AND e.span_id = m.e_span_id
 LEFT JOIN trace_context tc ON tc.trace_id = g.trace_id
 UNION ALL
 -- engine spans no gateway call claims: still model calls (e.g. traffic that bypasses the gateway)
