@@ -346,6 +346,19 @@ def test_itl_tail_attribution_with_and_without_long_prefills(tmp_path):
     assert [(x["session_id"], x["tail_gaps"]) for x in off] == [("so", 1)]
 
 
+def test_itl_tail_attribution_tie_goes_to_the_greater_call_id(tmp_path):
+    # two prefills on A compute the same 5000 tokens and both overlap the one tail gap (300 ms, [10.05, 10.35]):
+    # the attribution is the same every run — the greater call id, "p2" (session s2), not whichever the
+    # aggregation meets first (p2 is stored first here: a plain arg_max on the tokens picked p1)
+    v = call("v", "sv", 9.5, 11, 100, 0, O=3, ttft=0.5, itl=[50, 300], task="tv")
+    p1 = call("p1", "s1", 10.1, 12, 5000, 0, ttft=0.2, task="t1")
+    p2 = call("p2", "s2", 10.1, 12, 5000, 0, ttft=0.2, task="t2")
+    path = make_db(tmp_path, [v, p2, p1])
+    for _ in range(3):
+        r = rows(compute("itl_tail", db=path, settings=Settings()), "instance")["A:8000"]
+        assert r["tail_gaps"] == 1 and r["top_offender_session"] == "s2" and r["top_offender_task"] == "t2"
+
+
 def test_itl_coarse_histogram_fallback(tmp_path):
     L = "vllm:inter_token_latency_seconds"
     samples = []

@@ -75,9 +75,11 @@ ggc AS (
                                   CAST(floor(greatest(tb - gap_ms / 1000.0, tb) / 5) AS BIGINT))) AS cell
     FROM gg
 ),
--- a pair is kept in one cell only, the first both span (the greater of their first cells)
+-- a pair is kept in one cell only, the first both span (the greater of their first cells); the attributed
+-- prefill computes the most tokens, on a tie the greater call id (the same every run, as in itl_tail)
 attr AS (
-    SELECT t.call_id, t.i, any_value(t.ikey) AS ikey, arg_max(p.p_call, p.computed) AS p_call, max(p.computed) AS computed
+    SELECT t.call_id, t.i, any_value(t.ikey) AS ikey, arg_max(p.p_call, (p.computed, p.p_call)) AS p_call,
+           max(p.computed) AS computed
     FROM tailc t JOIN pfc p ON p.instance = t.instance AND p.cell = t.cell AND p.p_call <> t.call_id
                             AND p.pa < t.tb AND p.pb > t.ta
     WHERE t.cell = greatest(CAST(floor(least(t.ta, t.tb) / 5) AS BIGINT), CAST(floor(least(p.pa, p.pb) / 5) AS BIGINT))

@@ -70,7 +70,8 @@ long_gap AS (
 per_gap AS MATERIALIZED (
     SELECT call_id, i,
            max(computed >= $long_prefill_tokens) AS long_overlap,
-           arg_max(p_call_id, computed) AS off_call_id
+           -- the prefill computing the most tokens; on a tie, the greater call id (the same every run)
+           arg_max(p_call_id, (computed, p_call_id)) AS off_call_id
     FROM tail_ov GROUP BY call_id, i
     UNION ALL
     SELECT call_id, i, true, NULL FROM long_gap
