@@ -61,8 +61,9 @@ pf AS (
     WHERE list_contains($instances, coalesce(instance, '')) AND ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL
 ),
 tail AS (SELECT gg.*, gg.tb - gg.gap_ms / 1000.0 AS ta FROM gg JOIN thr USING (ikey) WHERE gg.gap_ms > thr.t),
+-- the prefills' cells carry only what the overlap joins read (the offenders' tokens and $ are read by id, in off)
 pfc AS (
-    SELECT *, unnest(generate_series(CAST(floor(least(pa, pb) / 5) AS BIGINT), CAST(floor(greatest(pa, pb) / 5) AS BIGINT))) AS cell
+    SELECT p_call, instance, pa, pb, computed, unnest(generate_series(CAST(floor(least(pa, pb) / 5) AS BIGINT), CAST(floor(greatest(pa, pb) / 5) AS BIGINT))) AS cell
     FROM pf
 ),
 tailc AS (
