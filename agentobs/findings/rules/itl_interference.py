@@ -3,7 +3,7 @@
 Trigger (METRICS.md §6): on an instance, of the tail inter-token gaps (above ``itl_slo_ms``, or the
 p99 of all gaps with ``itl_tail_threshold = p99``) at least ``findings_itl_long_prefill_share``
 overlap a prefill window ``[t0 + queue, t1]`` of another call on the same instance whose attributed
-prefill (the overlapping one computing the most tokens P − C) computed ≥ ``long_prefill_tokens``;
+prefill (the overlapping one computing the most tokens P − C; a tie: the greater call id) computed ≥ ``long_prefill_tokens``;
 at least ``findings_itl_min_tail_gaps`` tail gaps.
 
 Evidence: gaps, tail gaps, the share attributed to long prefills, p50/p99 ITL with and without an
