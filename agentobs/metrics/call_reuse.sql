@@ -155,13 +155,21 @@ z AS MATERIALIZED (
     FROM y
 ),
 -- KV events: removals of blocks a session stored, tagged with that session (AllBlocksCleared hits all)
+-- kv_sess: the sessions that stored blocks, each with an integer name sk (instance and session in one, numbered
+-- in their order, so the same every run)
+kv_sess AS MATERIALIZED (
+    SELECT instance, session_id, row_number() OVER (ORDER BY instance, session_id) AS sk
+    FROM (SELECT DISTINCT instance, session_id FROM kv_src
+          WHERE type = 'BlockStored' AND len(block_hashes) > 0 AND session_id IS NOT NULL)
+),
 kv_st AS MATERIALIZED (
-    SELECT row_number() OVER (ORDER BY instance, ts, seq, event_idx) AS eid, instance, session_id, ts,
-           block_hashes, parent_block_hash
-    FROM kv_src WHERE type = 'BlockStored' AND len(block_hashes) > 0
+    SELECT row_number() OVER (ORDER BY e.instance, e.ts, e.seq, e.event_idx) AS eid, e.instance, k.sk, e.ts,
+           e.block_hashes, e.parent_block_hash
+    FROM kv_src e LEFT JOIN kv_sess k ON k.instance = e.instance AND k.session_id = e.session_id
+    WHERE e.type = 'BlockStored' AND len(e.block_hashes) > 0
 ),
 kv_store AS MATERIALIZED (
-    SELECT eid, instance, session_id, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i, ts
+    SELECT eid, instance, sk, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i, ts
     FROM kv_st
 ),
 -- chain depth of stored blocks (block 0 = the first block of a prompt): an event without a parent starts
@@ -187,29 +195,32 @@ kv_depth AS (
     )
     SELECT eid, depth0 FROM d
 ),
-kv_sess AS (SELECT DISTINCT instance, session_id FROM kv_store WHERE session_id IS NOT NULL),
 kv_owner AS (
-    SELECT s.instance, s.h, arg_min(s.session_id, s.ts) AS session_id, min(s.ts) AS stored_ts,
+    -- the owner: the session that stored the block first (at the same time: the lesser session, every run)
+    SELECT s.instance, s.h, arg_min(s.sk, (s.ts, s.sk)) AS sk, min(s.ts) AS stored_ts,
            min(d.depth0 + s.i - 1) AS depth
     FROM kv_store s LEFT JOIN kv_depth d USING (eid)
-    WHERE s.session_id IS NOT NULL
+    WHERE s.sk IS NOT NULL
     GROUP BY s.instance, s.h
 ),
 -- a block is on the session's live chain from when it was stored until the session stores another block at
 -- the same depth (the chain moved on: dead-end output blocks of earlier turns, a compacted context)
 kv_live AS (
     SELECT *, epoch_us(stored_ts) / 1e6 AS stored_s,
-           epoch_us(lead(stored_ts) OVER (PARTITION BY instance, session_id, depth ORDER BY stored_ts, h)) / 1e6
-               AS superseded_s
+           epoch_us(lead(stored_ts) OVER (PARTITION BY sk, depth ORDER BY stored_ts, h)) / 1e6 AS superseded_s
     FROM kv_owner
 ),
 -- removals with the removed block's chain position (AllBlocksCleared: every block, depth -1); materialized:
--- read by ev, and as kv_rm (every removal of a session's block, whatever its position) by ab
+-- read by ev, and as kv_rm (every removal of a session's block, whatever its position) by ab. Blocks removed
+-- at one time that were stored and superseded at the same times differ only in depth, and ev asks whether one
+-- is below the reusable prefix: one row for them, their least depth
 kv_rm_chain AS MATERIALIZED (
-    SELECT o.instance, o.session_id, epoch_us(r.ts) / 1e6 AS ts_s, o.stored_s, o.superseded_s,
-           coalesce(o.depth, -1) AS depth
-    FROM (SELECT instance, ts, unnest(block_hashes) AS h FROM kv_src WHERE type = 'BlockRemoved') r
-    JOIN kv_live o ON o.instance = r.instance AND o.h = r.h
+    SELECT s.instance, s.session_id, c.ts_s, c.stored_s, c.superseded_s, c.depth
+    FROM (SELECT o.sk, epoch_us(r.ts) / 1e6 AS ts_s, o.stored_s, o.superseded_s, min(coalesce(o.depth, -1)) AS depth
+          FROM (SELECT instance, ts, unnest(block_hashes) AS h FROM kv_src WHERE type = 'BlockRemoved') r
+          JOIN kv_live o ON o.instance = r.instance AND o.h = r.h
+          GROUP BY ALL) c
+    JOIN kv_sess s USING (sk)
     UNION ALL
     SELECT s.instance, s.session_id, epoch_us(a.ts) / 1e6, NULL, NULL, -1
     FROM kv_src a JOIN kv_sess s ON s.instance = a.instance
