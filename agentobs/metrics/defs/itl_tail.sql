@@ -5,11 +5,12 @@
 --   tail threshold (itl_slo_ms, or with itl_tail_threshold = p99 the p99 of the model's gaps) are attributed to the
 --   co-scheduled prefill on the same instance whose window [t0 + queue_time, t1] overlaps the gap and computes
 --   the most tokens P − C (a tie: the greater call id; none: unattributed). Reports the tail share overlapping a
---   long prefill (P − C ≥ long_prefill_tokens), p50/p99 ITL with and without overlapping long prefills, the share of tail gaps
---   caused by retries and by re-prefills, and the top offending session and task; by session/task the rows are
---   the offenders. Without per-chunk data (method coarse_histogram, instance grouping only): per scrape interval
---   the share of inter_token_latency_seconds observations above the threshold bucket against the computed prompt
---   tokens of the interval — correlation and tail share in high- vs low-prefill intervals. Coarse.
+--   long prefill (P − C ≥ long_prefill_tokens), p50/p99 ITL with and without overlapping long prefills, the
+--   share of tail gaps caused by retries and by re-prefills, and the top offending session and task; by
+--   session/task the rows are the offenders. Without per-chunk data (method coarse_histogram, instance grouping
+--   only): per scrape interval the share of inter_token_latency_seconds observations above the threshold bucket
+--   against the computed prompt tokens of the interval — correlation and tail share in high- vs low-prefill
+--   intervals. Coarse.
 -- unit: milliseconds (gaps), ratio 0–1 (shares), correlation −1…1
 -- grain: one row per group (default: instance; session/task: the offending prefill's session/task)
 -- sources: llm_calls (itl_ms, ttft_s, queue_s, P, C), call_reuse (miss cause, retries), metric_samples (fallback)
