@@ -30,3 +30,5 @@ def test_the_launcher_hands_its_arguments_to_streamlit():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("Streamlit, version ")
+    # the preload's imports do not print Streamlit's "no runtime yet" cache warnings at every start
+    assert "No runtime found" not in out.stderr, out.stderr

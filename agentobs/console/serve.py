@@ -10,6 +10,7 @@ A module that fails to import here is left to fail (with its message) where the 
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
 
 # what the pages import (directly or through Streamlit's charts and dataframes)
@@ -20,20 +21,36 @@ PRELOAD = (
 )
 
 
+# Streamlit checks an @st.cache_data function's parameters when the module defining it is imported and, with no
+# server running yet, warns once per function that it would use an in-memory cache — which is what it uses
+# anyway (the cache itself is made at the first call, by then from the server's runtime). Quiet during preload.
+_QUIET = ("streamlit.runtime.caching.cache_data_api", "streamlit.runtime.caching.cache_resource_api")
+
+
 def preload() -> list[str]:
     """Import PRELOAD and parse the metric catalogue; the names that failed (the page reports those itself)."""
-    failed = []
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - not ours to report here: the page that imports it will
-            failed.append(name)
-    try:
-        from ..metrics import catalogue
+    import streamlit  # noqa: F401 - creates the loggers quieted below
 
-        catalogue()
-    except Exception:  # noqa: BLE001 - a bad metric file is reported by the pages that read the catalogue
-        failed.append("agentobs.metrics.catalogue")
+    quiet = {name: logging.getLogger(name) for name in _QUIET}
+    levels = {name: log.level for name, log in quiet.items()}
+    for log in quiet.values():
+        log.setLevel(logging.ERROR)
+    failed = []
+    try:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - not ours to report here: the page that imports it will
+                failed.append(name)
+        try:
+            from ..metrics import catalogue
+
+            catalogue()
+        except Exception:  # noqa: BLE001 - a bad metric file is reported by the pages that read the catalogue
+            failed.append("agentobs.metrics.catalogue")
+    finally:
+        for name, log in quiet.items():
+            log.setLevel(levels[name])
     return failed
 
 
