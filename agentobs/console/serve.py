@@ -1,9 +1,10 @@
 """``python -m agentobs.console.serve ARGS``: the ``streamlit ARGS`` command line (``agentobs console`` runs
 ``serve run app.py …``) with the console's modules imported first.
 
-Streamlit imports an app's modules when the first page runs, so the first visit after a start waited ~1 s
-(measured on sample_data: Overview 3.9–4.6 s first, 3.2 s with the modules loaded) for pandas, polars, altair,
-the console and the metric catalogue. Imported here, before the server listens, that cost is paid at start.
+Streamlit imports an app's modules when the first page runs, so the first visit after a start waited for
+pandas, polars, altair, the console and the metric catalogue (measured on sample_data, the Overview as the first
+page of a process: 3.51–3.55 s, and 2.91–2.98 s with them imported at start, which takes ~0.9 s). Imported here,
+before the server listens, that cost is paid at start.
 A module that fails to import here is left to fail (with its message) where the page imports it.
 """
 
