@@ -7,8 +7,8 @@
 For each page: the first render (cold: nothing cached for this db stamp + filters) and a second render
 (warm: st.cache_data hits), in seconds, plus the ratio cold/warm. Before the first render the console's modules
 are imported, as the server does at start (agentobs.console.serve, which ``agentobs console`` runs), so the
-figures are page renders, not the process's one-time imports; ``--no-preload`` leaves that to the first page. Targets (docs/console.md): < 2 s on
-sample_data, < 5 s on 1M calls. The synthetic store is written through the one Writer as gateway spans:
+figures are page renders, not the process's one-time imports; ``--no-preload`` leaves that to the first page.
+Targets (docs/console.md): < 2 s on sample_data, < 5 s on 1M calls. The synthetic store is written through the one Writer as gateway spans:
 sessions of 10 calls on 8 instances, 2 models, 4 task types, prompts growing by ~1,500 tokens a turn.
 """
 

@@ -3,8 +3,8 @@
 Trigger (METRICS.md §6): on an instance, of the tail inter-token gaps (above ``itl_slo_ms``, or the
 p99 of all gaps with ``itl_tail_threshold = p99``) at least ``findings_itl_long_prefill_share``
 overlap a prefill window ``[t0 + queue, t1]`` of another call on the same instance whose attributed
-prefill (the overlapping one computing the most tokens P − C; a tie: the greater call id) computed ≥ ``long_prefill_tokens``;
-at least ``findings_itl_min_tail_gaps`` tail gaps.
+prefill (the overlapping one computing the most tokens P − C; a tie: the greater call id) computed
+≥ ``long_prefill_tokens``; at least ``findings_itl_min_tail_gaps`` tail gaps.
 
 Evidence: gaps, tail gaps, the share attributed to long prefills, p50/p99 ITL with and without an
 overlapping long prefill (the p50 barely moves — the damage is in the tail), the offending prefills
@@ -63,7 +63,9 @@ pf AS (
 tail AS (SELECT gg.*, gg.tb - gg.gap_ms / 1000.0 AS ta FROM gg JOIN thr USING (ikey) WHERE gg.gap_ms > thr.t),
 -- the prefills' cells carry only what the overlap joins read (the offenders' tokens and $ are read by id, in off)
 pfc AS (
-    SELECT p_call, instance, pa, pb, computed, unnest(generate_series(CAST(floor(least(pa, pb) / 5) AS BIGINT), CAST(floor(greatest(pa, pb) / 5) AS BIGINT))) AS cell
+    SELECT p_call, instance, pa, pb, computed,
+           unnest(generate_series(CAST(floor(least(pa, pb) / 5) AS BIGINT),
+                                  CAST(floor(greatest(pa, pb) / 5) AS BIGINT))) AS cell
     FROM pf
 ),
 tailc AS (
