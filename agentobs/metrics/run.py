@@ -199,6 +199,10 @@ class MetricRun:
     def __post_init__(self):
         if self.since is not None and self.until is not None and self.until <= self.since:
             raise QueryError(f"empty window: until ({self.until}) must be after since ({self.since})")
+        if isinstance(self.con, duckdb.DuckDBPyConnection):
+            from ..store.functions import ensure
+
+            ensure(self.con)  # agentobs_cumsum (the ITL queries) on a connection the caller opened
         self.cur = self.con.cursor()
         # the windows this run's working set can serve (set_window): every call when not pruned, else
         # [since − (until − since), until) — see the pruning in _prepare

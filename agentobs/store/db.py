@@ -8,6 +8,7 @@ from pathlib import Path
 import duckdb
 
 from ..errors import StoreError
+from .functions import ensure as ensure_functions
 from .schema import MIGRATIONS
 
 
@@ -51,7 +52,7 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False) -> duc
                 f"no agentobs database at {path!r}; create one with `agentobs import ...` or `agentobs demo`"
             )
         try:
-            return duckdb.connect(path, read_only=True)
+            return ensure_functions(duckdb.connect(path, read_only=True))
         except duckdb.Error as e:
             raise StoreError(f"cannot open {path!r} read-only: {e}") from None
     try:
@@ -59,7 +60,7 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False) -> duc
     except duckdb.Error as e:
         raise StoreError(f"cannot open {path!r}: {e}") from None
     migrate(con)
-    return con
+    return ensure_functions(con)
 
 
 def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2GB") -> duckdb.DuckDBPyConnection:
@@ -74,6 +75,7 @@ def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2
         con = duckdb.connect(path, read_only=path != ":memory:", config=config)
     except duckdb.Error as e:
         raise StoreError(f"cannot open {path!r} read-only: {e}") from None
+    ensure_functions(con)  # before the configuration is locked
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
     con.execute("SET lock_configuration = true")

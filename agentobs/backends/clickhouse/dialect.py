@@ -10,6 +10,7 @@ agentobs/metrics/). This module turns them into ClickHouse SQL at run time:
   ``generate_subscripts(x, 1)`` → one ``arrayJoin`` over ``arrayZip(x, arrayEnumerate(x))``;
 - ``lag``/``lead`` → ``lagInFrame``/``leadInFrame`` over a Nullable argument and a whole-partition frame
   (so "no previous row" is NULL, as in DuckDB);
+- ``agentobs_cumsum`` (agentobs.store.functions, a Python function on DuckDB) → ``arrayCumSum``;
 - ``epoch_us``/``make_timestamp`` → ``toUnixTimestamp64Micro``/``fromUnixTimestamp64Micro``;
 - arrays cannot be NULL in ClickHouse: ``x IS [NOT] NULL`` and ``coalesce`` on the array columns
   (ARRAY_COLUMNS) test emptiness instead;
@@ -74,6 +75,8 @@ def _rewrite(node: exp.Expression) -> exp.Expression:
         n = node.name.lower()
         if n == "jaro_winkler_similarity":
             return _fn("jaroWinklerSimilarity", *node.expressions)
+        if n == "agentobs_cumsum":  # agentobs.store.functions: a list's running sum
+            return _fn("arrayCumSum", *node.expressions)
         if n == "epoch_us":
             return _fn("toUnixTimestamp64Micro", *node.expressions)
         if n == "make_timestamp" and len(node.expressions) == 1:

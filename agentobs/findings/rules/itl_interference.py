@@ -38,18 +38,17 @@ GROUP BY ALL
 # instance); the evidence shows it with $instances = [the finding's instance]. ``ikey`` is the instance as the
 # findings name it (NULL → ''); the overlap joins compare the raw instance (a NULL instance overlaps nothing).
 SQL = """
-WITH d AS (
-    SELECT row_number() OVER () AS cno, call_id, instance, coalesce(instance, '') AS ikey, start_s + ttft_s AS t1,
-           itl_ms
+WITH d AS MATERIALIZED (
+    SELECT call_id, instance, coalesce(instance, '') AS ikey, start_s + ttft_s AS t1, itl_ms
     FROM m_calls
     WHERE in_win AND list_contains($instances, coalesce(instance, '')) AND itl_ms IS NOT NULL AND len(itl_ms) > 0
       AND ttft_s IS NOT NULL
 ),
-g AS (SELECT cno, call_id, instance, ikey, t1, unnest(itl_ms) AS gap_ms, generate_subscripts(itl_ms, 1) AS i FROM d),
-gg AS (
-    SELECT * EXCLUDE (cno),
-           t1 + sum(gap_ms) OVER (PARTITION BY cno ORDER BY i ROWS UNBOUNDED PRECEDING) / 1000.0 AS tb FROM g
-),
+g AS (SELECT call_id, instance, ikey, t1, cs, unnest(itl_ms) AS gap_ms, generate_subscripts(itl_ms, 1) AS i
+      FROM (SELECT *, agentobs_cumsum(itl_ms) AS cs FROM d)),
+-- gap i ends at t1 + Σ_{j≤i} itl_j: the list's running sum read at i, computed over the gathered calls (as in
+-- itl_tail)
+gg AS (SELECT call_id, instance, ikey, gap_ms, i, t1 + cs[i] / 1000.0 AS tb FROM g),
 thr AS (
     SELECT ikey, CASE WHEN $mode = 'p99' THEN quantile_cont(gap_ms, 0.99) ELSE $slo_ms END AS t FROM gg GROUP BY ikey
 ),

@@ -16,19 +16,20 @@
 -- sources: llm_calls (itl_ms, ttft_s, queue_s, P, C), call_reuse (miss cause, retries), metric_samples (fallback)
 -- by: instance, model, session, task
 -- m_calls is read three times, each time for few rows or few columns (no wide CTE is materialized)
--- each streamed call gets a number (cno), so the running sum below partitions by an integer, not a text id
-WITH streamed AS (
-    SELECT row_number() OVER () AS cno, call_id, instance, model, start_s + ttft_s AS t1, itl_ms
+-- gap i of a call ends at t1 + Σ_{j≤i} itl_j: the list's running sum (agentobs_cumsum, one vectorized pass over
+-- lists already in order) read at i, not a window over the unnested gaps (which partitions and sorts them). The
+-- streamed calls are gathered first, so the function gets full vectors, not the few rows of each m_calls vector
+WITH streamed AS MATERIALIZED (
+    SELECT call_id, instance, model, start_s + ttft_s AS t1, itl_ms
     FROM m_calls
     WHERE in_filter AND in_win AND itl_ms IS NOT NULL AND ttft_s IS NOT NULL AND len(itl_ms) > 0
 ),
 gaps0 AS (
-    SELECT cno, call_id, instance, model, t1, unnest(itl_ms) AS g_ms, generate_subscripts(itl_ms, 1) AS i
-    FROM streamed
+    SELECT call_id, instance, model, t1, cs, unnest(itl_ms) AS g_ms, generate_subscripts(itl_ms, 1) AS i
+    FROM (SELECT *, agentobs_cumsum(itl_ms) AS cs FROM streamed)
 ),
 gaps AS (
-    SELECT call_id, i, instance, model, g_ms,
-           t1 + sum(g_ms) OVER (PARTITION BY cno ORDER BY i ROWS UNBOUNDED PRECEDING) / 1000.0 AS tb
+    SELECT call_id, i, instance, model, g_ms, t1 + cs[i] / 1000.0 AS tb
     FROM gaps0
 ),
 gt AS (
