@@ -114,6 +114,14 @@ def test_overview_kpis_equal_metrics_api(app, db):
         x = rep.filter(pl.col("model") == model).row(0, named=True)
         assert u[i] == f"{100 * r['reuse_hit_rate']:.1f} %"
         assert share[i] == f"{100 * x['share_of_cache_tokens']:.1f} %"
+    # ITL p99 from the metric `itl`, equal to itl_tail's p99 of the same gaps (the ITL tails page)
+    itl, tail = compute("itl", db=str(db), by="model"), compute("itl_tail", db=str(db), by="model")
+    shown = [v for label, v in metrics if label == "ITL p99"]
+    for i, model in enumerate(reuse["model"]):
+        p99 = itl.filter(pl.col("model") == model)["p99_ms"]
+        assert p99.to_list() == tail.filter(pl.col("model") == model)["p99_ms"].to_list()
+        assert shown[i] == (f"{p99[0]:,.0f} ms" if p99.len() else "–")
+    assert any(v != "–" for v in shown)  # the fixture store streams: at least one model has gaps
     # `all` has no previous period: no deltas
     assert all(m.delta in (None, "") for m in app.metric)
 

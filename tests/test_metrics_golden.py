@@ -346,6 +346,33 @@ def test_itl_tail_attribution_with_and_without_long_prefills(tmp_path):
     assert [(x["session_id"], x["tail_gaps"]) for x in off] == [("so", 1)]
 
 
+def test_itl_percentiles_of_the_streamed_gaps(tmp_path):
+    # v on A: gaps 50, 300, 50, 250, 50 ms; w on B (another model, task type): 10, 20, 30, 40 ms; x on A streams
+    # nothing (no itl) and y's first token never came (no ttft): neither is in it
+    v = call("v", "sv", 9.5, 11, 100, 0, O=6, ttft=0.5, itl=[50, 300, 50, 250, 50], task="tv")
+    w = call("w", "sw", 20, 22, 100, 0, O=5, ttft=0.5, itl=[10, 20, 30, 40], inst="B:8000",
+             model="meta-llama/Llama-3.1-8B-Instruct", task="tw")
+    x = call("x", "sx", 30, 31, 100, 0, task="tx")
+    y = call("y", "sy", 40, 41, 100, 0, ttft=None, itl=[500], task="ty")
+    path = make_db(tmp_path, [v, w, x, y])
+    r = rows(compute("itl", db=path, settings=Settings()), "instance")
+    a, b = r["A:8000"], r["B:8000"]
+    assert (a["gaps"], a["calls"], b["gaps"], b["calls"]) == (5, 1, 4, 1)
+    # sorted A: 50 50 50 250 300 — p50 = 50; p90 at position 0.9·4 = 3.6: 250 + 0.6·(300 − 250) = 280;
+    # p99 at 3.96: 250 + 0.96·50 = 298; mean 700/5 = 140; over the 100 ms SLO: 300 and 250
+    assert a["p50_ms"] == 50 and a["p90_ms"] == pytest.approx(280) and a["p99_ms"] == pytest.approx(298)
+    assert a["max_ms"] == 300 and a["mean_ms"] == pytest.approx(140)
+    assert a["gaps_over_slo"] == 2 and a["share_over_slo"] == pytest.approx(0.4)
+    # B: 10 20 30 40 — p50 at 1.5: 25; p99 at 2.97: 30 + 0.97·10 = 39.7; nothing over the SLO
+    assert b["p50_ms"] == pytest.approx(25) and b["p99_ms"] == pytest.approx(39.7) and b["gaps_over_slo"] == 0
+    by_model = rows(compute("itl", db=path, by="model", settings=Settings()), "model")
+    assert by_model["Qwen/Qwen3-32B"]["p99_ms"] == pytest.approx(298)
+    # the same gaps and percentiles as itl_tail's per-chunk rows (which add the attribution)
+    tail = rows(compute("itl_tail", db=path, settings=Settings()), "instance")
+    assert (tail["A:8000"]["gaps"], tail["A:8000"]["p50_ms"], tail["A:8000"]["p99_ms"]) == (5, 50, a["p99_ms"])
+    assert [x["task_type"] for x in compute("itl", db=path, by="task_type", settings=Settings()).to_dicts()] == [None]
+
+
 def test_itl_tail_attribution_tie_goes_to_the_greater_call_id(tmp_path):
     # two prefills on A compute the same 5000 tokens and both overlap the one tail gap (300 ms, [10.05, 10.35]):
     # the attribution is the same every run — the greater call id, "p2" (session s2), not whichever the

@@ -32,7 +32,7 @@ def _window(ctx: Context, period: str):
 # page's "Group by" selector) are computed on demand.
 PAGE_PAIRS = {
     "overview": (("reuse", "model"), ("reprefill", "model"), ("idle_kv_rent", "model"),
-                 ("turn_resume_ttft", "model"), ("itl_tail", "model")),
+                 ("turn_resume_ttft", "model"), ("itl", "model")),
     "sessions": (("reuse", "session"), ("reprefill", "session")),
     "turn_resume": (("turn_resume_ttft", None),),
     "kv_rent": (("idle_kv_rent", None), ("capacity", None), ("concurrency", None)),

@@ -46,7 +46,7 @@ FILTER_COLUMNS = {
     "tenant": "tenant", "agent_name": "agent_name", "session": "session_id", "session_id": "session_id",
     "task": "task_id", "task_id": "task_id",
 }
-ORDER = ("reuse", "reprefill", "idle_kv_rent", "turn_resume_ttft", "itl_tail", "task_cost", "turn_goodput",
+ORDER = ("reuse", "reprefill", "idle_kv_rent", "turn_resume_ttft", "itl", "itl_tail", "task_cost", "turn_goodput",
          "duty_cycle", "concurrency", "throughput", "capacity", "fleet_hit_rate", "cost_model")
 # engine series the metrics read from metric_samples (colon form, see collect/prom.py)
 SAMPLE_METRICS = (
