@@ -184,7 +184,7 @@ def sessions(stamp: Stamp, f: Filters, since, until, search: str = "", sort: str
                count(*) AS calls,
                count(*) FILTER (WHERE c.attempt > 1) AS retries,
                count(DISTINCT c.instance) AS instances,
-               string_agg(DISTINCT c.model, ', ') AS models,
+               string_agg(DISTINCT c.model, ', ' ORDER BY c.model) AS models,
                min(c.start_ts) AS first_start,
                max(c.end_s) - min(c.start_s) AS span_s,
                sum(c.prompt_tokens) AS prompt_tokens,

@@ -5,7 +5,8 @@ agentobs/metrics/). This module turns them into ClickHouse SQL at run time:
 
 - named parameters ``$x`` → typed query parameters ``{x:Type}`` (types from PARAM_TYPES);
 - ``quantile_cont`` → ``quantileExactInclusive`` (both are linear interpolation, R-7), also inside
-  ``list_aggregate``; ``string_agg(DISTINCT …)`` → sorted ``groupUniqArray`` joined;
+  ``list_aggregate``; ``string_agg(DISTINCT …)`` (with or without ``ORDER BY`` the same value) → sorted ``groupUniqArray``
+  joined;
 - ``unnest(generate_series(a, b))`` → ``arrayJoin(range(a, b + 1))``; ``unnest(x)`` with
   ``generate_subscripts(x, 1)`` → one ``arrayJoin`` over ``arrayZip(x, arrayEnumerate(x))``;
 - ``lag``/``lead`` → ``lagInFrame``/``leadInFrame`` over a Nullable argument and a whole-partition frame
@@ -149,6 +150,9 @@ def _string_agg(node):
         return _fn("tuple", *items)
     if isinstance(node, exp.GroupConcat):
         this, sep = node.this, node.args.get("separator") or exp.Literal.string(",")
+        if isinstance(this, exp.Order) and isinstance(this.this, exp.Distinct):
+            # string_agg(DISTINCT x, sep ORDER BY x): the distinct values, sorted
+            return _fn("arrayStringConcat", _fn("arraySort", _fn("groupUniqArray", this.this.expressions[0])), sep)
         if isinstance(this, exp.Order):  # string_agg(x, sep ORDER BY k) → sort (k, x) pairs
             key = this.expressions[0].this
             pairs = _fn("groupArray", _fn("tuple", key, this.this))

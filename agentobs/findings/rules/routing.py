@@ -50,7 +50,7 @@ SELECT a.model,
        coalesce(sum(a.routed_away_usd), 0) AS routed_away_usd,
        CAST(coalesce(sum(a.reusable_tokens), 0) AS BIGINT) AS reusable_tokens,
        CAST(coalesce(sum(a.computed_prefill), 0) AS BIGINT) AS computed_prefill,
-       string_agg(DISTINCT cb.cost_basis, ' | ') AS cost_basis
+       string_agg(DISTINCT cb.cost_basis, ' | ' ORDER BY cb.cost_basis) AS cost_basis
 FROM a LEFT JOIN (SELECT instance AS cb_instance, basis AS cost_basis FROM m_cost) cb
   ON cb.cb_instance = coalesce(a.instance, '')
 GROUP BY a.model

@@ -63,7 +63,7 @@ agg AS (
     GROUP BY grp
 ),
 basis AS (
-    SELECT d.instances, (SELECT string_agg(DISTINCT k.rent_basis, ' | ') FROM m_cost k
+    SELECT d.instances, (SELECT string_agg(DISTINCT k.rent_basis, ' | ' ORDER BY k.rent_basis) FROM m_cost k
                          WHERE list_contains(d.instances, k.instance)) AS rent_basis
     FROM (SELECT DISTINCT instances FROM agg) d
 )

@@ -38,7 +38,7 @@ SELECT grp,
        sum(reprefill_cost_usd) AS reprefill_cost_usd,
        sum(cost_usd) AS cost_usd,
        sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS cost_share,
-       string_agg(DISTINCT mode, ',') AS mode,
+       string_agg(DISTINCT mode, ',' ORDER BY mode) AS mode,
        list(DISTINCT coalesce(instance, '')) AS cost_instances
 FROM base
 GROUP BY grp
