@@ -206,7 +206,33 @@ def import_kv_cmd(ctx: Ctx, paths, instance):
     with _writer(con, ctx) as w:
         res = import_kv_events(paths, w, instance)
     _summary(res, "kv events")
+    _kv_index(con)
+    con.close()
     _exit_for(res)
+
+
+def _kv_index(con) -> None:
+    """Refresh the stored KV-event index after an import that wrote KV events (agentobs.store.kvindex)."""
+    from .store.kvindex import refresh
+
+    b = refresh(con)
+    if b.rebuilt:
+        err_console.print(f"kv index: {b.sessions:,} sessions, {b.removals:,} removals of their blocks "
+                          f"({b.seconds:.2f} s)")
+
+
+@cli.command("kv-index")
+@click.option("--force", is_flag=True, default=False, help="Rebuild even when the index is current.")
+@common
+def kv_index_cmd(ctx: Ctx, force):
+    """Build or refresh the KV-event index metric runs read instead of re-deriving it (docs/metrics.md)."""
+    from .store.kvindex import refresh
+
+    con = _open(ctx)
+    b = refresh(con, force=force)
+    con.close()
+    state = "rebuilt" if b.rebuilt else "already current"
+    click.echo(f"kv index {state}: {b.sessions:,} sessions, {b.removals:,} removals ({b.seconds:.2f} s)")
 
 
 # -- sql -------------------------------------------------------------------------------------------
@@ -332,6 +358,7 @@ def _bundle_import(ctx: Ctx, root) -> None:
         p, adv = _progress(sum(f.stat().st_size for f in Path(root).rglob("*") if f.is_file()), "bundle")
         with p:
             res = import_bundle(root, w, ctx.settings, progress=adv)
+    _kv_index(con)
     con.close()
     for what, r in res.items():
         _summary(r, what)

@@ -87,6 +87,18 @@ def test_sample_fleet_m_calls_equal_v1(tmp_path):
         assert all(v > 0 for v in cases.values()), cases
     finally:
         con.close()
+    # and with the KV section read from the stored KV-event index (what `agentobs demo` builds): the same rows
+    from agentobs.store import kvindex
+
+    con = connect(path)
+    assert kvindex.refresh(con).removals > 0
+    con.close()
+    con = connect(path, read_only=True)
+    try:
+        assert kvindex.usable(con)
+        assert _diff(con) == (n, 0, 0, cases)
+    finally:
+        con.close()
 
 
 def test_bench_generator_m_calls_equal_v1(tmp_path):

@@ -48,6 +48,9 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> float:
     finally:
         cur.close()
     snap = connect(tmp)  # creates the model views in the copy
+    from ..store.kvindex import refresh
+
+    refresh(snap)  # the KV-event index of the copied events (readers' metric runs skip that step)
     snap.execute("CHECKPOINT")
     snap.close()
     os.replace(tmp, path)

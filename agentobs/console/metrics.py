@@ -204,9 +204,14 @@ def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame
         finally:
             cur.close()
     else:
-        sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size")
+        from agentobs.store import kvindex
+
         con = data.open_ro(stamp)
         try:
+            # the KV section from the stored KV-event index when current: the session's calls are few, the
+            # store's KV events are not (sample_data: ~0.85 s of the 0.9 s this took)
+            sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size",
+                            kv_index=kvindex.usable(con))
             df = con.sql(sql, params=params).pl()
         finally:
             con.close()

@@ -154,6 +154,7 @@ z AS MATERIALIZED (
            coalesce(attempt > 1 OR (prev_status = 'error' AND prompt_tokens = prev_prompt_tokens), false) AS is_retry
     FROM y
 ),
+-- kv index begin (kv_sess … kv_rm_chain read kv_src alone: agentobs.store.kvindex stores their result)
 -- KV events: removals of blocks a session stored, tagged with that session (AllBlocksCleared hits all)
 -- kv_sess: the sessions that stored blocks, each with an integer name sk (instance and session in one, numbered
 -- in their order, so the same every run)
@@ -226,6 +227,7 @@ kv_rm_chain AS MATERIALIZED (
     FROM kv_src a JOIN kv_sess s ON s.instance = a.instance
     WHERE a.type = 'AllBlocksCleared'
 ),
+-- kv index end
 -- a removal event frees many blocks at one time (sample_data: 2.1M blocks in 10.8k events): ab needs each time once
 kv_rm AS (SELECT DISTINCT instance, session_id, ts_s FROM kv_rm_chain),
 kv_end AS (SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_src GROUP BY instance),

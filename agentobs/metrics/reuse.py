@@ -49,7 +49,8 @@ def body_sql(narrow: bool = False) -> str:
 
 
 def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: str = "*", tail: str = "",
-              abandoned_after_s: float | None = None, has_rid: bool = False, rid: str = "rid", narrow: bool = False) -> str:
+              abandoned_after_s: float | None = None, has_rid: bool = False, rid: str = "rid", narrow: bool = False,
+              kv_index: bool = False) -> str:
     """The call_reuse SELECT over ``calls`` (a relation name of ours). ``block_size`` is a SQL
     expression for the default block size (a parameter such as ``$default_block_size``); ``select``
     and ``tail`` extend the outer query (the body is aliased ``r``). All arguments are our own SQL text;
@@ -59,7 +60,15 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
     expression of that row number in ``calls`` — ``rowid`` when ``calls`` is a DuckDB table (the metric run's
     m_src: no numbering pass at all; the CTE is then never materialized, each use scans the table). ``narrow``: the
     body without its final join back onto ``calls`` (see body_sql): the metric run stores that and puts the call
-    columns beside it with a positional join."""
+    columns beside it with a positional join. ``kv_index``: read the KV section's result from the stored KV-event
+    index (agentobs.store.kvindex; the caller checked it is current) instead of computing it from kv_events."""
+    body = body_sql(narrow)
+    if kv_index:
+        from ..store import kvindex
+
+        if kvindex.section() not in body:  # the body and the section come from one file: cannot happen
+            raise AssertionError("call_reuse.sql has no KV index section")
+        body = body.replace(kvindex.section(), kvindex.INDEXED)
     bs = block_size if block_size is not None else str(DEFAULT_BLOCK_SIZE)
     ab = seconds_literal(abandoned_after_s if abandoned_after_s is not None else DEFAULT_ABANDONED_AFTER_S)
     return (
@@ -71,7 +80,7 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
         "kv_src AS (SELECT * FROM kv_events),\n"
         f"reuse_params AS (SELECT CAST({bs} AS INTEGER) AS default_block_size, CAST({ab} AS DOUBLE) AS abandoned_after_s,\n"
         "    (SELECT max(end_ns) FROM spans) / 1e9 AS data_end_s)\n"
-        f"SELECT {select} FROM (\n{body_sql(narrow)}\n) r\n{tail}"
+        f"SELECT {select} FROM (\n{body}\n) r\n{tail}"
     )
 
 

@@ -36,6 +36,7 @@ import pyarrow as pa
 from ..backends.source import is_clickhouse
 from ..config import Settings, load_settings
 from ..errors import QueryError
+from ..store import kvindex
 from . import reuse
 from .catalog import BY_COLUMNS, Metric, catalogue
 from .cost import CostModel, cost_table, parse_cost
@@ -195,6 +196,7 @@ class MetricRun:
     timings: dict[str, float] = field(default_factory=dict)
     prune: bool = True  # window pruning of the working set (False: every call, as a check of the pruning)
     _narrowed: bool = field(default=False, repr=False)  # restrict_since changed in_win or m_samples
+    kv_index: bool = False  # the KV section came from the stored KV-event index (set by _prepare)
 
     def __post_init__(self):
         if self.since is not None and self.until is not None and self.until <= self.since:
@@ -279,9 +281,13 @@ class MetricRun:
                       f"ki.inst_no,\n({in_filter}) AS in_filter,\n({in_filter}) AND {window} AS in_win")
             joins = ("LEFT JOIN m_inst ki ON ki.instance = coalesce(r.instance, '')\n"
                      "LEFT JOIN m_inst pk ON pk.instance = r.prev_instance")
+            # the KV section from the stored KV-event index when it is that of kv_events now (agentobs.store.kvindex)
+            t0 = time.perf_counter()
+            self.kv_index = kvindex.usable(self.cur)
+            self.timings["kv_index_check"] = time.perf_counter() - t0
             sql = "CREATE OR REPLACE TEMP TABLE m_x AS\n" + reuse.reuse_sql(
                 src, "$default_block_size", select, joins + "\nORDER BY r.rid",
-                abandoned_after_s=abandoned_after_s, has_rid=True, rid="rowid", narrow=True)
+                abandoned_after_s=abandoned_after_s, has_rid=True, rid="rowid", narrow=True, kv_index=self.kv_index)
             self._timed("m_calls", sql, params)
             t0 = time.perf_counter()
             # m_x must hold exactly one row per m_src row, in rowid order (ORDER BY keeps it so, whatever
