@@ -47,6 +47,12 @@ def test_registered_on_agentobs_connections(tmp_path):
         con = opener()
         assert con.sql("SELECT agentobs_cumsum([1.0, 2.0])").fetchall() == [([1.0, 3.0],)]
         con.close()
+    # two open connections to one file share a catalog: the second finds it registered, and keeps it when the
+    # first closes
+    first, second = connect(db, read_only=True), connect(db, read_only=True)
+    first.close()
+    assert second.sql("SELECT agentobs_cumsum([3.0, 1.0])").fetchall() == [([3.0, 4.0],)]
+    second.close()
     con = duckdb.connect()
     ensure(con)
     ensure(con)  # idempotent: a connection that already has it is left alone

@@ -44,7 +44,9 @@ def ensure(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     try:
         con.create_function(CUMSUM, _cumsum, [duckdb.list_type("DOUBLE")], duckdb.list_type("DOUBLE"),
                             type="arrow", side_effects=False)
-    except duckdb.NotImplementedException as e:  # DuckDB's answer to a second registration of a name
-        if "already created" not in str(e):
+    except (duckdb.NotImplementedException, duckdb.CatalogException) as e:
+        # a second registration: on this connection ("already created"), or on another open connection to the same
+        # file, which shares this one's catalog ("already exists"; it stays usable after that one closes)
+        if "already" not in str(e):
             raise
     return con
