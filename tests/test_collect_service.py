@@ -118,6 +118,10 @@ def test_sigterm_flushes_and_publishes_a_readable_snapshot(tmp_path):
     assert con.execute("SELECT count(*) FROM spans").fetchone() == (100,)
     (ok,) = con.execute("SELECT count(*) FROM scrapes WHERE ok AND instance = 'v:1'").fetchone()
     assert ok >= 1
+    # at shutdown the store's KV-event index was brought up to date (no KV events here: an empty, current one)
+    from agentobs.store.kvindex import stamp
+
+    assert con.execute("SELECT stamp FROM kv_index_meta").fetchall() == [(stamp(con),)]
     con.close()
     # the final snapshot (published at shutdown) has everything the store has
     snap = duckdb.connect(str(tmp_path / "d.read.duckdb"), read_only=True)

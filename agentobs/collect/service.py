@@ -107,6 +107,12 @@ class Service:
         for t in self.threads:
             t.join(timeout=30)
         self.writer.close()
+        try:  # the store's own KV-event index, for readers of the store once collect has stopped
+            from ..store.kvindex import refresh
+
+            refresh(self.con)
+        except Exception:  # noqa: BLE001 - runs derive it inline without; the shutdown goes on
+            self.health.write_errors.labels("kv_index").inc()
         if self.fleet.snapshot_every_s > 0:
             self.publish_snapshot()
         if self.health_srv:
