@@ -31,7 +31,8 @@ def test_many_vectors_and_integer_lists():
 def test_matches_the_window_it_replaces():
     # the ITL queries' old form: the running sum of the unnested gaps per call, ordered by position
     con = ensure(duckdb.connect())
-    con.execute("""CREATE TABLE c AS SELECT k AS call, list_transform(range(1 + k % 37), lambda j: (j * 7 + k) % 50 + 0.25)
+    con.execute("""CREATE TABLE c AS SELECT k AS call,
+                          list_transform(range(1 + k % 37), lambda j: (j * 7 + k) % 50 + 0.25)
                    AS itl FROM range(300) t(k)""")
     diff = con.sql("""
         WITH g AS (SELECT call, unnest(itl) AS g, generate_subscripts(itl, 1) AS i, agentobs_cumsum(itl) AS cs FROM c),

@@ -39,7 +39,8 @@ SELECT count(*), coalesce(sum(hash(instance, ts, seq, event_idx)), 0), min(ts), 
 """
 # what the body reads instead of the section when the index is usable (the section's two outputs, same columns)
 INDEXED = ("kv_sess AS (SELECT instance, session_id, sk FROM kv_index_sessions),\n"
-           "kv_rm_chain AS (SELECT instance, session_id, ts_s, stored_s, superseded_s, depth FROM kv_index_removals),\n")
+           "kv_rm_chain AS (SELECT instance, session_id, ts_s, stored_s, superseded_s, depth\n"
+           "                FROM kv_index_removals),\n")
 
 
 @cache

@@ -5,8 +5,8 @@ agentobs/metrics/). This module turns them into ClickHouse SQL at run time:
 
 - named parameters ``$x`` → typed query parameters ``{x:Type}`` (types from PARAM_TYPES);
 - ``quantile_cont`` → ``quantileExactInclusive`` (both are linear interpolation, R-7), also inside
-  ``list_aggregate``; ``string_agg(DISTINCT …)`` (with or without ``ORDER BY`` the same value) → sorted ``groupUniqArray``
-  joined;
+  ``list_aggregate``; ``string_agg(DISTINCT …)`` (with or without ``ORDER BY`` the same value) → sorted
+  ``groupUniqArray`` joined;
 - ``unnest(generate_series(a, b))`` → ``arrayJoin(range(a, b + 1))``; ``unnest(x)`` with
   ``generate_subscripts(x, 1)`` → one ``arrayJoin`` over ``arrayZip(x, arrayEnumerate(x))``;
 - ``lag``/``lead`` → ``lagInFrame``/``leadInFrame`` over a Nullable argument and a whole-partition frame

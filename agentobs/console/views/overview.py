@@ -75,7 +75,8 @@ def render() -> None:
         kpi(c[2], "Turn-resume TTFT p99", first(t_now, "ttft_p99_s", "p99_s"), first(t_prev, "ttft_p99_s", "p99_s"),
             ui.secs, "TTFT of calls 2…n, p99 (METRICS.md §5).", inverse=True)
         kpi(c[3], "ITL p99", first(i_now, "itl_p99_ms", "p99_ms"), first(i_prev, "itl_p99_ms", "p99_ms"),
-            lambda v: "–" if ui.is_missing(v) else f"{v:,.0f} ms", "inter-token gap p99 of streamed calls (METRICS.md §6; metric `itl`).", inverse=True)
+            lambda v: "–" if ui.is_missing(v) else f"{v:,.0f} ms",
+            "inter-token gap p99 of streamed calls (METRICS.md §6; metric `itl`).", inverse=True)
         st.caption(f"tokens: ΣP {ui.n(first(r_now, 'prompt_tokens'))} · ΣC {ui.n(first(r_now, 'cached_tokens'))} · "
                    f"ΣR_eff {ui.n(first(r_now, 'reusable_tokens_eff'))} · ΣX {ui.n(first(x_now, 'reprefill_tokens'))} · "
                    f"sessions {ui.n(first(r_now, 'sessions'))} · H = ΣC/ΣP {ui.pct(first(r_now, 'hit_rate'))}")
