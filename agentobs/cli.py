@@ -228,6 +228,7 @@ def kv_index_cmd(ctx: Ctx, force):
     """Build or refresh the KV-event index metric runs read instead of re-deriving it (docs/metrics.md)."""
     from .store.kvindex import refresh
 
+    _open(ctx, read_only=True).close()  # an existing store only: one clear line if it is missing, none created
     con = _open(ctx)
     b = refresh(con, force=force)
     con.close()

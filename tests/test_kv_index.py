@@ -117,6 +117,10 @@ def test_import_kv_events_refreshes_the_index_and_the_command_reports_it(tmp_pat
     con.close()
     out = subprocess.run([*run, "kv-index", "--db", path], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("kv index already current: 0 sessions"), out
+    # a store that is not there is reported, not created
+    missing = tmp_path / "nothing.duckdb"
+    out = subprocess.run([*run, "kv-index", "--db", str(missing)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "no agentobs database at" in out.stderr and not missing.exists(), out
 
 
 def test_the_read_snapshot_carries_a_current_index(tmp_path):
