@@ -215,7 +215,12 @@ def _kv_index(con) -> None:
     """Refresh the stored KV-event index after an import that wrote KV events (agentobs.store.kvindex)."""
     from .store.kvindex import refresh
 
-    b = refresh(con)
+    try:
+        b = refresh(con)
+    except Exception as e:  # noqa: BLE001 - the import itself is committed; runs derive the index inline
+        err_console.print(f"[yellow]warning[/yellow] kv index not refreshed ({type(e).__name__}: {e}); metric runs "
+                          "derive it from kv_events until `agentobs kv-index` succeeds", highlight=False)
+        return
     if b.rebuilt:
         err_console.print(f"kv index: {b.sessions:,} sessions, {b.removals:,} removals of their blocks "
                           f"({b.seconds:.2f} s)")

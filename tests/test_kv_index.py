@@ -132,3 +132,32 @@ def test_the_read_snapshot_carries_a_current_index(tmp_path):
     r = connect(snap, read_only=True)
     assert kvindex.usable(r) and r.sql("SELECT count(*) FROM kv_index_removals").fetchall() == [(3,)]
     r.close()
+
+
+def test_a_failed_index_build_loses_neither_the_import_nor_the_snapshot(tmp_path, monkeypatch, capsys):
+    # the index is derived data: when building it fails, the imported events stay, the command succeeds with a
+    # warning, the snapshot is still published, and runs derive the section inline
+    from agentobs.cli import main
+
+    def broken(con, force=False):
+        raise RuntimeError("disk full")
+
+    path = make_db(tmp_path, CALLS, config=CONFIG)
+    f = tmp_path / "kv.jsonl"
+    f.write_text(json.dumps({"instance": "A:8000", "seq": 1, "decoded": [
+        T0 + 1, [["BlockStored", [11, 12], None, list(range(32)), 16, None, "GPU"]], 0]}) + "\n")
+    monkeypatch.setattr(kvindex, "refresh", broken)
+    main(["import", "kv-events", str(f), "--db", path])
+    assert "kv index not refreshed (RuntimeError: disk full)" in capsys.readouterr().err
+    con = connect(path, read_only=True)
+    assert con.sql("SELECT count(*) FROM kv_events").fetchall() == [(1,)] and not kvindex.usable(con)
+    con.close()
+    con = connect(path)
+    snap = tmp_path / "read.duckdb"
+    publish(con, snap)
+    con.close()
+    r = connect(snap, read_only=True)
+    assert r.sql("SELECT count(*) FROM kv_events").fetchall() == [(1,)] and not kvindex.usable(r)
+    r.close()
+    used, _ = m_calls(str(snap))
+    assert not used
