@@ -196,7 +196,7 @@ class MetricRun:
     timings: dict[str, float] = field(default_factory=dict)
     prune: bool = True  # window pruning of the working set (False: every call, as a check of the pruning)
     _narrowed: bool = field(default=False, repr=False)  # restrict_since changed in_win or m_samples
-    kv_index: bool = False  # the KV section came from the stored KV-event index (set by _prepare)
+    kv_index: bool = field(default=False, init=False)  # the KV section came from the stored index (_prepare)
 
     def __post_init__(self):
         if self.since is not None and self.until is not None and self.until <= self.since:
