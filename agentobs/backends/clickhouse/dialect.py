@@ -16,7 +16,9 @@ agentobs/metrics/). This module turns them into ClickHouse SQL at run time:
 - arrays cannot be NULL in ClickHouse: ``x IS [NOT] NULL`` and ``coalesce`` on the array columns
   (ARRAY_COLUMNS) test emptiness instead;
 - ``AS MATERIALIZED`` CTE hints are kept (ClickHouse inlines a CTE at every reference otherwise;
-  the session enables ``enable_materialized_cte``).
+  the session enables ``enable_materialized_cte``); ``AS NOT MATERIALIZED`` (DuckDB: scan again at every
+  reference rather than fan one scan out) is ClickHouse's default and is dropped;
+- ``list_sort(x)`` → ``arraySort(x)``.
 
 Session settings in conn.SESSION_SETTINGS supply SQL NULL semantics (join_use_nulls, …).
 """
@@ -62,6 +64,11 @@ def _is_array_col(e) -> bool:
 
 def _rewrite(node: exp.Expression) -> exp.Expression:
     # $param → placeholder kept by name; typed when rendered (see _render_params)
+    if isinstance(node, exp.CTE) and node.args.get("materialized") is False:
+        node.set("materialized", None)  # NOT MATERIALIZED: what ClickHouse does anyway (and cannot parse)
+        return node
+    if isinstance(node, exp.ArraySort) and node.args.get("expression") is None:
+        return _fn("arraySort", node.this)
     if isinstance(node, (exp.Length, exp.ArraySize)) and _is_array_col(node.this):
         return _fn("length", node.this)  # len(list): sqlglot's Length renders as lengthUTF8 (strings only)
     if isinstance(node, exp.Is) and _is_array_col(node.this) and isinstance(node.expression, exp.Null):

@@ -13,8 +13,10 @@
 -- sources: call_reuse (llm_calls, kv_events, instance_config), cost model
 -- by: instance, model, task_type, session, task
 -- the calls are aggregated without joins; the per-instance prices (the previous call's instance for rent, the
--- call's own for the basis text) and the one-row window are put beside the aggregates afterwards
-WITH base AS (
+-- call's own for the basis text) and the one-row window are put beside the aggregates afterwards. base is read
+-- three times (agg, rent_by_prev, insts): NOT MATERIALIZED scans m_calls for each (a scan is cheap), which at 10M
+-- calls was about half the time of one scan fanned out to the three (docs/metrics.md, round 9)
+WITH base AS NOT MATERIALIZED (
     SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type
                     WHEN 'session' THEN session_id WHEN 'task' THEN task_id END AS grp,
            *, coalesce(prev_instance, instance, '') AS prev_key
@@ -57,15 +59,21 @@ agg AS (
            count(*) FILTER (WHERE gap_before_s > g_star_s) AS windows_over_g_star,
            sum((coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) / 2.0) * (end_s - start_s)) AS running_kv_token_s,
            count(*) FILTER (WHERE rent_mode = 'kv_events') AS kv_event_windows,
-           count(*) FILTER (WHERE rent_mode = 'estimate') AS estimate_windows,
-           list(DISTINCT coalesce(instance, '')) AS instances
+           count(*) FILTER (WHERE rent_mode = 'estimate') AS estimate_windows
     FROM base
+    GROUP BY grp
+),
+-- the instances of each group's calls (for the basis text), sorted, from the distinct (group, instance) pairs:
+-- a DISTINCT aggregate among agg's made all of agg 2-3x slower at 10M calls
+insts AS (
+    SELECT grp, list_sort(list(inst)) AS instances
+    FROM (SELECT DISTINCT grp, coalesce(instance, '') AS inst FROM base)
     GROUP BY grp
 ),
 basis AS (
     SELECT d.instances, (SELECT string_agg(DISTINCT k.rent_basis, ' | ' ORDER BY k.rent_basis) FROM m_cost k
                          WHERE list_contains(d.instances, k.instance)) AS rent_basis
-    FROM (SELECT DISTINCT instances FROM agg) d
+    FROM (SELECT DISTINCT instances FROM insts) d
 )
 SELECT a.grp, a.windows, a.retained, a.evicted, a.routed_away, a.unknown,
        a.rent_paid_token_s, r.rent_paid_usd, a.rent_wasted_token_s, r.rent_wasted_usd,
@@ -83,7 +91,8 @@ SELECT a.grp, a.windows, a.retained, a.evicted, a.routed_away, a.unknown,
             ELSE 'mixed' END AS rent_mode,
        b.rent_basis
 FROM agg a
+JOIN insts i ON i.grp IS NOT DISTINCT FROM a.grp
 CROSS JOIN span
 LEFT JOIN rent_by_prev r ON r.grp IS NOT DISTINCT FROM a.grp
-LEFT JOIN basis b ON b.instances = a.instances
+LEFT JOIN basis b ON b.instances = i.instances
 ORDER BY a.grp

@@ -10,19 +10,27 @@
 -- grain: one row per group (default: one per task)
 -- sources: call_reuse (llm_calls), cost model ([cost] settings, instance_config, engine spans)
 -- by: task, task_type, session, model, instance
-WITH agg AS (
-WITH base AS (
+-- base is read twice (lab, sums): NOT MATERIALIZED scans m_calls for each, cheaper at 10M calls than one scan
+-- fanned out to both. The distinct counts and instance lists come from the distinct (group, session, branch,
+-- instance) tuples, apart from the sums: among them they made the whole aggregation 1.6-2x slower
+WITH base AS NOT MATERIALIZED (
     SELECT CASE $by WHEN 'task' THEN task_id WHEN 'task_type' THEN task_type WHEN 'session' THEN session_id
                     WHEN 'model' THEN model WHEN 'instance' THEN instance END AS grp,
            *, prompt_tokens - coalesce(cached_tokens, 0) + coalesce(output_tokens, 0) AS computed
     FROM m_calls
     WHERE in_win
-)
+),
+lab AS (
+    SELECT grp, count(DISTINCT session_id) AS sessions, count(DISTINCT bk) AS branches,
+           list_sort(list(DISTINCT inst)) AS cost_instances
+    FROM (SELECT DISTINCT grp, session_id, coalesce(session_id, call_id) || '/' || branch AS bk,
+                          coalesce(instance, '') AS inst FROM base)
+    GROUP BY grp
+),
+sums AS (
 SELECT grp,
-       count(DISTINCT session_id) AS sessions,
        count(*) AS calls,
        count(*) FILTER (WHERE is_retry) AS retries,
-       count(DISTINCT coalesce(session_id, call_id) || '/' || branch) AS branches,
        count(*) FILTER (WHERE status = 'error') AS failed_calls,
        CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
        CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
@@ -40,10 +48,14 @@ SELECT grp,
        sum(cost_usd) AS cost_usd,
        sum(reprefill_cost_usd) AS reprefill_cost_usd,
        sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS reprefill_cost_share,
-       sum(list_cost_usd) AS list_price_usd,
-       list(DISTINCT coalesce(instance, '')) AS cost_instances
+       sum(list_cost_usd) AS list_price_usd
 FROM base
 GROUP BY grp
+),
+-- the columns in their documented order
+agg AS (
+SELECT s.grp, l.sessions, s.calls, s.retries, l.branches, s.* EXCLUDE (grp, calls, retries), l.cost_instances
+FROM sums s JOIN lab l ON l.grp IS NOT DISTINCT FROM s.grp
 )
 -- the basis text once per distinct set of instances (not once per group: the groups are tasks, the sets few)
 , basis AS (
