@@ -376,8 +376,9 @@ def test_itl_rule_reads_every_instance_in_one_query_with_the_per_instance_number
     s = settings()
     run_, close = prepare(store[0], since=WINDOW[0], until=WINDOW[1], settings=s)
     try:
-        ctx = Context(run_.cur, s, WINDOW[0], WINDOW[1])
-        base = {"mode": "slo", "slo_ms": 100.0, "long_tokens": 8192}
+        ctx = Context(run_.cur, s, WINDOW[0], WINDOW[1], run=run_)
+        ctx.itl_gaps()
+        base = {"long_tokens": 8192}
         rows = {r["instance"]: r for r in ctx.rows(rule.SQL, {**base, "instances": [SG, VL]})}
         assert set(rows) == {SG, VL}
         for inst in (SG, VL):   # alone, each instance reads exactly as it does next to the other
@@ -386,6 +387,16 @@ def test_itl_rule_reads_every_instance_in_one_query_with_the_per_instance_number
         assert rows[VL]["tail_gaps"] == 31 and rows[VL]["tail_gaps_long_prefill"] == 24   # + the 300 ms gap
         assert rows[VL]["offending_computed_tokens"] == 12000
         assert ctx.rows(rule.SQL, {**base, "instances": []}) == []
+        # the finding and the itl_tail metric read one table of gaps (m_itl_gap, made once in this run): the same
+        # tail gaps, the same share overlapping a long prefill (24/30 and 24/31), the same p99
+        made = run_.timings["m_itl_gap"]
+        tail = {r["instance"]: r for r in run_.compute("itl_tail", "instance").to_dicts()}
+        assert run_.timings["m_itl_gap"] == made   # not made again for the metric
+        for inst in (SG, VL):
+            assert tail[inst]["tail_gaps"] == rows[inst]["tail_gaps"]
+            assert tail[inst]["tail_long_prefill_share"] == pytest.approx(
+                rows[inst]["tail_gaps_long_prefill"] / rows[inst]["tail_gaps"])
+            assert tail[inst]["p99_ms"] == pytest.approx(rows[inst]["itl_p99_ms"])
     finally:
         close()
 

@@ -46,7 +46,7 @@ def run(db, since=None, until=None, settings: Settings | None = None, *, include
         given = mrun.since is not None
         start = mrun.since if given else default_since(mrun, mrun.until,
                                                        float(settings.get("findings_default_window_s")))
-        ctx = Context(mrun.cur, settings, start, mrun.until, clock, since_given=given)
+        ctx = Context(mrun.cur, settings, start, mrun.until, clock, since_given=given, run=mrun)
         found: list[Finding] = []
         for rule in RULES:
             found.extend(rule.check(ctx))

@@ -65,6 +65,7 @@ class Context:
     window_s: float = 0.0
     first_s: float | None = None
     last_s: float | None = None
+    run: Any = None                # the MetricRun behind ``cur`` (its shared tables: itl_gaps), when known
 
     def __post_init__(self):
         self.instances = {r["instance"]: r for r in self.rows(INSTANCES_SQL)}
@@ -76,6 +77,18 @@ class Context:
             self.window_s = max(self.last_s - self.first_s, 1.0)
 
     # -- queries ---------------------------------------------------------------------------------
+    def itl_gaps(self) -> str:
+        """The table ``m_itl_gap`` (agentobs/metrics/itl_gaps.sql) for this window and the settings' ITL
+        parameters: the metric run's shared one (made once for the itl_tail metric and the ITL finding), or,
+        on a bare cursor, made here."""
+        from ..metrics.run import itl_gap_params, itl_gaps_sql
+
+        if self.run is not None:
+            return self.run.itl_gaps(self.settings)
+        self.cur.execute("CREATE OR REPLACE TEMP TABLE m_itl_gap AS\n" + itl_gaps_sql(),
+                         itl_gap_params(self.settings))
+        return "m_itl_gap"
+
     def rows(self, sql: str, params: dict | None = None) -> list[dict]:
         rel = self.cur.sql(sql, params=params or {})
         cols = rel.columns

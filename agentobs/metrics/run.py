@@ -197,6 +197,8 @@ class MetricRun:
     prune: bool = True  # window pruning of the working set (False: every call, as a check of the pruning)
     _narrowed: bool = field(default=False, repr=False)  # restrict_since changed in_win or m_samples
     kv_index: bool = field(default=False, init=False)  # the KV section came from the stored index (_prepare)
+    # the parameters m_itl_gap was made with (itl_gaps), None when it is absent or stale (the window moved)
+    _itl_gap_key: tuple | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         if self.since is not None and self.until is not None and self.until <= self.since:
@@ -369,6 +371,8 @@ class MetricRun:
             n = self._changes("UPDATE m_calls SET in_win = false WHERE in_win AND start_s < $since", {"since": since})
         d = self._changes("DELETE FROM m_samples WHERE ts_s < $since", {"since": since})
         changed = bool(n or d)
+        if n:
+            self._itl_gap_key = None  # in_win changed: m_itl_gap is made again when next read
         self._narrowed = self._narrowed or changed
         return changed
 
@@ -398,6 +402,7 @@ class MetricRun:
         win = "($since IS NULL OR start_s >= $since) AND ($until IS NULL OR start_s < $until)"
         p = {"since": since, "until": until}
         self._narrowed = True  # until the move completes, in_win may match neither window (a retry redoes it)
+        self._itl_gap_key = None
         if self.calls_table == "m_x":
             self.cur.execute(f"UPDATE m_x SET in_win = false WHERE in_win AND rid IN "
                              f"(SELECT rowid FROM m_src WHERE NOT ({win}))", p)
@@ -414,12 +419,24 @@ class MetricRun:
         if self._narrowed:
             self.set_window(self.since, self.until)
 
+    # -- the shared ITL gaps ----------------------------------------------------------------------
+    def itl_gaps(self, settings: Settings | None = None) -> str:
+        """Make sure the temp table ``m_itl_gap`` (agentobs/metrics/itl_gaps.sql: every streamed gap in the
+        window with its tail flag and attributed prefill) holds the run's current window for these settings'
+        ITL parameters; made at most once per window and parameters, and shared by the ``itl_tail`` metric and
+        the long-prefill ITL finding. Returns the table name."""
+        params = itl_gap_params(settings if settings is not None else self.settings)
+        key = tuple(sorted(params.items()))
+        if self._itl_gap_key != key:
+            self._itl_gap_key = None
+            self._timed("m_itl_gap", "CREATE OR REPLACE TEMP TABLE m_itl_gap AS\n" + itl_gaps_sql(), params)
+            self._itl_gap_key = key
+        return "m_itl_gap"
+
     # -- queries ---------------------------------------------------------------------------------
     def params_for(self, metric: Metric, by: str) -> dict:
         s = self.settings
-        mode = str(s.get("itl_tail_threshold", "slo"))
-        if mode not in ("slo", "p99"):
-            raise QueryError(f"setting itl_tail_threshold must be 'slo' or 'p99', got {mode!r}")
+        mode = itl_gap_params(s)["itl_tail_mode"]
         allp = {
             "since": self.since, "until": self.until, "by": by,
             "instances": self.filters.get("instance"),
@@ -436,6 +453,8 @@ class MetricRun:
         by = by or metric.default_by
         if by not in metric.by:
             raise QueryError(f"metric {name!r} cannot be grouped by {by!r}; it supports {', '.join(metric.by)}")
+        if "m_itl_gap" in metric.sql:
+            self.itl_gaps()
         t0 = time.perf_counter()
         try:
             df = self.cur.sql(metric.sql, params=self.params_for(metric, by)).pl()
@@ -463,6 +482,22 @@ class MetricRun:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def itl_gap_params(s: Settings) -> dict:
+    """The parameters of m_itl_gap (agentobs/metrics/itl_gaps.sql) from settings."""
+    mode = str(s.get("itl_tail_threshold", "slo"))
+    if mode not in ("slo", "p99"):
+        raise QueryError(f"setting itl_tail_threshold must be 'slo' or 'p99', got {mode!r}")
+    return {"itl_tail_mode": mode, "itl_slo_ms": float(s.get("itl_slo_ms", 100.0)),
+            "long_prefill_tokens": int(s.get("long_prefill_tokens", 8192))}
+
+
+def itl_gaps_sql() -> str:
+    """The SELECT of m_itl_gap (agentobs/metrics/itl_gaps.sql), for MetricRun.itl_gaps and as evidence text."""
+    from importlib import resources
+
+    return resources.files(__package__).joinpath("itl_gaps.sql").read_text()
 
 
 def _normalize_filters(filters: dict | None) -> dict[str, list[str]]:

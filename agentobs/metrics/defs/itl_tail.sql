@@ -15,84 +15,23 @@
 -- grain: one row per group (default: instance; session/task: the offending prefill's session/task)
 -- sources: llm_calls (itl_ms, ttft_s, queue_s, P, C), call_reuse (miss cause, retries), metric_samples (fallback)
 -- by: instance, model, session, task
--- m_calls is read three times, each time for few rows or few columns (no wide CTE is materialized)
--- gap i of a call ends at t1 + Σ_{j≤i} itl_j: the list's running sum (agentobs_cumsum, one vectorized pass over
--- lists already in order) read at i, not a window over the unnested gaps (which partitions and sorts them). The
--- streamed calls are gathered first, so the function gets full vectors, not the few rows of each m_calls vector
-WITH streamed AS MATERIALIZED (
-    SELECT call_id, instance, model, start_s + ttft_s AS t1, itl_ms
-    FROM m_calls
-    WHERE in_filter AND in_win AND itl_ms IS NOT NULL AND ttft_s IS NOT NULL AND len(itl_ms) > 0
-),
-gaps0 AS (
-    SELECT call_id, instance, model, t1, cs, unnest(itl_ms) AS g_ms, generate_subscripts(itl_ms, 1) AS i
-    FROM (SELECT *, agentobs_cumsum(itl_ms) AS cs FROM streamed)
-),
-gaps AS (
-    SELECT call_id, i, instance, model, g_ms, t1 + cs[i] / 1000.0 AS tb
-    FROM gaps0
-),
-gt AS (
-    SELECT *, tb - g_ms / 1000.0 AS ta,
-           CASE WHEN $itl_tail_mode = 'p99' THEN quantile_cont(g_ms, 0.99) OVER (PARTITION BY model)
-                ELSE $itl_slo_ms END AS thr_ms
-    FROM gaps
-),
-prefills AS (
-    SELECT call_id AS p_call_id, instance, start_s + coalesce(queue_s, 0) AS pa, start_s + ttft_s AS pb,
-           prompt_tokens - coalesce(cached_tokens, 0) AS computed
-    FROM m_calls
-    WHERE in_filter AND ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL AND ttft_s > coalesce(queue_s, 0)
-      AND instance IN (SELECT DISTINCT instance FROM gaps0)
-),
--- overlap joins on (instance, 5-second cell) so that each gap meets only nearby prefills
-pcells AS (
-    SELECT *, unnest(generate_series(CAST(floor(pa / 5) AS BIGINT), CAST(floor(pb / 5) AS BIGINT))) AS cell FROM prefills
-),
-gcells AS (
-    SELECT call_id, i, instance, ta, tb, g_ms > thr_ms AS tail,
-           unnest(generate_series(CAST(floor(ta / 5) AS BIGINT), CAST(floor(tb / 5) AS BIGINT))) AS cell
-    FROM gt
-),
--- a tail gap: every prefill it overlaps (the attribution below). A pair is kept in one cell only, the first both
--- span (the greater of their first cells), so no pair repeats and none needs a DISTINCT pass
-tail_ov AS (
-    SELECT g.call_id, g.i, p.p_call_id, p.computed
-    FROM (SELECT * FROM gcells WHERE tail) g JOIN pcells p ON p.instance = g.instance AND p.cell = g.cell
-    WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
-      AND g.cell = greatest(CAST(floor(g.ta / 5) AS BIGINT), CAST(floor(p.pa / 5) AS BIGINT))
-),
--- any other gap: only whether a long prefill overlaps it (a semi-join: no pairs are formed)
-long_gap AS (
-    SELECT DISTINCT g.call_id, g.i
-    FROM (SELECT * FROM gcells WHERE NOT coalesce(tail, false)) g
-    SEMI JOIN (SELECT * FROM pcells WHERE computed >= $long_prefill_tokens) p
-      ON p.instance = g.instance AND p.cell = g.cell AND p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
-),
-per_gap AS MATERIALIZED (
-    SELECT call_id, i,
-           max(computed >= $long_prefill_tokens) AS long_overlap,
-           -- the prefill computing the most tokens; on a tie, the greater call id (the same every run)
-           arg_max(p_call_id, (computed, p_call_id)) AS off_call_id
-    FROM tail_ov GROUP BY call_id, i
-    UNION ALL
-    SELECT call_id, i, true, NULL FROM long_gap
-),
+-- the gaps, their tail flags and attributions: m_itl_gap (agentobs/metrics/itl_gaps.sql), stored once per run and
+-- shared with the long-prefill ITL finding; m_calls is read here only for the offending prefills' calls
 -- the offending prefill's call, read only for the gaps that have one
-offender AS (
+WITH offender AS (
     SELECT call_id AS off_call_id,
            any_value({'session_id': session_id, 'task_id': task_id, 'retry': is_retry, 'reprefill_tokens': reprefill_tokens,
             'miss_cause': miss_cause, 'computed': prompt_tokens - coalesce(cached_tokens, 0)}) AS off
     FROM m_calls
-    WHERE in_filter AND call_id IN (SELECT off_call_id FROM per_gap WHERE off_call_id IS NOT NULL)
+    WHERE in_filter AND call_id IN (SELECT off_call_id FROM m_itl_gap WHERE off_call_id IS NOT NULL)
     GROUP BY call_id  -- one row per call even if a call id repeats
 ),
 g_all AS (
-    SELECT gt.*, g_ms > thr_ms AS tail, coalesce(pg.long_overlap, false) AS long_overlap, o.off
-    FROM gt LEFT JOIN per_gap pg USING (call_id, i)
-    LEFT JOIN offender o ON o.off_call_id = pg.off_call_id
+    SELECT g.call_id, g.instance, g.model, g.g_ms, g.thr_ms, g.tail, g.long_overlap, o.off
+    FROM m_itl_gap g
+    LEFT JOIN offender o ON o.off_call_id = g.off_call_id
 ),
-per_chunk AS (
+pc AS (
     SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model
                     WHEN 'session' THEN off.session_id WHEN 'task' THEN off.task_id END AS grp,
            'per_chunk' AS method,
@@ -112,8 +51,6 @@ per_chunk AS (
            count(*) FILTER (WHERE tail AND off.retry) / nullif(count(*) FILTER (WHERE tail), 0) AS retry_share,
            count(*) FILTER (WHERE tail AND off.reprefill_tokens > 0) / nullif(count(*) FILTER (WHERE tail), 0)
                AS reprefill_share,
-           mode(CASE WHEN tail THEN off.session_id END) AS top_offender_session,
-           mode(CASE WHEN tail THEN off.task_id END) AS top_offender_task,
            NULL::BIGINT AS intervals,
            NULL::DOUBLE AS corr_tail_vs_computed_prefill,
            NULL::DOUBLE AS tail_share_high_prefill,
@@ -123,6 +60,30 @@ per_chunk AS (
     WHERE $by IN ('instance', 'model') OR (tail AND off IS NOT NULL)
     GROUP BY 1
 ),
+-- the top offending session and task of each group: the one whose prefills caused the most tail gaps; a tie goes
+-- to the least id (the same every run: mode() broke ties by the order it met the rows)
+tc AS MATERIALIZED (
+    SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model
+                    WHEN 'session' THEN off.session_id WHEN 'task' THEN off.task_id END AS grp,
+           off.session_id AS s, off.task_id AS t, count(*) AS n
+    FROM g_all
+    WHERE tail AND off IS NOT NULL
+    GROUP BY ALL
+),
+top_s AS (
+    SELECT grp, arg_min(s, (-n, s)) AS top_offender_session
+    FROM (SELECT grp, s, sum(n) AS n FROM tc WHERE s IS NOT NULL GROUP BY grp, s) GROUP BY grp
+),
+top_t AS (
+    SELECT grp, arg_min(t, (-n, t)) AS top_offender_task
+    FROM (SELECT grp, t, sum(n) AS n FROM tc WHERE t IS NOT NULL GROUP BY grp, t) GROUP BY grp
+),
+per_chunk AS (
+    SELECT pc.*, ts.top_offender_session, tt.top_offender_task
+    FROM pc
+    LEFT JOIN top_s ts ON ts.grp IS NOT DISTINCT FROM pc.grp
+    LEFT JOIN top_t tt ON tt.grp IS NOT DISTINCT FROM pc.grp
+),
 -- coarse fallback: histogram bucket increments per scrape interval, for instances without per-chunk gaps
 hist AS (
     SELECT instance, ts_s, metric, TRY_CAST(labels['le'] AS DOUBLE) AS le, delta
@@ -130,7 +91,7 @@ hist AS (
     WHERE $by = 'instance' AND delta IS NOT NULL
       AND metric IN ('vllm:inter_token_latency_seconds_bucket', 'sglang:inter_token_latency_seconds_bucket',
                      'vllm:inter_token_latency_seconds_count', 'sglang:inter_token_latency_seconds_count')
-      AND instance NOT IN (SELECT DISTINCT instance FROM gaps0 WHERE instance IS NOT NULL)
+      AND instance NOT IN (SELECT DISTINCT instance FROM m_itl_gap WHERE instance IS NOT NULL)
 ),
 le_sel AS (
     SELECT instance, min(le) AS le FROM hist
