@@ -365,12 +365,16 @@ class _Builder:
                    _num(per_task["amplification"].quantile(0.9, "linear")), "ratio_x", "task_cost by task"),
         ]
         if by_type is not None:
+            # a task's type: the type of most of its calls (a tie: the least, the same every run); from the
+            # (task, type) pairs, not mode() over every call per task (10M calls: 1.2-1.4 s → 0.6 s)
             dist = self.sql("""
                 SELECT task_type, count(*) AS tasks, quantile_cont(cost_usd, 0.5) AS cost_p50_usd,
                        quantile_cont(cost_usd, 0.9) AS cost_p90_usd, quantile_cont(cost_usd, 0.99) AS cost_p99_usd,
                        max(cost_usd) AS cost_max_usd
-                FROM (SELECT task_id, sum(cost_usd) AS cost_usd, mode(task_type) AS task_type
-                      FROM m_calls WHERE in_win GROUP BY task_id)
+                FROM (SELECT task_id, sum(cost_usd) AS cost_usd, arg_min(task_type, (-n, task_type)) AS task_type
+                      FROM (SELECT task_id, task_type, sum(cost_usd) AS cost_usd, count(*) AS n
+                            FROM m_calls WHERE in_win GROUP BY task_id, task_type)
+                      GROUP BY task_id)
                 GROUP BY task_type""")
             by_type = by_type.join(dist, on="task_type", how="left")
             sec.tables.append(Table("task_cost_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
