@@ -386,6 +386,22 @@ def test_itl_tail_attribution_tie_goes_to_the_greater_call_id(tmp_path):
         assert r["tail_gaps"] == 1 and r["top_offender_session"] == "s2" and r["top_offender_task"] == "t2"
 
 
+def test_itl_tail_top_offender_tie_goes_to_the_least_id(tmp_path):
+    # two tail gaps on A (300 ms [10.05, 10.35] and 300 ms [10.40, 10.70]), each attributed to its own prefill:
+    # p1 (session s2, task tB, prefill [10.1, 10.3]) overlaps the first, p2 (session s1, task tA, prefill
+    # [10.45, 10.55]) the second: one tail gap each. The
+    # top offender is a tie of one gap each: the least id, s1 and tA, every run (mode() took whichever it met
+    # first; p1 is stored first here)
+    v = call("v", "sv", 9.5, 12, 100, 0, O=4, ttft=0.5, itl=[50, 300, 50, 300], task="tv")
+    p1 = call("p1", "s2", 10.1, 13, 5000, 0, ttft=0.2, task="tB")
+    p2 = call("p2", "s1", 10.45, 13, 5000, 0, ttft=0.1, task="tA")
+    path = make_db(tmp_path, [v, p1, p2])
+    for _ in range(3):
+        r = rows(compute("itl_tail", db=path, settings=Settings()), "instance")["A:8000"]
+        assert r["tail_gaps"] == 2 and r["unattributed_tail_gaps"] == 0
+        assert r["top_offender_session"] == "s1" and r["top_offender_task"] == "tA"
+
+
 def test_itl_coarse_histogram_fallback(tmp_path):
     L = "vllm:inter_token_latency_seconds"
     samples = []
