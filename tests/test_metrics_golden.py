@@ -493,6 +493,12 @@ def test_read_only_and_sandboxed_connections_and_compute_all(tmp_path):
         assert compute("reuse", db=ro, settings=Settings()).to_dicts()[0]["reuse_hit_rate"] == 1.0
         # the caller's connection is left open and its catalog untouched by our temp tables
         assert ro.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchone()[0] == 0
+        # the preparation turns preserve_insertion_order off while it runs, and puts the caller's setting back
+        setting = "SELECT current_setting('preserve_insertion_order')"
+        assert ro.execute(setting).fetchone()[0] is True
+        ro.execute("SET preserve_insertion_order = false")
+        assert compute("reuse", db=ro, settings=Settings()).to_dicts()[0]["reuse_hit_rate"] == 1.0
+        assert ro.execute(setting).fetchone()[0] is False
     finally:
         ro.close()
     sb = sandboxed(path)

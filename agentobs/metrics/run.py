@@ -214,7 +214,30 @@ class MetricRun:
         self._covers = (
             (None if self.since is None else self.since if self.until is None else 2 * self.since - self.until),
             self.until) if pruned else (None, None)
-        self._prepare()
+        if isinstance(self.cur, duckdb.DuckDBPyConnection):
+            self._unordered(self._prepare)
+        else:
+            self._prepare()
+
+    def _unordered(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` with DuckDB's ``preserve_insertion_order`` off, then put the setting back. The preparation's
+        tables need no row order but the one ``m_x`` gets from its ORDER BY (which the setting keeps, and which is
+        checked after): without the ordered sinks, preparing 10M calls took about 12% less (docs/metrics.md, round
+        9). The setting is the database's, so it is only off while the preparation runs; a connection whose
+        configuration is locked (the SQL console's sandbox) prepares with it as it is."""
+        before = self.cur.sql("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
+        if not before:
+            fn()
+            return
+        try:
+            self.cur.execute("SET preserve_insertion_order = false")
+        except duckdb.Error:  # a sandboxed connection (agentobs.sql: lock_configuration): prepare as it is
+            fn()
+            return
+        try:
+            fn()
+        finally:
+            self.cur.execute("SET preserve_insertion_order = true")
 
     # -- preparation ---------------------------------------------------------------------------
     def _timed(self, label: str, sql: str, params=None) -> None:
