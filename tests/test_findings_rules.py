@@ -376,22 +376,30 @@ def test_itl_rule_reads_every_instance_in_one_query_with_the_per_instance_number
     s = settings()
     run_, close = prepare(store[0], since=WINDOW[0], until=WINDOW[1], settings=s)
     try:
+        from agentobs.metrics.run import itl_gap_params
+
         ctx = Context(run_.cur, s, WINDOW[0], WINDOW[1], run=run_)
-        ctx.itl_gaps()
-        base = {"long_tokens": 8192}
-        rows = {r["instance"]: r for r in ctx.rows(rule.SQL, {**base, "instances": [SG, VL]})}
+        base = {"long_tokens": 8192, **itl_gap_params(s)}
+        # before itl_tail ran, the query carries the gaps inline (no table is made), and their parameters
+        inline, p = ctx.with_itl_gaps(rule.SQL, {"long_tokens": 8192})
+        assert "FROM itl_gap_inline" in inline and "FROM m_itl_gap" not in inline and p == base
+        rows = {r["instance"]: r for r in ctx.rows(inline, {**base, "instances": [SG, VL]})}
+        assert "m_itl_gap" not in run_.timings
         assert set(rows) == {SG, VL}
         for inst in (SG, VL):   # alone, each instance reads exactly as it does next to the other
-            assert ctx.rows(rule.SQL, {**base, "instances": [inst]}) == [rows[inst]]
+            assert ctx.rows(inline, {**base, "instances": [inst]}) == [rows[inst]]
         assert rows[SG]["tail_gaps"] == 30 and rows[SG]["tail_gaps_long_prefill"] == 24   # as itl_fleet says
         assert rows[VL]["tail_gaps"] == 31 and rows[VL]["tail_gaps_long_prefill"] == 24   # + the 300 ms gap
         assert rows[VL]["offending_computed_tokens"] == 12000
-        assert ctx.rows(rule.SQL, {**base, "instances": []}) == []
-        # the finding and the itl_tail metric read one table of gaps (m_itl_gap, made once in this run): the same
-        # tail gaps, the same share overlapping a long prefill (24/30 and 24/31), the same p99
-        made = run_.timings["m_itl_gap"]
+        assert ctx.rows(inline, {**base, "instances": []}) == []
+        # the finding and the itl_tail metric count the same gaps: the same tail gaps, the same share overlapping
+        # a long prefill (24/30 and 24/31), the same p99. Once itl_tail made the run's m_itl_gap, the rule reads
+        # that table, with the same numbers
         tail = {r["instance"]: r for r in run_.compute("itl_tail", "instance").to_dicts()}
-        assert run_.timings["m_itl_gap"] == made   # not made again for the metric
+        made = run_.timings["m_itl_gap"]
+        assert ctx.with_itl_gaps(rule.SQL, {"long_tokens": 8192}) == (rule.SQL, {"long_tokens": 8192})
+        assert {r["instance"]: r for r in ctx.rows(rule.SQL, {"long_tokens": 8192, "instances": [SG, VL]})} == rows
+        assert run_.timings["m_itl_gap"] == made   # not made again
         for inst in (SG, VL):
             assert tail[inst]["tail_gaps"] == rows[inst]["tail_gaps"]
             assert tail[inst]["tail_long_prefill_share"] == pytest.approx(

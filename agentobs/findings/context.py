@@ -24,6 +24,7 @@ in-window call's start.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,17 +78,23 @@ class Context:
             self.window_s = max(self.last_s - self.first_s, 1.0)
 
     # -- queries ---------------------------------------------------------------------------------
-    def itl_gaps(self) -> str:
-        """The table ``m_itl_gap`` (agentobs/metrics/itl_gaps.sql) for this window and the settings' ITL
-        parameters: the metric run's shared one (made once for the itl_tail metric and the ITL finding), or,
-        on a bare cursor, made here."""
+    def with_itl_gaps(self, sql: str, params: dict, inline: bool = False) -> tuple[str, dict]:
+        """``sql`` (a query starting with ``WITH`` that reads ``m_itl_gap``, agentobs/metrics/itl_gaps.sql) as it
+        runs here: on the metric run's table when the run already made it for this window and the settings' ITL
+        parameters (the weekly report computes ``itl_tail`` first: one tail gap × prefill join for both), else with
+        the gaps as an inline CTE (the console's Overview runs the findings without ``itl_tail``; writing the
+        table there cost more than the query). The query and its parameters: ``params``, plus the gaps' (``itl_gap_params(settings)``) when they are inline.
+        ``inline``: always the inline form (a finding's evidence: one query that runs on any metric run)."""
         from ..metrics.run import itl_gap_params, itl_gaps_sql
 
-        if self.run is not None:
-            return self.run.itl_gaps(self.settings)
-        self.cur.execute("CREATE OR REPLACE TEMP TABLE m_itl_gap AS\n" + itl_gaps_sql(),
-                         itl_gap_params(self.settings))
-        return "m_itl_gap"
+        if not inline and self.run is not None and self.run.has_itl_gaps(self.settings):
+            return sql, params
+        body = sql.strip()
+        if not body.upper().startswith("WITH "):
+            raise ValueError("with_itl_gaps: the query must start with WITH")
+        # another name than the run's table (a ClickHouse run maps m_itl_gap to its own table's name)
+        return ("WITH itl_gap_inline AS (\n" + itl_gaps_sql() + "\n),\n"
+                + re.sub(r"\bm_itl_gap\b", "itl_gap_inline", body[5:])), {**params, **itl_gap_params(self.settings)}
 
     def rows(self, sql: str, params: dict | None = None) -> list[dict]:
         rel = self.cur.sql(sql, params=params or {})

@@ -1,8 +1,9 @@
 -- m_itl_gap: every inter-token gap of the run's streamed calls in the window, with its tail flag and the
--- co-scheduled prefill it is attributed to (METRICS.md §6). One definition, stored once per metric run (a temp
--- table, MetricRun.itl_gaps) and read by the itl_tail metric and the long-prefill ITL finding
--- (agentobs/findings/rules/itl_interference.py): both formed the same tail gap × prefill pairs, the costliest
--- join of either.
+-- co-scheduled prefill it is attributed to (METRICS.md §6). One definition for the itl_tail metric and the
+-- long-prefill ITL finding (agentobs/findings/rules/itl_interference.py). The metric stores it once per metric
+-- run (a temp table, MetricRun.itl_gaps); the finding reads that table when it is there (the weekly report
+-- computes itl_tail first: the tail gap × prefill join, the costliest step of either, runs once), else
+-- inlines this query (Context.with_itl_gaps).
 -- Parameters: $itl_tail_mode ('slo' | 'p99'), $itl_slo_ms, $long_prefill_tokens.
 -- Columns:
 --   call_id        the streamed call (one row per element of its itl_ms)

@@ -443,6 +443,11 @@ class MetricRun:
             self.set_window(self.since, self.until)
 
     # -- the shared ITL gaps ----------------------------------------------------------------------
+    def has_itl_gaps(self, settings: Settings | None = None) -> bool:
+        """Whether ``m_itl_gap`` is already made for the current window and these settings' ITL parameters."""
+        params = itl_gap_params(settings if settings is not None else self.settings)
+        return self._itl_gap_key == tuple(sorted(params.items()))
+
     def itl_gaps(self, settings: Settings | None = None) -> str:
         """Make sure the temp table ``m_itl_gap`` (agentobs/metrics/itl_gaps.sql: every streamed gap in the
         window with its tail flag and attributed prefill) holds the run's current window for these settings'

@@ -19,7 +19,6 @@ Tax: the re-prefill tokens inside the offending long prefills; the fix itself re
 
 from __future__ import annotations
 
-from ...metrics.run import itl_gap_params, itl_gaps_sql
 from ..context import Context, fmt_tokens, fmt_usd
 from ..finding import Finding, Scope, Tax
 
@@ -37,23 +36,16 @@ GROUP BY ALL
 
 
 # every instance of $instances in one query, a row each; the evidence shows it with $instances = [the finding's
-# instance]. The gaps, tail flags and attributions come from m_itl_gap (agentobs/metrics/itl_gaps.sql, its SQL
-# is part of the evidence): the metric run makes it once and the itl_tail metric reads the same table, so the
-# finding and the metric count the same tail gaps and name the same offending prefills. ``ikey`` is the
-# instance as the findings name it (NULL → '').
+# instance]. The gaps, tail flags and attributions are m_itl_gap (agentobs/metrics/itl_gaps.sql): the itl_tail
+# metric's, so the finding and the metric count the same tail gaps and name the same offending prefills. The
+# query reads the run's table when itl_tail made it already (the report), else the gaps inline (Context.
+# with_itl_gaps; the evidence always shows the inline form). ``ikey`` is the instance as the findings name it
+# (NULL → '').
 SQL = """
 WITH gg AS (
     SELECT coalesce(instance, '') AS ikey, g_ms, thr_ms, tail, long_overlap, off_call_id, off_computed
     FROM m_itl_gap
     WHERE list_contains($instances, coalesce(instance, ''))
-),
--- the offending long prefills: their few ids first, then those calls (not every attributed gap joined to every call)
-off AS (
-    SELECT coalesce(instance, '') AS ikey, prompt_tokens - coalesce(cached_tokens, 0) AS computed, reprefill_tokens,
-           reprefill_cost_usd
-    FROM m_calls
-    WHERE in_filter AND list_contains($instances, coalesce(instance, ''))
-      AND call_id IN (SELECT off_call_id FROM gg WHERE tail AND off_computed >= $long_tokens)
 ),
 n AS (
     SELECT ikey, count(*) AS gaps,
@@ -67,8 +59,19 @@ n AS (
            quantile_cont(g_ms, 0.5) FILTER (WHERE long_overlap) AS p50_with,
            quantile_cont(g_ms, 0.99) FILTER (WHERE long_overlap) AS p99_with,
            quantile_cont(g_ms, 0.5) FILTER (WHERE NOT long_overlap) AS p50_without,
-           quantile_cont(g_ms, 0.99) FILTER (WHERE NOT long_overlap) AS p99_without
+           quantile_cont(g_ms, 0.99) FILTER (WHERE NOT long_overlap) AS p99_without,
+           -- the offending long prefills' ids (gg is read once: with the gaps inline, a second reader computed
+           -- them twice)
+           list(off_call_id) FILTER (WHERE tail AND off_computed >= $long_tokens) AS offs
     FROM gg GROUP BY ikey
+),
+-- the offending long prefills: their few ids first, then those calls (not every attributed gap joined to every call)
+off AS (
+    SELECT coalesce(instance, '') AS ikey, prompt_tokens - coalesce(cached_tokens, 0) AS computed, reprefill_tokens,
+           reprefill_cost_usd
+    FROM m_calls
+    WHERE in_filter AND list_contains($instances, coalesce(instance, ''))
+      AND call_id IN (SELECT unnest(offs) FROM n)
 ),
 o AS (
     SELECT ikey, count(*) AS prefills, CAST(coalesce(sum(computed), 0) AS BIGINT) AS computed_tokens,
@@ -92,12 +95,6 @@ SELECT n.ikey AS instance,
 FROM n LEFT JOIN o USING (ikey)
 ORDER BY n.ikey
 """
-# the evidence's SQL: m_itl_gap's definition (run with itl_tail_mode, itl_slo_ms, long_prefill_tokens) before the query
-EVIDENCE_SQL = ("-- m_itl_gap (agentobs/metrics/itl_gaps.sql):\n-- CREATE TEMP TABLE m_itl_gap AS\n"
-                + "\n".join("-- " + line if line.strip() else "--" for line in itl_gaps_sql().strip().splitlines())
-                + "\n" + SQL.strip())
-
-
 def _pow2_below(n: int) -> int:
     p = 512
     while p * 2 <= n:
@@ -114,10 +111,8 @@ def check(ctx: Context) -> list[Finding]:
     counts = {r["instance"]: r for r in ctx.rows(PRECHECK, {"slo_ms": params_base["slo_ms"]})}
     wanted = [inst for inst in ctx.instances if inst in counts
               and (counts[inst]["over_slo"] if mode != "p99" else counts[inst]["gaps"]) >= max(min_tail, 1)]
-    if wanted:
-        ctx.itl_gaps()
-    per = {r["instance"]: r for r in ctx.rows(SQL, {"instances": wanted, "long_tokens": params_base["long_tokens"]})
-           } if wanted else {}
+    per = {r["instance"]: r for r in ctx.rows(*ctx.with_itl_gaps(
+        SQL, {"instances": wanted, "long_tokens": params_base["long_tokens"]}))} if wanted else {}
     for inst, cfg in ctx.instances.items():
         if inst not in per:
             continue
@@ -156,8 +151,7 @@ def check(ctx: Context) -> list[Finding]:
                 "itl_p50_ms", "itl_p99_ms", "itl_p50_with_long_ms", "itl_p99_with_long_ms",
                 "itl_p50_without_long_ms", "itl_p99_without_long_ms", "offending_prefills",
                 "offending_computed_tokens", "offending_reprefill_tokens", "offending_reprefill_usd")},
-                "share_tail_long_prefill": share, "long_prefill_tokens": L}, EVIDENCE_SQL,
-                {**params, **itl_gap_params(ctx.settings)}),
+                "share_tail_long_prefill": share, "long_prefill_tokens": L}, *ctx.with_itl_gaps(SQL, params, inline=True)),
             tax=tax,
             recoverable=Tax(None, None, f"the fix recovers ITL tail (p99 {p99w or 0:.0f} ms next to long prefills vs "
                                         f"{p99wo or 0:.0f} ms without), not tokens", method="analytical"),
