@@ -83,8 +83,9 @@ class Context:
         runs here: on the metric run's table when the run already made it for this window and the settings' ITL
         parameters (the weekly report computes ``itl_tail`` first: one tail gap × prefill join for both), else with
         the gaps as an inline CTE (the console's Overview runs the findings without ``itl_tail``; writing the
-        table there cost more than the query). The query and its parameters: ``params``, plus the gaps' (``itl_gap_params(settings)``) when they are inline.
-        ``inline``: always the inline form (a finding's evidence: one query that runs on any metric run)."""
+        table there cost more than the query). Returns the query and its parameters: ``params``, plus the gaps'
+        (``itl_gap_params(settings)``) when they are inline. ``inline``: always the inline form (a finding's
+        evidence: one query that runs on any metric run)."""
         from ..metrics.run import itl_gap_params, itl_gaps_sql
 
         if not inline and self.run is not None and self.run.has_itl_gaps(self.settings):
@@ -93,8 +94,9 @@ class Context:
         if not body.upper().startswith("WITH "):
             raise ValueError("with_itl_gaps: the query must start with WITH")
         # another name than the run's table (a ClickHouse run maps m_itl_gap to its own table's name)
-        return ("WITH itl_gap_inline AS (\n" + itl_gaps_sql() + "\n),\n"
-                + re.sub(r"\bm_itl_gap\b", "itl_gap_inline", body[5:])), {**params, **itl_gap_params(self.settings)}
+        inline_sql = ("WITH itl_gap_inline AS (\n" + itl_gaps_sql() + "\n),\n"
+                      + re.sub(r"\bm_itl_gap\b", "itl_gap_inline", body[5:]))
+        return inline_sql, {**params, **itl_gap_params(self.settings)}
 
     def rows(self, sql: str, params: dict | None = None) -> list[dict]:
         rel = self.cur.sql(sql, params=params or {})

@@ -95,6 +95,8 @@ SELECT n.ikey AS instance,
 FROM n LEFT JOIN o USING (ikey)
 ORDER BY n.ikey
 """
+
+
 def _pow2_below(n: int) -> int:
     p = 512
     while p * 2 <= n:
@@ -151,7 +153,8 @@ def check(ctx: Context) -> list[Finding]:
                 "itl_p50_ms", "itl_p99_ms", "itl_p50_with_long_ms", "itl_p99_with_long_ms",
                 "itl_p50_without_long_ms", "itl_p99_without_long_ms", "offending_prefills",
                 "offending_computed_tokens", "offending_reprefill_tokens", "offending_reprefill_usd")},
-                "share_tail_long_prefill": share, "long_prefill_tokens": L}, *ctx.with_itl_gaps(SQL, params, inline=True)),
+                "share_tail_long_prefill": share, "long_prefill_tokens": L},
+                *ctx.with_itl_gaps(SQL, params, inline=True)),
             tax=tax,
             recoverable=Tax(None, None, f"the fix recovers ITL tail (p99 {p99w or 0:.0f} ms next to long prefills vs "
                                         f"{p99wo or 0:.0f} ms without), not tokens", method="analytical"),
