@@ -451,8 +451,9 @@ class MetricRun:
     def itl_gaps(self, settings: Settings | None = None) -> str:
         """Make sure the temp table ``m_itl_gap`` (agentobs/metrics/itl_gaps.sql: every streamed gap in the
         window with its tail flag and attributed prefill) holds the run's current window for these settings'
-        ITL parameters; made at most once per window and parameters, and shared by the ``itl_tail`` metric and
-        the long-prefill ITL finding. Returns the table name."""
+        ITL parameters; made at most once per window and parameters. The ``itl_tail`` metric makes it; the
+        long-prefill ITL finding reads it when it is there (agentobs.findings.context.Context.with_itl_gaps).
+        Returns the table name."""
         params = itl_gap_params(settings if settings is not None else self.settings)
         key = tuple(sorted(params.items()))
         if self._itl_gap_key != key:
@@ -464,14 +465,11 @@ class MetricRun:
     # -- queries ---------------------------------------------------------------------------------
     def params_for(self, metric: Metric, by: str) -> dict:
         s = self.settings
-        mode = itl_gap_params(s)["itl_tail_mode"]
         allp = {
             "since": self.since, "until": self.until, "by": by,
             "instances": self.filters.get("instance"),
             "bucket_s": float(s.get("metrics_bucket_s", 60.0)),
-            "itl_slo_ms": float(s.get("itl_slo_ms", 100.0)),
-            "itl_tail_mode": mode,
-            "long_prefill_tokens": int(s.get("long_prefill_tokens", 8192)),
+            **itl_gap_params(s),  # itl_tail_mode (checked), itl_slo_ms, long_prefill_tokens
             "ttft_slo_s": float(s.get("ttft_slo_s", 2.0)),
         }
         return {k: v for k, v in allp.items() if k in metric.params}
@@ -522,7 +520,8 @@ def itl_gap_params(s: Settings) -> dict:
 
 
 def itl_gaps_sql() -> str:
-    """The SELECT of m_itl_gap (agentobs/metrics/itl_gaps.sql), for MetricRun.itl_gaps and as evidence text."""
+    """The SELECT of m_itl_gap (agentobs/metrics/itl_gaps.sql): MetricRun.itl_gaps stores it, Context.with_itl_gaps
+    inlines it."""
     from importlib import resources
 
     return resources.files(__package__).joinpath("itl_gaps.sql").read_text()
