@@ -15,9 +15,9 @@
 -- grain: one row per group (default: instance; session/task: the offending prefill's session/task)
 -- sources: llm_calls (itl_ms, ttft_s, queue_s, P, C), call_reuse (miss cause, retries), metric_samples (fallback)
 -- by: instance, model, session, task
--- the gaps, their tail flags and attributions: m_itl_gap (agentobs/metrics/itl_gaps.sql), stored once per run and
--- shared with the long-prefill ITL finding; m_calls is read here only for the offending prefills' calls
--- the offending prefill's call, read only for the gaps that have one
+-- the gaps, their tail flags and attributions: m_itl_gap (agentobs/metrics/itl_gaps.sql), made once per run and
+-- read by the long-prefill ITL finding too; m_calls is read here only for the offending prefills' calls (the
+-- gaps that have one)
 WITH offender AS (
     SELECT call_id AS off_call_id,
            any_value({'session_id': session_id, 'task_id': task_id, 'retry': is_retry, 'reprefill_tokens': reprefill_tokens,
@@ -26,14 +26,16 @@ WITH offender AS (
     WHERE in_filter AND call_id IN (SELECT off_call_id FROM m_itl_gap WHERE off_call_id IS NOT NULL)
     GROUP BY call_id  -- one row per call even if a call id repeats
 ),
+-- grp: the group of the gap (by session/task: the offending prefill's)
 g_all AS (
-    SELECT g.call_id, g.instance, g.model, g.g_ms, g.thr_ms, g.tail, g.long_overlap, o.off
+    SELECT CASE $by WHEN 'instance' THEN g.instance WHEN 'model' THEN g.model
+                    WHEN 'session' THEN o.off.session_id WHEN 'task' THEN o.off.task_id END AS grp,
+           g.call_id, g.g_ms, g.thr_ms, g.tail, g.long_overlap, o.off
     FROM m_itl_gap g
     LEFT JOIN offender o ON o.off_call_id = g.off_call_id
 ),
 pc AS (
-    SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model
-                    WHEN 'session' THEN off.session_id WHEN 'task' THEN off.task_id END AS grp,
+    SELECT grp,
            'per_chunk' AS method,
            CAST(count(*) AS BIGINT) AS gaps,
            CAST(count(*) FILTER (WHERE tail) AS BIGINT) AS tail_gaps,
@@ -58,14 +60,12 @@ pc AS (
            NULL::VARCHAR AS note
     FROM g_all
     WHERE $by IN ('instance', 'model') OR (tail AND off IS NOT NULL)
-    GROUP BY 1
+    GROUP BY grp
 ),
 -- the top offending session and task of each group: the one whose prefills caused the most tail gaps; a tie goes
 -- to the least id (the same every run: mode() broke ties by the order it met the rows)
 tc AS MATERIALIZED (
-    SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model
-                    WHEN 'session' THEN off.session_id WHEN 'task' THEN off.task_id END AS grp,
-           off.session_id AS s, off.task_id AS t, count(*) AS n
+    SELECT grp, off.session_id AS s, off.task_id AS t, count(*) AS n
     FROM g_all
     WHERE tail AND off IS NOT NULL
     GROUP BY ALL
