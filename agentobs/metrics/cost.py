@@ -126,14 +126,24 @@ COST_SCHEMA = pa.schema([
     ("rent_basis", pa.string()),
 ])
 
+# per instance: the observed prefill throughput and the model its calls name most often (a tie: the least name, the
+# same every run — mode() broke ties by the order it met the rows, and the model picks the KV geometry)
 _OBSERVED_SQL = """
-SELECT coalesce(s.instance, '') AS instance,
-       median((s.prompt_tokens - coalesce(s.cached_tokens, 0)) / s.prefill_s)
-           FILTER (WHERE s.prefill_s > 0 AND s.prompt_tokens > coalesce(s.cached_tokens, 0)) AS prefill_tps,
-       count(*) FILTER (WHERE s.prefill_s > 0 AND s.prompt_tokens > coalesce(s.cached_tokens, 0)) AS prefill_n,
-       mode(s.model) AS model
-FROM m_src s
-GROUP BY ALL
+WITH o AS (
+    SELECT coalesce(s.instance, '') AS instance,
+           median((s.prompt_tokens - coalesce(s.cached_tokens, 0)) / s.prefill_s)
+               FILTER (WHERE s.prefill_s > 0 AND s.prompt_tokens > coalesce(s.cached_tokens, 0)) AS prefill_tps,
+           count(*) FILTER (WHERE s.prefill_s > 0 AND s.prompt_tokens > coalesce(s.cached_tokens, 0)) AS prefill_n
+    FROM m_src s
+    GROUP BY ALL
+),
+m AS (
+    SELECT instance, arg_min(model, (-n, model)) AS model
+    FROM (SELECT coalesce(instance, '') AS instance, model, count(*) AS n FROM m_src
+          WHERE model IS NOT NULL GROUP BY ALL)
+    GROUP BY instance
+)
+SELECT o.instance, o.prefill_tps, o.prefill_n, m.model FROM o LEFT JOIN m ON m.instance = o.instance
 """
 _CONFIG_SQL = "SELECT instance, kv_capacity_tokens, model, cache_dtype FROM instance_config"
 

@@ -208,15 +208,30 @@ FROM agg
     value="CASE " + " ".join(f"WHEN GROUPING({c}) = 0 THEN CAST({c} AS VARCHAR)" for c in SPEND_DIMENSIONS.values())
           + " END")
 
-# what each session/task in the top lists is (task type, tenant, agent, first start)
+# what each session/task in the top lists is (task type, tenant, agent, model, first start). Each attribute is the
+# id's most frequent value, a tie going to the least value: mode() broke ties by the order it met the rows, so a
+# session split evenly across two models could show either (and DuckDB and ClickHouse disagreed). One scan of the
+# ids' calls grouped by the attribute combination; the per-attribute winners come from those few groups.
 ABOUT_SQL = """
-SELECT {key} AS id, mode(task_type) AS task_type, mode(tenant) AS tenant, mode(agent_name) AS agent_name,
-       mode(model) AS model, min(start_s) AS first_start_s, max(end_s) AS last_end_s,
-       arg_min(session_id, start_s) AS first_session_id
-FROM m_calls
-WHERE in_win AND list_contains($ids, {key})
-GROUP BY {key}
-"""
+WITH g AS MATERIALIZED (
+    SELECT {key} AS id, task_type, tenant, agent_name, model, count(*) AS n, min(start_s) AS first_start_s,
+           max(end_s) AS last_end_s, arg_min(session_id, (start_s, session_id)) AS first_session_id,
+           min((start_s, session_id)) AS first_key
+    FROM m_calls
+    WHERE in_win AND list_contains($ids, {key})
+    GROUP BY ALL
+),
+{tops}
+SELECT b.id, tt.v AS task_type, te.v AS tenant, ag.v AS agent_name, mo.v AS model, b.first_start_s, b.last_end_s,
+       b.first_session_id
+FROM (SELECT id, min(first_start_s) AS first_start_s, max(last_end_s) AS last_end_s,
+             arg_min(first_session_id, first_key) AS first_session_id
+      FROM g GROUP BY id) b
+LEFT JOIN tt ON tt.id = b.id LEFT JOIN te ON te.id = b.id LEFT JOIN ag ON ag.id = b.id LEFT JOIN mo ON mo.id = b.id
+""".replace("{tops}", ",\n".join(
+    f"{cte} AS (SELECT id, arg_min(v, (-n, v)) AS v FROM "
+    f"(SELECT id, {col} AS v, sum(n) AS n FROM g WHERE {col} IS NOT NULL GROUP BY ALL) GROUP BY id)"
+    for cte, col in (("tt", "task_type"), ("te", "tenant"), ("ag", "agent_name"), ("mo", "model"))))
 
 
 def _fmt_ts(t: float) -> str:
