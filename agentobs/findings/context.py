@@ -31,23 +31,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Settings
+from ..metrics.usual import usual_cte
 from .finding import Evidence, Tax
 
 WEEK_S = 7 * 86400.0
 
-# an instance's engine and model as its calls report them: the most frequent value, a tie going to the least (mode()
-# broke ties by the order it met the rows); one scan grouped by (instance, engine, model), the winners from those
-# few groups
+# an instance's engine and model as its calls report them: the usual values (agentobs.metrics.usual), from one scan
+# grouped by (instance, engine, model)
 INSTANCES_SQL = """
 WITH g AS MATERIALIZED (
     SELECT coalesce(instance, '') AS instance, engine, model, count(*) AS n, min(start_s) AS first_s,
            max(end_s) AS last_s
     FROM m_calls WHERE in_win GROUP BY ALL
 ),
-e AS (SELECT instance, arg_min(engine, (-n, engine)) AS engine
-      FROM (SELECT instance, engine, sum(n) AS n FROM g WHERE engine IS NOT NULL GROUP BY ALL) GROUP BY instance),
-m AS (SELECT instance, arg_min(model, (-n, model)) AS model
-      FROM (SELECT instance, model, sum(n) AS n FROM g WHERE model IS NOT NULL GROUP BY ALL) GROUP BY instance),
+""" + usual_cte("e", "instance", "engine", "g") + ",\n" + usual_cte("m", "instance", "model", "g") + """,
 c AS (
     SELECT a.instance, e.engine, m.model, a.calls, a.first_s, a.last_s
     FROM (SELECT instance, sum(n) AS calls, min(first_s) AS first_s, max(last_s) AS last_s FROM g GROUP BY instance) a

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from ..errors import ConfigError
 from . import geometry
+from .usual import usual_cte
 
 BUILTIN_DEFAULTS = {"usd_per_hour": 2.5, "prefill_tokens_per_s": 10000.0, "decode_tokens_per_s": 2500.0}
 NUMERIC = ("usd_per_hour", "prefill_tokens_per_s", "decode_tokens_per_s", "kv_capacity_tokens", "kv_dtype_bytes")
@@ -126,8 +127,8 @@ COST_SCHEMA = pa.schema([
     ("rent_basis", pa.string()),
 ])
 
-# per instance: the observed prefill throughput and the model its calls name most often (a tie: the least name, the
-# same every run — mode() broke ties by the order it met the rows, and the model picks the KV geometry)
+# per instance: the observed prefill throughput and the usual model of its calls (agentobs.metrics.usual: the model
+# picks the KV geometry, so a tie must go the same way every run)
 _OBSERVED_SQL = """
 WITH o AS (
     SELECT coalesce(s.instance, '') AS instance,
@@ -137,12 +138,7 @@ WITH o AS (
     FROM m_src s
     GROUP BY ALL
 ),
-m AS (
-    SELECT instance, arg_min(model, (-n, model)) AS model
-    FROM (SELECT coalesce(instance, '') AS instance, model, count(*) AS n FROM m_src
-          WHERE model IS NOT NULL GROUP BY ALL)
-    GROUP BY instance
-)
+""" + usual_cte("m", "instance", "model", "(SELECT coalesce(instance, '') AS instance, model, 1 AS n FROM m_src)") + """
 SELECT o.instance, o.prefill_tps, o.prefill_n, m.model FROM o LEFT JOIN m ON m.instance = o.instance
 """
 _CONFIG_SQL = "SELECT instance, kv_capacity_tokens, model, cache_dtype FROM instance_config"

@@ -23,6 +23,7 @@ import pyarrow as pa
 from ..config import Settings, load_settings
 from ..metrics import names as metric_names
 from ..metrics import prepare
+from ..metrics.usual import usual_cte
 from .period import Period
 
 TOP_N = 20
@@ -208,10 +209,9 @@ FROM agg
     value="CASE " + " ".join(f"WHEN GROUPING({c}) = 0 THEN CAST({c} AS VARCHAR)" for c in SPEND_DIMENSIONS.values())
           + " END")
 
-# what each session/task in the top lists is (task type, tenant, agent, model, first start). Each attribute is the
-# id's most frequent value, a tie going to the least value: mode() broke ties by the order it met the rows, so a
-# session split evenly across two models could show either (and DuckDB and ClickHouse disagreed). One scan of the
-# ids' calls grouped by the attribute combination; the per-attribute winners come from those few groups.
+# what each session/task in the top lists is (task type, tenant, agent, model: each its usual value, agentobs.metrics.usual;
+# first start). One scan of the ids' calls grouped by the attribute combination; the usual values come from those
+# few groups.
 ABOUT_SQL = """
 WITH g AS MATERIALIZED (
     SELECT {key} AS id, task_type, tenant, agent_name, model, count(*) AS n, min(start_s) AS first_start_s,
@@ -221,17 +221,15 @@ WITH g AS MATERIALIZED (
     WHERE in_win AND list_contains($ids, {key})
     GROUP BY ALL
 ),
-{tops}
-SELECT b.id, tt.v AS task_type, te.v AS tenant, ag.v AS agent_name, mo.v AS model, b.first_start_s, b.last_end_s,
-       b.first_session_id
+""" + ",\n".join(usual_cte(f"u_{c}", "id", c, "g") for c in ("task_type", "tenant", "agent_name", "model")) + """
+SELECT b.id, u_task_type.task_type, u_tenant.tenant, u_agent_name.agent_name, u_model.model, b.first_start_s,
+       b.last_end_s, b.first_session_id
 FROM (SELECT id, min(first_start_s) AS first_start_s, max(last_end_s) AS last_end_s,
              arg_min(first_session_id, first_key) AS first_session_id
       FROM g GROUP BY id) b
-LEFT JOIN tt ON tt.id = b.id LEFT JOIN te ON te.id = b.id LEFT JOIN ag ON ag.id = b.id LEFT JOIN mo ON mo.id = b.id
-""".replace("{tops}", ",\n".join(
-    f"{cte} AS (SELECT id, arg_min(v, (-n, v)) AS v FROM "
-    f"(SELECT id, {col} AS v, sum(n) AS n FROM g WHERE {col} IS NOT NULL GROUP BY ALL) GROUP BY id)"
-    for cte, col in (("tt", "task_type"), ("te", "tenant"), ("ag", "agent_name"), ("mo", "model"))))
+LEFT JOIN u_task_type ON u_task_type.id = b.id LEFT JOIN u_tenant ON u_tenant.id = b.id
+LEFT JOIN u_agent_name ON u_agent_name.id = b.id LEFT JOIN u_model ON u_model.id = b.id
+"""
 
 
 def _fmt_ts(t: float) -> str:
