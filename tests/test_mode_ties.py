@@ -14,9 +14,9 @@ from agentobs.report.build import ABOUT_SQL
 from agentobs.store.db import connect
 
 # session s1: models b, a, b, a (a tie 2–2: the least, 'a'); tenants y, x, y, y (y: 3 against 1, the most frequent
-# wins even though x is less); agent names all NULL (no value: NULL); calls 1 and 2 both start at 100.0 but in
-# different sessions of task t1 (the first session of t1 is then the least id, 'a-sess', whichever row comes first).
-# session s2: one call, model c, tenant x.
+# wins even though x is less); agent names all NULL (no value: NULL). Session s2: one call, model c, tenant x.
+# Task t1: its two sessions z-sess and a-sess both start at 100.0, so its first session is the least id, 'a-sess',
+# whichever row comes first.
 CALLS = [
     # session_id, task_id, task_type, tenant, agent_name, model, start_s, end_s
     ("s1", "t0", "swe", "y", None, "b", 100.0, 110.0),

@@ -209,14 +209,13 @@ FROM agg
     value="CASE " + " ".join(f"WHEN GROUPING({c}) = 0 THEN CAST({c} AS VARCHAR)" for c in SPEND_DIMENSIONS.values())
           + " END")
 
-# what each session/task in the top lists is (task type, tenant, agent, model: each its usual value, agentobs.metrics.usual;
-# first start). One scan of the ids' calls grouped by the attribute combination; the usual values come from those
-# few groups.
+# what each session/task in the top lists is: task type, tenant, agent, model (each its usual value,
+# agentobs.metrics.usual), first start, and its first session (the earliest call's; a tie: the least id). One scan
+# of the ids' calls grouped by the attribute combination; the rest comes from those few groups.
 ABOUT_SQL = """
 WITH g AS MATERIALIZED (
     SELECT {key} AS id, task_type, tenant, agent_name, model, count(*) AS n, min(start_s) AS first_start_s,
-           max(end_s) AS last_end_s, arg_min(session_id, (start_s, session_id)) AS first_session_id,
-           min((start_s, session_id)) AS first_key
+           max(end_s) AS last_end_s, arg_min(session_id, (start_s, session_id)) AS first_session_id
     FROM m_calls
     WHERE in_win AND list_contains($ids, {key})
     GROUP BY ALL
@@ -225,7 +224,7 @@ WITH g AS MATERIALIZED (
 SELECT b.id, u_task_type.task_type, u_tenant.tenant, u_agent_name.agent_name, u_model.model, b.first_start_s,
        b.last_end_s, b.first_session_id
 FROM (SELECT id, min(first_start_s) AS first_start_s, max(last_end_s) AS last_end_s,
-             arg_min(first_session_id, first_key) AS first_session_id
+             arg_min(first_session_id, (first_start_s, first_session_id)) AS first_session_id
       FROM g GROUP BY id) b
 LEFT JOIN u_task_type ON u_task_type.id = b.id LEFT JOIN u_tenant ON u_tenant.id = b.id
 LEFT JOIN u_agent_name ON u_agent_name.id = b.id LEFT JOIN u_model ON u_model.id = b.id
