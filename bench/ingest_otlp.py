@@ -14,9 +14,9 @@ see the same machine load. The receiver's CPU per span is split by thread: HTTP 
 (read + protobuf parse + decode + Arrow), the writer thread (its side of INSERT/COMMIT) and
 DuckDB's own worker threads.
 
-After the rounds it times the Writer alone on the same rows (already decoded, 50k-span commits into a
-fresh store) and prints the ceiling that follows: end-to-end cannot beat the slower of decode-only and
-store-only, whatever the transport does.
+After the rounds it times the Writer alone on round 1's rows (already decoded, in commits of up to 50k
+spans: the round's spans in one commit by default, into a fresh store) and prints the ceiling that
+follows: end-to-end cannot beat the slower of decode-only and store-only, whatever the transport does.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def main() -> None:
         return total / (time.perf_counter() - t0), (time.process_time() - c0) / total * 1e6
 
     def store_only(bodies, path):
-        """The Writer alone: the same rows, already decoded, committed in 50k-span commits (the cheapest a
+        """The Writer alone: the same rows, already decoded, in commits of up to 50k spans (the cheapest a
         commit gets: bigger commits cost less per span) into a fresh store — the least DuckDB work any
         receiver must do per span, whatever decodes it."""
         tables = [table(b) for b in bodies]
