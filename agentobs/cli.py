@@ -713,35 +713,96 @@ def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s, backend, clickhouse_
 
 
 # --- findings --------------------------------------------------------------------------------------
+def _filters(filters) -> dict[str, list[str]]:
+    flt: dict[str, list[str]] = {}
+    for f in filters:
+        key, sep, value = f.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
+        flt.setdefault(key.strip(), []).append(value)
+    return flt
+
+
+def _ledger(ctx: Ctx, since, until, filters, backend=None, clickhouse_url=None, include_acked=False,
+            simulate=True):
+    from .findings import build
+
+    with _source(ctx, backend, clickhouse_url) as src:  # ClickHouse: no acknowledgements (docs/clickhouse.md)
+        return build(src, since=since, until=until, filters=_filters(filters) or None, settings=ctx.settings,
+                     include_acked=include_acked, simulate=simulate)
+
+
 @cli.group("findings", invoke_without_command=True)
 @click.option("--since", default=None, help="Window start: ISO-8601, epoch seconds, or a span before now (24h, 7d). "
               "Default: findings_default_window_s (7 days) before --until or the newest call.")
 @click.option("--until", default=None, help="Window end (exclusive), same forms as --since.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table")
+@click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
+              help="Only calls with KEY=VALUE (instance, model, engine, task_type, tenant, agent_name, session, task); "
+                   "repeatable. The ledger (tax, ownership, scaling) is computed over those calls.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "ledger"]), default="table",
+              help="json: the findings, one object each; ledger: the whole ledger (window, the fleet's tax by cause "
+                   "and over time, the findings).")
 @click.option("--all", "show_all", is_flag=True, default=False, help="Also show acknowledged findings.")
 @click.option("--no-simulate", "no_simulate", is_flag=True, default=False,
               help="Skip the simulator replay: recoverable tax from the analytical estimate only (faster).")
 @backend_opts
 @common
-def findings_cmd(ctx: Ctx, since, until, fmt, show_all, no_simulate, backend, clickhouse_url):
-    """Default configs that make sessions pay a recompute tax: evidence, tokens and $ per week, the exact fix
-    (docs/findings.md). Subcommands acknowledge a finding until a date."""
+def findings_cmd(ctx: Ctx, since, until, filters, fmt, show_all, no_simulate, backend, clickhouse_url):
+    """The recompute-tax ledger: the fleet's tax per week, and the default configs behind it with evidence, $ per
+    week, the sessions affected and the exact fix (docs/findings.md). Subcommands list a finding's sessions and
+    acknowledge a finding until a date."""
     if click.get_current_context().invoked_subcommand:
         return
-    from .findings import run
-    from .findings.render import to_json, to_markdown, to_table
+    from .findings.render import headline, to_json, to_markdown, to_table
 
-    with _source(ctx, backend, clickhouse_url) as src:  # ClickHouse: no acknowledgements (docs/clickhouse.md)
-        found = run(src, since=since, until=until, settings=ctx.settings, include_acked=show_all,
-                    simulate=not no_simulate)
+    ledger = _ledger(ctx, since, until, filters, backend, clickhouse_url, show_all, not no_simulate)
+    found = list(ledger.findings)
     if fmt == "json":
         sys.stdout.buffer.write(to_json(found))
+    elif fmt == "ledger":
+        sys.stdout.buffer.write(ledger.to_json())
     elif fmt == "markdown":
-        sys.stdout.write(to_markdown(found))
+        sys.stdout.write("\n".join(headline(ledger)) + "\n\n" + to_markdown(found))
     else:
-        _emit(to_table(found), "table", f"findings ({len(found)}; details: --format markdown)")
+        for line in headline(ledger):
+            console.print(line, highlight=False, markup=False)
+        if found:
+            _emit(to_table(found), "table", f"findings ({len(found)}; details: --format markdown; sessions: "
+                                            "agentobs findings sessions ID)")
     err_console.print(f"{len(found)} finding(s)" + ("" if found else ": no default config is costing a recompute tax"),
                       highlight=False)
+
+
+@findings_cmd.command("sessions")
+@click.argument("finding_id")
+@click.option("--since", default=None, help="Window start, as for `agentobs findings`.")
+@click.option("--until", default=None, help="Window end (exclusive).")
+@click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE", help="As for `agentobs findings`.")
+@click.option("--limit", type=int, default=50, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
+@backend_opts
+@common
+def findings_sessions_cmd(ctx: Ctx, finding_id, since, until, filters, limit, fmt, backend, clickhouse_url):
+    """The sessions FINDING_ID owns calls of (its tax), most $ first: then `agentobs calls --session ID`."""
+    import pyarrow as pa
+
+    ledger = _ledger(ctx, since, until, filters, backend, clickhouse_url, include_acked=True, simulate=False)
+    if ledger.get(finding_id) is None:
+        ids = [f.id for f in ledger.findings]
+        raise AgentobsError(f"no finding {finding_id!r} in this window" + (f"; findings: {', '.join(ids)}" if ids
+                                                                            else ""))
+    rows = ledger.affected.get(finding_id, ())
+    scale = ledger.scale
+    table = pa.table({
+        "session_id": [a.session_id for a in rows[:limit]],
+        "calls": [a.calls for a in rows[:limit]],
+        "reprefill_tokens": [a.tokens for a in rows[:limit]],
+        "usd_window": [a.usd for a in rows[:limit]],
+        "usd_week": [a.usd * scale for a in rows[:limit]],
+    }, schema=pa.schema([("session_id", pa.string()), ("calls", pa.int64()), ("reprefill_tokens", pa.float64()),
+                         ("usd_window", pa.float64()), ("usd_week", pa.float64())]))
+    _emit(table, fmt, f"{finding_id}: {len(rows)} session(s) affected" + (f", top {limit}" if len(rows) > limit
+                                                                          else ""))
 
 
 @findings_cmd.command("ack")

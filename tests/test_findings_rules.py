@@ -122,6 +122,14 @@ def build(store, tmp_path, fleet: Fleet) -> None:
             p.write_text("# TYPE sglang:num_queue_reqs gauge\n"
                          f'sglang:num_queue_reqs{{engine_type="unified",model_name="Qwen/Qwen3-8B"}} {v}\n')
             import_prom([p], inst, w, at=T0 + t)
+    # the engines were scraped through the whole hour (an empty queue at its first and last second), so the hour
+    # is the observed window the ledger scales from (docs/findings.md: observed = asked ∩ what the store saw)
+    for inst in {**fleet.sglang, **fleet.vllm}:
+        gauge = "sglang:num_queue_reqs" if inst in fleet.sglang else "vllm:num_requests_waiting"
+        for t in (3599.0,) if inst in fleet.queue else (0.0, 3599.0):
+            p = tmp_path / f"scrape_{inst.replace(':', '_')}_{t:g}.prom"
+            p.write_text(f"# TYPE {gauge} gauge\n{gauge}{{model_name=\"Qwen/Qwen3-8B\"}} 0\n")
+            import_prom([p], inst, w, at=T0 + t)
     w.flush()
 
 
@@ -344,7 +352,10 @@ def test_itl_long_prefill_fires(store, tmp_path):
     assert ev["tail_gaps_unattributed"] == 6
     assert ev["itl_p99_with_long_ms"] == pytest.approx(250.0)
     assert ev["offending_prefills"] == 1 and ev["offending_reprefill_tokens"] == 16000
-    assert f.tax.tokens_week == pytest.approx(16000 * WEEK)
+    # a latency finding: no $ tax of its own (the 16,000 re-prefill tokens belong to their miss cause in the
+    # ledger), so it is graded "info" by the one severity rule and listed after every priced finding
+    assert f.kind == "latency" and f.tax.usd_week is None and f.tax.tokens_week is None
+    assert f.severity == "info" and f.fix == "`--chunked-prefill-size 4096`"
     # chunked_prefill_size 8192 → half, a power of two: 4096
     assert "`--chunked-prefill-size 4096`" in f.remediation and "`--enable-priority-scheduling`" in f.remediation
     # the same numbers as the itl_tail metric (METRICS.md §6) the console and report show
@@ -437,16 +448,33 @@ def test_retention_hold_too_long(store, tmp_path):
 
 
 def test_retention_drop_too_early(store, tmp_path):
-    # pool 250,000 × 16 = 4M tokens → g* = 4,000 s; sessions evicted after 60 s gaps
+    # pool 250,000 × 16 = 4M tokens → g* = 4,000 s; sessions evicted after 60 s gaps. The instance already has a
+    # CPU tier (so vllm_no_offload, which claims evicted misses before retention in the ledger, does not fire)
     build(store, tmp_path, Fleet(two_turn_sessions(VL, gap=60.0, C2=0),
-                                 vllm={VL: {"num_gpu_blocks": "250000"}}))
+                                 vllm={VL: {"num_gpu_blocks": "250000", "kv_offloading_size": "8"}}))
     by_rule, _ = findings_by_rule(store[0])
+    assert "vllm_no_offload" not in by_rule
     f = by_rule["retention_vs_recompute"]
     ev = dict(f.evidence.numbers)
     assert ev["case"] == "drop" and ev["evicted_below_gstar"] == 10
     # per window: re-prefill 10,000 × $1e-6 = $0.01 minus holding 10,100 × 60 × 0.001 / 4e6 = $0.0001515
     assert f.tax.usd_week == pytest.approx(10 * (0.01 - 0.0001515) * WEEK)
     assert f.tax.tokens_week == pytest.approx(100_000 * WEEK)
+    assert f.kind == "reprefill" and f.sessions == 10
+
+
+def test_retention_drop_yields_to_the_second_tier_rule(store, tmp_path):
+    # the same evictions without a CPU tier: vllm_no_offload fires and owns every evicted call first, so
+    # retention owns nothing, is dropped, and the ledger counts the 100,000 tokens once
+    from agentobs.findings import build as ledger
+
+    build(store, tmp_path, Fleet(two_turn_sessions(VL, gap=60.0, C2=0), vllm={VL: {"num_gpu_blocks": "250000"}}))
+    by_rule, _ = findings_by_rule(store[0])
+    assert "retention_vs_recompute" not in by_rule
+    f = by_rule["vllm_no_offload"]
+    assert f.tax.tokens_week == pytest.approx(100_000 * WEEK) and f.sessions == 10
+    L = ledger(store[0], since=WINDOW[0], until=WINDOW[1], settings=settings())
+    assert L.tokens_window == 100_000 and L.owned("reprefill")[0] == pytest.approx(100_000 * WEEK)
 
 
 # -- API shape ----------------------------------------------------------------------------------------------

@@ -62,6 +62,29 @@ ORDER BY c.instance
 """
 
 
+# when the store observed anything in the window: the in-window calls and the engine samples (a scraped engine
+# with no traffic is observed too: its quiet hours count)
+COVERAGE_SQL = """
+SELECT (SELECT min(start_s) FROM m_calls WHERE in_win) AS calls_first_s,
+       (SELECT max(end_s) FROM m_calls WHERE in_win) AS calls_last_s,
+       (SELECT min(ts_s) FROM m_samples) AS samples_first_s,
+       (SELECT max(ts_s) FROM m_samples) AS samples_last_s
+"""
+
+
+COVERAGE_SLACK_S = 300.0
+
+
+def _least(*xs):
+    xs = [x for x in xs if x is not None]
+    return min(xs) if xs else None
+
+
+def _greatest(*xs):
+    xs = [x for x in xs if x is not None]
+    return max(xs) if xs else None
+
+
 @dataclass
 class Context:
     cur: Any                       # a DuckDB cursor holding the metric run's temp tables
@@ -78,10 +101,16 @@ class Context:
 
     def __post_init__(self):
         self.instances = {r["instance"]: r for r in self.rows(INSTANCES_SQL)}
-        firsts = [r["first_s"] for r in self.instances.values() if r["first_s"] is not None]
-        lasts = [r["last_s"] for r in self.instances.values() if r["last_s"] is not None]
-        self.first_s = self.since if self.since is not None and self.since_given else (min(firsts) if firsts else None)
-        self.last_s = self.until if self.until is not None else (max(lasts) if lasts else None)
+        cov = self.one(COVERAGE_SQL)
+        lo = _least(cov.get("calls_first_s"), cov.get("samples_first_s"))
+        hi = _greatest(cov.get("calls_last_s"), cov.get("samples_last_s"))
+        # observed = [since, until) ∩ [first, last observation]: a week asked of a store that holds 2.3 h of data
+        # is 2.3 h observed, so every surface scales the same window the same way (docs/findings.md)
+        # a quiet edge shorter than COVERAGE_SLACK_S (a scrape interval or two) is not a gap in observation
+        self.first_s = self.since if lo is None or (self.since is not None and lo - self.since <= COVERAGE_SLACK_S) \
+            else _greatest(self.since, lo)
+        self.last_s = self.until if hi is None or (self.until is not None and self.until - hi <= COVERAGE_SLACK_S) \
+            else _least(self.until, hi)
         if self.first_s is not None and self.last_s is not None:
             self.window_s = max(self.last_s - self.first_s, 1.0)
 
@@ -144,6 +173,7 @@ class Context:
                 f"not scaled to a week")
 
     def tax(self, tokens: float | None, usd: float | None, basis: str, method: str = "observed") -> Tax:
+        """Amounts observed in the window, with their weekly figures (``× tax_scale``)."""
         s = self.tax_scale
         return Tax(
             tokens_week=None if tokens is None else float(tokens) * s,
@@ -151,6 +181,10 @@ class Context:
             basis=f"{basis}; {self.window_text()}",
             method=method,
             period="week" if self.scaled else "window",
+            tokens_window=None if tokens is None else float(tokens),
+            usd_window=None if usd is None else float(usd),
+            window_s=self.window_s,
+            scale=s,
         )
 
     def weekly_rate(self, tax: Tax) -> float | None:
@@ -160,11 +194,13 @@ class Context:
         return tax.usd_week if tax.period == "week" else tax.usd_week * self.week_scale
 
     def severity(self, usd_week: float | Tax | None) -> str:
-        """Grade by $ per week at the observed rate (a :class:`Tax` of a short window is converted)."""
+        """The one severity rule (every surface shows this grade): by $ per week at the observed rate (a
+        :class:`Tax` of a short window is converted); a finding without a $ figure (latency, observability gaps)
+        is ``info``."""
         if isinstance(usd_week, Tax):
             usd_week = self.weekly_rate(usd_week)
         if usd_week is None:
-            return "medium"
+            return "info"
         if usd_week >= float(self.setting("findings_high_usd_week")):
             return "high"
         if usd_week >= float(self.setting("findings_medium_usd_week")):

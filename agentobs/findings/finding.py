@@ -50,22 +50,43 @@ class Evidence:
         return dict(self.numbers).get(name, default)
 
 
+KINDS = ("reprefill", "rent", "latency", "observability")
+
+
 @dataclass(frozen=True)
 class Tax:
     """Recompute tax per week (``period="week"``), or for the observed window itself when that is
     shorter than ``findings_min_window_s`` (``period="window"``; the ``*_week`` fields then hold the
-    window's figures). ``tokens`` / ``usd`` are ``None`` when they cannot be measured."""
+    window's figures). ``tokens`` / ``usd`` are ``None`` when they cannot be measured.
+
+    ``tokens_window`` / ``usd_window`` are the amounts observed in the window (``window_s`` seconds of
+    observation); ``*_week = *_window × scale`` — the scaling every surface shows next to the weekly figure."""
 
     tokens_week: float | None
     usd_week: float | None
     basis: str            # cost model basis and the scaling of the observed window to a week
     method: str = "observed"  # observed | analytical | "simulation (N sessions replayed)"
     period: str = "week"  # week | window
+    tokens_window: float | None = None
+    usd_window: float | None = None
+    window_s: float | None = None
+    scale: float | None = None  # *_week ÷ *_window: 604800 ÷ window_s, or 1 (period "window")
 
     @property
     def per(self) -> str:
         """Suffix for an amount: ``/week`` or `` in the observed window``."""
         return "/week" if self.period == "week" else " in the observed window"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The calls a finding owns in the tax ledger (agentobs.findings.ledger): ``sql`` selects
+    ``call_id, session_id, tokens, usd`` from the metric run's tables (one row per call, ``in_win`` calls
+    only), with ``params``. For a re-prefill finding ``tokens`` / ``usd`` are the call's re-prefill and
+    its part of the tax; a call claimed by several findings belongs to the first in rule order."""
+
+    sql: str
+    params: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -80,13 +101,20 @@ class Finding:
     confidence: str
     remediation: str
     summary: str = ""
+    fix: str = ""  # the exact change in one line (flags as spelled in remediation), for headlines
     acked: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+    kind: str = "reprefill"  # what the tax is: re-prefill $, idle KV rent $, latency or an observability gap
+    claim: Claim | None = field(default=None, compare=False, repr=False)
+    sessions: int | None = None  # sessions with a call the finding owns (ledger); None: not counted
+    also_recovers: Tax | None = None  # what the fix recovers beyond this finding's own tax (ledger)
 
     def __post_init__(self):
         if self.severity not in SEVERITIES:
             raise ValueError(f"severity {self.severity!r} not in {SEVERITIES}")
         if self.confidence not in CONFIDENCES:
             raise ValueError(f"confidence {self.confidence!r} not in {CONFIDENCES}")
+        if self.kind not in KINDS:
+            raise ValueError(f"kind {self.kind!r} not in {KINDS}")
 
     @property
     def id(self) -> str:
@@ -99,4 +127,5 @@ class Finding:
         d["evidence"] = {"numbers": dict(self.evidence.numbers), "sql": self.evidence.sql,
                          "params": dict(self.evidence.params)}
         d["acked"] = dict(self.acked) or None
+        d.pop("claim", None)
         return d

@@ -7,20 +7,53 @@ import json
 import pyarrow as pa
 
 from ..output import _jsonable
-from .context import fmt_tokens, fmt_usd
+from .context import fmt_duration, fmt_tokens, fmt_usd
 from .finding import Finding
 
 
 def to_table(findings: list[Finding]) -> pa.Table:
+    """The ledger's findings as rows, in the ledger's order: $/week at stake, what the fix recovers, sessions."""
     return pa.table({
         "id": [f.id for f in findings],
         "severity": [f.severity for f in findings],
-        "tokens_week": [f.tax.tokens_week for f in findings],
         "usd_week": [f.tax.usd_week for f in findings],
+        "recoverable_usd_week": [f.recoverable.usd_week for f in findings],
+        "sessions": [f.sessions for f in findings],
         "confidence": [f.confidence for f in findings],
         "summary": [f.summary for f in findings],
-    }, schema=pa.schema([("id", pa.string()), ("severity", pa.string()), ("tokens_week", pa.float64()), ("usd_week", pa.float64()), ("confidence", pa.string()),
-                         ("summary", pa.string())]))
+    }, schema=pa.schema([("id", pa.string()), ("severity", pa.string()), ("usd_week", pa.float64()),
+                         ("recoverable_usd_week", pa.float64()), ("sessions", pa.int64()),
+                         ("confidence", pa.string()), ("summary", pa.string())]))
+
+
+def headline(ledger) -> list[str]:
+    """The answer in a few lines: the fleet's recompute tax per week with its scaling, and the top fixes."""
+    per = ledger.per
+    out = [f"Recompute tax: {fmt_usd(ledger.usd_week)}{per} — {fmt_tokens(ledger.tokens_week)} re-prefill tokens "
+           f"({fmt_usd(ledger.usd_window)} observed; {ledger.window_text})"]
+    tok, usd = ledger.owned("reprefill")
+    if ledger.usd_week > 0:
+        out.append(f"Findings own {fmt_usd(usd)}{per} of it; {fmt_usd(ledger.unattributed_usd_week)}{per} "
+                   "is below the floors or has no rule")
+    for i, f in enumerate(ledger.top_fixes(3), 1):
+        rec = f.recoverable.usd_week
+        out.append(f"Fix {i}: {fmt_usd(f.tax.usd_week)}{f.tax.per}"
+                   + (f", recovers {fmt_usd(rec)}" if rec is not None else "")
+                   + (f", {f.sessions:,} sessions" if f.sessions is not None else "")
+                   + f" — {f.id}: {short_fix(f)}")
+    return out
+
+
+def short_fix(f: Finding) -> str:
+    """The finding's one-line exact change, else the first `code` span of its remediation."""
+    if f.fix:
+        return f.fix
+    remediation = f.remediation
+    if "`" in remediation:
+        parts = remediation.split("`")
+        if len(parts) >= 3:
+            return parts[1]
+    return remediation.split(". ")[0]
 
 
 def to_json(findings: list[Finding]) -> bytes:
@@ -45,11 +78,19 @@ def to_markdown(findings: list[Finding], heading: str = "##") -> str:
                   + (f", acknowledged: {dict(f.acked)['reason']}" if f.acked else ""), ""]
         if f.summary:
             lines += [f.summary, ""]
-        lines += [f"- **Tax**: {fmt_tokens(f.tax.tokens_week)} tokens{f.tax.per}, {fmt_usd(f.tax.usd_week)}{f.tax.per} "
-                  f"({f.tax.basis})",
+        t = f.tax
+        observed = (f"; observed {fmt_usd(t.usd_window)} in {fmt_duration(t.window_s)} × {t.scale:,.1f}"
+                    if t.usd_window is not None and t.window_s and t.scale else "")
+        lines += [f"- **Tax** ({f.kind}): {fmt_tokens(t.tokens_week)} tokens{t.per}, {fmt_usd(t.usd_week)}{t.per}"
+                  f"{observed} ({t.basis})",
                   f"- **Recoverable** ({f.recoverable.method}): {fmt_tokens(f.recoverable.tokens_week)} tokens"
-                  f"{f.recoverable.per}, {fmt_usd(f.recoverable.usd_week)}{f.recoverable.per} ({f.recoverable.basis})",
-                  f"- **Fix**: {f.remediation}", "", "Evidence:", "",
+                  f"{f.recoverable.per}, {fmt_usd(f.recoverable.usd_week)}{f.recoverable.per} ({f.recoverable.basis})"]
+        if f.also_recovers is not None:
+            a = f.also_recovers
+            lines += [f"- **Also recovers** (beyond this finding's tax): {fmt_usd(a.usd_week)}{a.per} ({a.basis})"]
+        if f.sessions is not None:
+            lines += [f"- **Sessions affected**: {f.sessions:,} (`agentobs findings sessions {f.id}`)"]
+        lines += [f"- **Fix**: {f.remediation}", "", "Evidence:", "",
                   "| measure | value |", "|---|---|"]
         lines += [f"| {k} | {_num(v)} |" for k, v in f.evidence.numbers]
         params = ", ".join(f"${k} = {v!r}" for k, v in f.evidence.params)

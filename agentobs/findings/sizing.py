@@ -16,6 +16,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .context import Context
+from .finding import Claim
+
+# the calls a re-prefill finding owns (agentobs.findings.ledger): in-window calls of the scope whose miss cause is
+# the finding's; tokens and $ are the call's re-prefill and its GPU-time cost
+CAUSE_CLAIM_SQL = """
+SELECT call_id, session_id, reprefill_tokens AS tokens, coalesce(reprefill_cost_usd, 0) AS usd
+FROM m_calls
+WHERE in_win AND reprefill_tokens > 0 AND CAST(miss_cause AS VARCHAR) IN ($cause, $cause2)
+  AND ($instance IS NULL OR coalesce(instance, '') = $instance)
+  AND ($model IS NULL OR coalesce(model, '') = $model)
+"""
+
+
+def cause_claim(cause: str, cause2: str = "", instance: str | None = None, model: str | None = None) -> Claim:
+    return Claim(CAUSE_CLAIM_SQL, (("cause", cause), ("cause2", cause2 or cause), ("instance", instance),
+                                   ("model", model)))
 
 MISSES_SQL = """
 SELECT count(*) AS calls,

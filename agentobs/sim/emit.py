@@ -275,10 +275,10 @@ class BundleSink:
             cause = "rejected"
         elif X == 0:
             cause = "hit"
+        elif not inst.spec.prefix_caching:  # owns the miss first: routing back here would not have hit either
+            cause = "cache_disabled"
         elif prev is not None and not prev.rejected and prev.req.inst is not inst:
             cause = "routed_away"
-        elif not inst.spec.prefix_caching:
-            cause = "cache_disabled"
         elif C == 0:
             cause = "evicted_full"
         else:

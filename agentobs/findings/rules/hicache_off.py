@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..context import Context, ceil_to, fmt_tokens, fmt_usd
 from ..finding import Finding, Scope
-from ..sizing import evicted_misses, gib
+from ..sizing import EVICTED_CAUSES, cause_claim, evicted_misses, gib
 
 ID = "hicache_off"
 
@@ -55,6 +55,8 @@ def check(ctx: Context) -> list[Finding]:
             tax=tax,
             recoverable=rec,
             confidence=ctx.confidence(n, exact=ev.exact),
+            claim=cause_claim(*EVICTED_CAUSES, instance=inst),
+            fix=f"`--enable-hierarchical-cache --hicache-ratio {ratio:g} --hicache-write-policy write_through`",
             remediation=(
                 f"Launch SGLang with `--enable-hierarchical-cache --hicache-ratio {ratio:g} "
                 f"--hicache-write-policy write_through`: evicted prefixes move to a host-memory tier "

@@ -134,19 +134,25 @@ def check(ctx: Context) -> list[Finding]:
                    f"(now {cur if cur else 'the GPU-memory default'}); give interactive turns priority with "
                    "`--enable-priority-scheduling` (needs `--schedule-policy fcfs` or `lof`; send a request "
                    "`priority`); or separate prefill from decode (`--disaggregation-mode prefill` / `decode`).")
+            short = f"`--chunked-prefill-size {chunk}`"
         else:
             fix = ("Keep long prefills away from interactive decodes: `--scheduling-policy priority` with a higher "
                    "request `priority` for interactive turns; a smaller chunked-prefill token budget (vLLM's "
                    "`max_num_batched_tokens` engine argument); or prefill/decode disaggregation through "
                    "`--kv-transfer-config`.")
+            short = "`--scheduling-policy priority`"
         x, usd = r["offending_reprefill_tokens"], r["offending_reprefill_usd"]
-        tax = ctx.tax(x, usd, "re-prefill inside the offending long prefills, GPU-time cost "
-                      f"({cfg['basis'] or 'cost model'})")
+        # a latency finding: the re-prefill inside the offending prefills is evidence, owned in the ledger by the
+        # finding of its miss cause (counting it here too would charge the same tokens twice)
+        tax = Tax(None, None, "latency: the tail inter-token gaps of co-scheduled decodes; the re-prefill inside the "
+                  "offending prefills is counted under its miss cause", method="observed",
+                  period="week" if ctx.scaled else "window", window_s=ctx.window_s, scale=ctx.tax_scale)
         p99w, p99wo = r["itl_p99_with_long_ms"], r["itl_p99_without_long_ms"]
         out.append(Finding(
             rule=ID,
             title="Long prefills inflate the inter-token latency tail of co-scheduled decodes",
-            severity="high" if share >= 0.5 else "medium",
+            severity=ctx.severity(None),
+            kind="latency",
             scope=Scope(instance=inst or None, model=cfg["model"]),
             evidence=ctx.evidence({**{k: r[k] for k in (
                 "gaps", "tail_threshold_ms", "tail_gaps", "tail_gaps_long_prefill", "tail_gaps_unattributed",
@@ -160,8 +166,9 @@ def check(ctx: Context) -> list[Finding]:
                                         f"{p99wo or 0:.0f} ms without), not tokens", method="analytical"),
             confidence=ctx.confidence(tail, exact=True),
             remediation=fix,
+            fix=short,
             summary=(f"{share:.0%} of {tail} tail gaps (> {r['tail_threshold_ms']:.0f} ms) overlap a prefill of ≥ "
-                     f"{fmt_tokens(L)} tokens; {fmt_tokens(x)} of those prefills were re-prefill "
-                     f"({fmt_usd(tax.usd_week)}{tax.per})"),
+                     f"{fmt_tokens(L)} tokens; ITL p99 {p99w or 0:,.0f} ms next to them vs {p99wo or 0:,.0f} ms "
+                     f"without; {fmt_tokens(x)} of those prefills were re-prefill ({fmt_usd(usd)} observed)"),
         ))
     return out

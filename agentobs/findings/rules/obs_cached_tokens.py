@@ -19,7 +19,7 @@ gateway must copy ``usage.prompt_tokens_details.cached_tokens`` into a span attr
 from __future__ import annotations
 
 from ..context import Context, fmt_tokens
-from ..finding import Finding, Scope, Tax
+from ..finding import Claim, Finding, Scope, Tax
 
 ID = "obs_cached_tokens"
 
@@ -39,6 +39,12 @@ SELECT coalesce(instance, '') AS instance, count(*) AS calls,
 FROM m_calls
 WHERE in_win
 GROUP BY ALL
+"""
+
+# the calls it covers in the ledger (sessions affected): calls of the instance without a cached-token count
+CLAIM_SQL = """
+SELECT call_id, session_id, 0 AS tokens, 0 AS usd FROM m_calls
+WHERE in_win AND coalesce(instance, '') = $instance AND cached_tokens IS NULL
 """
 
 FIX = {
@@ -70,12 +76,15 @@ def check(ctx: Context) -> list[Finding]:
         out.append(Finding(
             rule=ID,
             title="Cached prompt tokens are not reported: cache reuse cannot be measured",
-            severity="medium",
+            severity=ctx.severity(None),
+            kind="observability",
+            claim=Claim(CLAIM_SQL, (("instance", inst),)),
             scope=Scope(instance=inst or None, model=cfg["model"]),
             evidence=ctx.evidence(numbers, SQL, {"instance": inst}),
             tax=Tax(None, None, "cannot be measured without cached-token counts"),
             recoverable=Tax(None, None, "not applicable: an observability fix", method="analytical"),
             confidence="high",
+            fix="`--enable-cache-report`" if engine == "sglang" else "`--enable-prompt-tokens-details`",
             remediation=(fix + ", and have the gateway export it on its spans as "
                          "`gen_ai.usage.cache_read.input_tokens`. Until then hit rates, re-prefill and its causes, "
                          "idle-KV rent and turn-resume TTFT by hit class are unknown on this instance."),

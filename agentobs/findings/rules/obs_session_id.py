@@ -41,7 +41,8 @@ def check(ctx: Context) -> list[Finding]:
     return [Finding(
         rule=ID,
         title="Model calls carry no session id: per-session reuse cannot be measured",
-        severity="medium",
+        severity=ctx.severity(None),
+        kind="observability",
         scope=Scope(),
         evidence=ctx.evidence({"calls": r["calls"], "calls_without_session": r["no_session_calls"],
                                "share_without_session": share,
@@ -50,6 +51,7 @@ def check(ctx: Context) -> list[Finding]:
         tax=Tax(None, None, "cannot be measured without session ids"),
         recoverable=Tax(None, None, "not applicable: an observability fix", method="analytical"),
         confidence="high",
+        fix="`gen_ai.conversation.id` on every model-call span",
         remediation=("Set the agent's session id on every model-call span as `gen_ai.conversation.id` (OpenTelemetry "
                      "GenAI conventions) or `session.id`, or have the gateway record the session header "
                      "(`x-session-id` → `http.request.header.x-session-id`); if your stack already uses another "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..context import Context, fmt_tokens, fmt_usd
 from ..finding import Finding, Scope
-from ..sizing import MISSES_SQL, misses
+from ..sizing import MISSES_SQL, cause_claim, misses
 
 ID = "prefix_cache_off"
 
@@ -36,11 +36,13 @@ def check(ctx: Context) -> list[Finding]:
                    "(on by default for generative models; `vllm:cache_config_info` then shows "
                    "enable_prefix_caching=\"True\").")
             setting = "enable_prefix_caching=False"
+            short = "remove `--no-enable-prefix-caching`"
         else:
             fix = ("Turn SGLang's radix cache back on: remove `--disable-radix-cache` from the launch command "
                    "(`/server_info` then shows disable_radix_cache=false). Cache-aware scheduling "
                    "(`--schedule-policy lpm`) also needs it.")
             setting = "disable_radix_cache=true"
+            short = "remove `--disable-radix-cache`"
         tax = ctx.tax(x, usd, f"GPU-time re-prefill cost ({m['cost_basis']})")
         rec = ctx.tax(x, usd, "analytical upper bound: every reusable prefix hits once caching is on (no eviction)",
                       method="analytical")
@@ -62,6 +64,8 @@ def check(ctx: Context) -> list[Finding]:
             recoverable=rec,
             confidence=ctx.confidence(m["cause_calls"], exact=m["cause_exact"] == m["cause_calls"]),
             remediation=fix,
+            fix=short,
+            claim=cause_claim("cache_disabled", instance=inst),
             summary=f"{m['cause_calls']} calls recomputed {fmt_tokens(x)} reusable tokens, {fmt_usd(tax.usd_week)}{tax.per}",
         ))
     return out

@@ -25,13 +25,13 @@ Fix: how long to retain (g*) and the mechanisms that set it — per-session KV T
 from __future__ import annotations
 
 from ..context import Context, fmt_tokens, fmt_usd
-from ..finding import Finding, Scope
+from ..finding import Claim, Finding, Scope
 
 ID = "retention_vs_recompute"
 
 SQL = """
 WITH w AS (
-    SELECT gap_before_s AS g, kv_tokens_before AS k, window_outcome, reprefill_tokens, reprefill_cost_usd,
+    SELECT call_id, session_id, gap_before_s AS g, kv_tokens_before AS k, window_outcome, reprefill_tokens, reprefill_cost_usd,
            usd_per_token_s, g_star_s
     FROM m_calls
     WHERE in_win AND coalesce(instance, '') = $instance AND prev_instance = instance
@@ -63,6 +63,23 @@ FROM w
 """
 
 
+W_CTE = SQL[:SQL.index("),\nrun AS")] + ")\n"
+
+# the calls the finding owns in the ledger (one per idle window): holding — retained windows beyond g*, their
+# rent beyond break-even (kind "rent"); dropping — windows evicted below g*, their re-prefill net of holding
+CLAIM_SQL = {
+    "hold": W_CTE + """
+SELECT call_id, session_id, k * (g - g_star_s) / g_star_s AS tokens, k * (g - g_star_s) * usd_per_token_s AS usd
+FROM w WHERE window_outcome = 'retained' AND g > g_star_s
+""",
+    "drop": W_CTE + """
+SELECT call_id, session_id, reprefill_tokens AS tokens,
+       greatest(coalesce(reprefill_cost_usd, 0) - k * g * usd_per_token_s, 0) AS usd
+FROM w WHERE window_outcome = 'evicted' AND g <= g_star_s AND reprefill_tokens > 0
+""",
+}
+
+
 def check(ctx: Context) -> list[Finding]:
     out = []
     thr = float(ctx.setting("findings_beyond_gstar_share"))
@@ -91,6 +108,7 @@ def check(ctx: Context) -> list[Finding]:
                    "the router supports one (vLLM Router program scheduling `kv_retention_ttl_seconds`, Dynamo "
                    f"`nvext.cache_control` TTL), or move idle KV off the GPU ({host}) so the GPU pool serves running "
                    "requests.")
+            short = f"per-session KV TTL ≈ {g:,.0f} s (vLLM Router `kv_retention_ttl_seconds`)"
             basis = "KV slot opportunity cost beyond g* (K × (g − g*) × $/s ÷ capacity), tokens as recompute-equivalent"
         elif (1 - beyond) >= thr and running > idle and r["evicted_below_gstar"]:
             usd, tokens, case = r["evicted_below_net_usd"], r["evicted_below_tokens"], "drop"
@@ -103,6 +121,7 @@ def check(ctx: Context) -> list[Finding]:
                    + ("a larger KV pool (`--mem-fraction-static`), " if cfg["engine"] == "sglang" else "")
                    + "or a per-session KV TTL ≈ g* (vLLM Router `kv_retention_ttl_seconds`, Dynamo "
                    "`nvext.cache_control`).")
+            short = f"retain idle KV up to g* ≈ {g:,.0f} s: a host tier ({host})"
             basis = f"re-prefill cost net of holding cost ({cfg['basis'] or 'cost model'})"
         else:
             continue
@@ -120,7 +139,10 @@ def check(ctx: Context) -> list[Finding]:
             tax=tax,
             recoverable=rec,
             confidence=ctx.confidence(n),
+            kind="rent" if case == "hold" else "reprefill",
+            claim=Claim(CLAIM_SQL[case], (("instance", inst),)),
             remediation=fix,
+            fix=short,
             summary=(f"{n} idle windows, {beyond:.0%} beyond g* = {g:,.0f} s; {fmt_tokens(tokens)} tokens-equivalent, "
                      f"{fmt_usd(tax.usd_week)}{tax.per}"),
         ))

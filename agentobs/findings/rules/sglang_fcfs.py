@@ -19,11 +19,11 @@ admission, it adds no memory).
 from __future__ import annotations
 
 from ..context import Context, fmt_tokens, fmt_usd
-from ..finding import Finding, Scope
+from ..finding import Claim, Finding, Scope
 
 ID = "sglang_fcfs"
 
-SQL = """
+QUEUED_CTE = """
 WITH c AS (
     SELECT m.*, q.value AS queue_len
     FROM (SELECT * FROM m_calls LEFT JOIN (SELECT instance AS cb_instance, basis AS cost_basis FROM m_cost) cb ON cb.cb_instance = coalesce(m_calls.instance, '') WHERE in_win AND coalesce(instance, '') = $instance) m
@@ -35,6 +35,9 @@ q AS (
     SELECT *, CASE WHEN queue_s IS NOT NULL THEN queue_s >= $queue_s ELSE coalesce(queue_len > 0, false) END AS queued
     FROM c
 )
+"""
+
+SQL = QUEUED_CTE + """
 SELECT count(*) AS calls,
        count(*) FILTER (WHERE queue_s IS NOT NULL) AS queue_time_known,
        count(*) FILTER (WHERE queued) AS queued_calls,
@@ -49,6 +52,12 @@ SELECT count(*) AS calls,
        count(*) FILTER (WHERE queued AND miss_cause IN ('evicted_full', 'evicted_partial') AND mode = 'exact') AS exact,
        any_value(cost_basis) AS cost_basis
 FROM q
+"""
+
+# the calls the finding owns in the ledger: queued calls that lost their prefix to eviction
+CLAIM_SQL = QUEUED_CTE + """
+SELECT call_id, session_id, reprefill_tokens AS tokens, coalesce(reprefill_cost_usd, 0) AS usd FROM q
+WHERE queued AND reprefill_tokens > 0 AND miss_cause IN ('evicted_full', 'evicted_partial')
 """
 
 QUEUE_SQL = """
@@ -106,6 +115,8 @@ def check(ctx: Context) -> list[Finding]:
             tax=tax,
             recoverable=rec,
             confidence="low" if n < int(ctx.setting("findings_min_calls")) else "medium",
+            claim=Claim(CLAIM_SQL, (("instance", inst), ("queue_s", float(ctx.setting("findings_queue_s"))))),
+            fix="`--schedule-policy lpm`",
             remediation=("Launch SGLang with `--schedule-policy lpm` (longest prefix match first) so queued requests "
                          "whose prefix is cached are admitted before it is evicted; it needs the radix cache (do not "
                          "pass `--disable-radix-cache`)." + fallback),

@@ -20,7 +20,7 @@ import math
 
 from ..context import Context, fmt_tokens, fmt_usd
 from ..finding import Finding, Scope
-from ..sizing import evicted_misses, gib
+from ..sizing import EVICTED_CAUSES, cause_claim, evicted_misses, gib
 
 ID = "vllm_no_offload"
 
@@ -63,6 +63,9 @@ def check(ctx: Context) -> list[Finding]:
             tax=tax,
             recoverable=rec,
             confidence=ctx.confidence(n, exact=ev.exact),
+            claim=cause_claim(*EVICTED_CAUSES, instance=inst),
+            fix=(f"`--kv-offloading-size {size_gib} --kv-offloading-backend native`" if size_gib else
+                 "`--kv-offloading-size <GiB> --kv-offloading-backend native`"),
             remediation=f"Give vLLM a CPU KV tier: {how}. Evicted prefixes are then loaded back instead of recomputed.",
             summary=(f"{n} calls recomputed {fmt_tokens(x)} evicted prefix tokens "
                      f"({share:.0%} of computed prefill), {fmt_usd(tax.usd_week)}{tax.per}"),
