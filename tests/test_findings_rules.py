@@ -52,6 +52,7 @@ class Fleet:
     sglang: dict[str, dict] = field(default_factory=dict)     # instance -> server_info overrides
     vllm: dict[str, dict] = field(default_factory=dict)       # instance -> cache_config_info labels
     queue: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # instance -> [(t, waiting)]
+    scraped: bool = True  # engines scraped through the hour (an empty queue gauge at 0 and 3,599 s)
 
 
 def _attr(k, v):
@@ -124,7 +125,7 @@ def build(store, tmp_path, fleet: Fleet) -> None:
             import_prom([p], inst, w, at=T0 + t)
     # the engines were scraped through the whole hour (an empty queue at its first and last second), so the hour
     # is the observed window the ledger scales from (docs/findings.md: observed = asked ∩ what the store saw)
-    for inst in {**fleet.sglang, **fleet.vllm}:
+    for inst in {**fleet.sglang, **fleet.vllm} if fleet.scraped else ():
         gauge = "sglang:num_queue_reqs" if inst in fleet.sglang else "vllm:num_requests_waiting"
         for t in (3599.0,) if inst in fleet.queue else (0.0, 3599.0):
             p = tmp_path / f"scrape_{inst.replace(':', '_')}_{t:g}.prom"

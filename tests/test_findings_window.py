@@ -30,10 +30,11 @@ OFF = {"enable_prefix_caching": "False"}
 FID = f"prefix_cache_off/instance={VL}"
 
 
-def cache_off_fleet(**kw) -> Fleet:
+def cache_off_fleet(scraped: bool = True, **kw) -> Fleet:
     """vLLM with prefix caching off; every session's second call recomputes its first prompt: X = R_eff =
-    10,000 tokens (P1 = 10,000 is a multiple of 16, P2 − 1 = 11,999 ≥ P1)."""
-    return Fleet(two_turn_sessions(VL, **kw), vllm={VL: OFF})
+    10,000 tokens (P1 = 10,000 is a multiple of 16, P2 − 1 = 11,999 ≥ P1). ``scraped=False``: no engine scrapes,
+    the calls alone are what the store observed (the window-length tests)."""
+    return Fleet(two_turn_sessions(VL, **kw), vllm={VL: OFF}, scraped=scraped)
 
 
 def by_id(found):
@@ -44,7 +45,7 @@ def by_id(found):
 def test_short_window_reports_the_window_not_a_week(store, tmp_path):
     # 3 sessions starting at 0, 1, 2 s; call 1 lasts 2 s, call 2 starts 4 s after it and lasts 2 s:
     # the last call ends at 2 + 2 + 4 + 2 = 10 s after the first start → a 10 s window, not scaled ×60,480
-    build(store, tmp_path, cache_off_fleet(n=3, gap=4.0, start=0.0))
+    build(store, tmp_path, cache_off_fleet(n=3, gap=4.0, start=0.0, scraped=False))
     f = by_id(run(store[0], settings=settings(), simulate=False))[FID]
     assert f.tax.period == "window" and f.tax.per == " in the observed window"
     assert f.tax.tokens_week == 3 * 10_000                       # the window's tokens, unscaled
@@ -59,7 +60,7 @@ def test_short_window_reports_the_window_not_a_week(store, tmp_path):
 
 
 def test_min_window_setting_moves_the_guard(store, tmp_path):
-    build(store, tmp_path, cache_off_fleet(n=3, gap=4.0, start=0.0))
+    build(store, tmp_path, cache_off_fleet(n=3, gap=4.0, start=0.0, scraped=False))
     f = by_id(run(store[0], settings=settings(findings_min_window_s=5.0), simulate=False))[FID]
     # 10 s ≥ 5 s: scaled to a week, 604,800 / 10 = ×60,480
     assert f.tax.period == "week"
@@ -78,7 +79,7 @@ def test_default_window_ignores_an_old_stray_call(store, tmp_path):
     # 10 sessions 400 s apart from T0+100 (last call ends at 100 + 3,600 + 2 + 60 + 2 = 3,764 s) and one stray
     # call 30 days earlier on the same instance. Default window: 7 days ending at the newest call's start, so
     # the stray call is out and the observed window is 3,764 − 100 = 3,664 s (≥ 1 h: ×604,800 / 3,664).
-    fleet = cache_off_fleet(n=10, stagger=400.0)
+    fleet = cache_off_fleet(n=10, stagger=400.0, scraped=False)
     fleet.calls.append(Call("stray", VL, -30 * 86400.0, 2.0, 5000, 0))
     build(store, tmp_path, fleet)
     f = by_id(run(store[0], settings=settings(), simulate=False))[FID]

@@ -1,85 +1,174 @@
-"""Findings in the console, from ``agentobs.findings.run(db, since, until)`` (rules over the metrics and engine
-config). By default without the simulator replay (the analytical recoverable estimate, seconds instead of
-tens of seconds); the Findings page can ask for the replay.
+"""The recompute-tax ledger in the console (agentobs.findings.build), computed once per (store state, window,
+filters) and rendered by the Overview's first screen, the Findings page and the Sessions page's finding filter.
 
-The global instance / model / task type filters keep findings whose scope matches (fleet-wide findings,
-with no scope value, always show).
+The console asks for the same ledger as ``agentobs findings`` with the same window and ``--filter``s: the same
+simulator replay for the recoverable figures (cached, so only the first render of a view pays it), the same ids,
+$ and order. The global instance / model / task type filters are the ledger's filters (its calls), not a filter
+on the finished list.
 """
 
 from __future__ import annotations
 
 import importlib
 
+import altair as alt
+import polars as pl
 import streamlit as st
 
-from . import data
-from .shell import Context
+from . import data, ui
+from .shell import Context, page_path
+
+# miss causes in the console's colours (charts.CLASS_COLORS: a miss is red everywhere)
+CAUSE_COLORS = {
+    "cache_disabled": "#c62828",
+    "routed_away": "#ef6c00",
+    "evicted_full": "#8e24aa",
+    "evicted_partial": "#f9a825",
+    "unknown": "#b0bec5",
+}
 
 
-@st.cache_data(show_spinner="evaluating findings…", max_entries=64, ttl=3600)
-def _run(stamp, since, until, simulate: bool = False) -> list:
+@st.cache_data(show_spinner="computing the recompute-tax ledger…", max_entries=64, ttl=3600)
+def _ledger(stamp, since, until, filters: tuple, simulate: bool):
     mod = importlib.import_module("agentobs.findings")
-    return list(mod.run(data.source(stamp), since=since, until=until, simulate=simulate))
+    return mod.build(data.source(stamp), since=since, until=until, filters=dict(filters) or None,
+                     simulate=simulate)
 
 
-def _in_scope(f, ctx: Context) -> bool:
-    scope = getattr(f, "scope", None)
-    for key, wanted in ctx.filters.lists().items():
-        v = getattr(scope, key, None)
-        if v is not None and v not in wanted:
-            return False
-    return True
+def ledger(ctx: Context, simulate: bool = True):
+    """The ledger of the view: its window and its filters."""
+    flt = tuple(sorted((k, tuple(v)) for k, v in ctx.filters.lists().items()))
+    return _ledger(ctx.stamp, ctx.since, ctx.until, flt, simulate)
 
 
-def load(ctx: Context, simulate: bool = False):
-    """(findings, message)."""
-    return [f for f in _run(ctx.stamp, ctx.since, ctx.until, simulate) if _in_scope(f, ctx)], ""
+def _fix_text(f) -> str:
+    from agentobs.findings.render import short_fix
+
+    return short_fix(f)
 
 
-def usd_week(f) -> float:
-    tax = getattr(f, "tax", None)
-    return getattr(tax, "usd_week", None) or 0.0
+def sessions_link(ctx: Context, f) -> str:
+    return ui.link("sessions", ctx, finding=f.id)
 
 
-def render(f, expanded: bool = False) -> None:
-    tax = getattr(f, "tax", None)
-    usd = getattr(tax, "usd_week", None)
-    per = getattr(tax, "per", "/week")  # "/week", or " in the observed window" for short windows
-    head = f"**{f.severity}** · {f.title}" + (f" · ${usd:,.2f}{per} at stake" if usd is not None else "")
+def trend_chart(led) -> alt.Chart | None:
+    """The fleet's recompute tax over time by miss cause (the ledger's trend rows, $ per bucket)."""
+    if not led.trend:
+        return None
+    df = pl.DataFrame({"t_s": [r[0] for r in led.trend], "cause": [r[1] for r in led.trend],
+                       "usd": [r[3] for r in led.trend]}).with_columns(
+        pl.from_epoch(pl.col("t_s"), time_unit="s").alias("time"))
+    causes = [c for c in CAUSE_COLORS if c in set(df["cause"].to_list())] + \
+        sorted(set(df["cause"].to_list()) - set(CAUSE_COLORS))
+    b = led.trend_bucket_s
+    bucket = f"{b / 60:g} min" if b < 3600 else f"{b / 3600:g} h"
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("time:T", title=f"call start (UTC), {bucket} buckets"),
+        y=alt.Y("sum(usd):Q", title=f"re-prefill $ per {bucket}", axis=alt.Axis(format="$,.2f")),
+        color=alt.Color("cause:N", title="miss cause",
+                        scale=alt.Scale(domain=causes, range=[CAUSE_COLORS.get(c, "#607d8b") for c in causes])),
+        tooltip=[alt.Tooltip("time:T"), "cause", alt.Tooltip("usd:Q", format="$,.4f")],
+    ).properties(height=230)
+
+
+def answer(ctx: Context) -> None:
+    """The Overview's first screen: the fleet's recompute tax per week with its scaling, the top fixes with their
+    $/week and the sessions they affect, and the tax over time by cause."""
+    try:
+        led = ledger(ctx)
+    except Exception as e:  # noqa: BLE001 - the ledger is another module's; show its error, keep the page
+        st.error(f"recompute-tax ledger failed: {e}")
+        return
+    box = st.container(key="tax_answer")  # .st-key-tax_answer: what the browser test reads
+    left, right = box.columns([5, 6])
+    with left:
+        st.metric("Recompute tax" + (" per week" if led.period == "week" else " (observed window)"),
+                  ui.usd(led.usd_week),
+                  help="Every re-prefill token of the view (METRICS.md §1: X = max(0, R_eff − C)) at its GPU-time "
+                       "cost (§8), observed in the window and scaled to a week. Findings own parts of it; each "
+                       "call's re-prefill is owned by at most one finding (docs/findings.md).")
+        st.caption(f"{ui.usd(led.usd_window)} observed · {led.window_text} · findings own "
+                   f"{ui.usd(led.owned('reprefill')[1])}, {ui.usd(led.unattributed_usd_week)} unattributed · "
+                   f"{led.sessions_with_reprefill:,} of {led.sessions:,} sessions paid it")
+        fixes = led.top_fixes(3)
+        if not fixes:
+            st.success("No finding has a $ figure in this view: no default config is making sessions pay a "
+                       "recompute tax above the floors.")
+        for i, f in enumerate(fixes, 1):
+            rec = f.recoverable.usd_week
+            st.markdown(f"**{i}. {ui.usd(f.tax.usd_week)}{f.tax.per}** · {_fix_text(f)}  \n"
+                        f"<small>`{f.id}` · {f.severity} · recovers {ui.usd(rec)}"
+                        f"{f.tax.per if rec is not None else ''} · "
+                        f"[{f.sessions or 0:,} sessions affected]({sessions_link(ctx, f)})</small>",
+                        unsafe_allow_html=True)
+    with right:
+        chart = trend_chart(led)
+        if chart is None:
+            st.caption("No re-prefill in this view.")
+        else:
+            st.altair_chart(chart, width="stretch")
+
+
+def render(f, ctx: Context | None = None, expanded: bool = False) -> None:
+    tax = f.tax
+    usd = tax.usd_week
+    per = tax.per  # "/week", or " in the observed window" for short windows
+    head = (f"**{ui.usd(usd)}{per}** · {f.title}" if usd is not None else f"**{f.kind}** · {f.title}") + \
+        f" · {f.severity}"
     with st.expander(head, expanded=expanded):
-        if getattr(f, "summary", ""):
+        if f.summary:
             st.write(f.summary)
-        scope = getattr(f, "scope", None)
+        scope = f.scope
         parts = [f"{k}: {getattr(scope, k)}" for k in ("instance", "model", "task_type") if getattr(scope, k, None)]
-        st.caption(f"rule `{f.rule}` · confidence {f.confidence} · scope: {', '.join(parts) or 'fleet'}")
-        ev = getattr(f, "evidence", None)
-        if ev is not None and ev.numbers:
-            st.markdown("**Evidence**")
-            st.table({"number": [k for k, _ in ev.numbers], "value": [str(v) for _, v in ev.numbers]})
-            if getattr(ev, "sql", ""):
-                with st.popover("Evidence SQL"):
-                    st.code(ev.sql, language="sql")
-        if tax is not None:
-            tok = f"{tax.tokens_week:,.0f} tokens{per}" if tax.tokens_week is not None else "tokens unknown"
-            st.caption(f"at stake: {tok}; ${usd:,.2f}{per}" if usd is not None else f"at stake: {tok}")
-            st.caption(f"basis: {tax.basis} ({tax.method})")
+        st.caption(f"`{f.id}` · confidence {f.confidence} · scope: {', '.join(parts) or 'fleet'}")
+        c = st.columns(3)
+        c[0].metric(f"Tax{per}", ui.usd(usd) if usd is not None else "–",
+                    help=f"{tax.method}: {tax.basis}")
+        rec = f.recoverable
+        c[1].metric(f"Recoverable{rec.per}", ui.usd(rec.usd_week) if rec.usd_week is not None else "–",
+                    help=f"{rec.method}: {rec.basis}")
+        if f.sessions is not None:
+            c[2].metric("Sessions affected", f"{f.sessions:,}")
+            if ctx is not None:
+                c[2].markdown(f"[list them ↗]({sessions_link(ctx, f)})")
+        if tax.usd_window is not None and tax.window_s:
+            st.caption(f"observed {ui.usd(tax.usd_window)} in the window, × {tax.scale:,.2f} → {ui.usd(usd)}{per}")
+        if f.also_recovers is not None:
+            st.caption(f"also recovers {ui.usd(f.also_recovers.usd_week)}{f.also_recovers.per} beyond this "
+                       f"finding's tax: {f.also_recovers.basis}")
         st.markdown("**Fix** (copy)")
         st.code(f.remediation, language="bash")
+        ev = f.evidence
+        if ev.numbers:
+            st.markdown("**Evidence**")
+            st.table({"number": [k for k, _ in ev.numbers], "value": [_num(v) for _, v in ev.numbers]})
+            if ev.sql:
+                with st.popover("Evidence SQL"):
+                    st.code(ev.sql, language="sql")
 
 
-def top(ctx: Context, n: int = 5, simulate: bool = False) -> None:
+def _num(v) -> str:
+    if isinstance(v, float):
+        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def top(ctx: Context, n: int = 5, simulate: bool = True) -> None:
+    """The ledger's findings in its order ($/week at stake, then severity)."""
     try:
-        items, msg = load(ctx, simulate)
+        led = ledger(ctx, simulate)
     except Exception as e:  # noqa: BLE001 - findings are someone else's module; show its error, keep the page
         st.error(f"findings failed: {e}")
         return
-    if items is None:
-        st.info(msg)
-        return
-    if not items:
+    if not led.findings:
         st.success("No findings in this view.")
         return
-    items = sorted(items, key=lambda f: -usd_week(f))
-    st.caption(f"{len(items)} finding(s), most $ at stake first")
-    for f in items[:n]:
-        render(f)
+    st.caption(f"{len(led.findings)} finding(s), most $/week at stake first · recompute tax "
+               f"{ui.usd(led.usd_week)}{led.per} ({led.window_text})")
+    for f in led.findings[:n]:
+        render(f, ctx)
+    if len(led.findings) > n:
+        st.page_link(page_path("findings.py"), label=f"All {len(led.findings)} findings",
+                     icon=":material/lightbulb:", query_params=ui.nav_params(ctx))

@@ -175,12 +175,12 @@ def order_key(f: Finding):
     return (usd is None, -(usd or 0.0), SEVERITIES.index(f.severity), f.id)
 
 
+_BUCKETS_S = (60.0, 300.0, 900.0, 1800.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 86400.0)
+
+
 def _bucket_s(window_s: float) -> float:
-    if window_s <= 2 * 86400:
-        return 3600.0
-    if window_s <= 14 * 86400:
-        return 6 * 3600.0
-    return 86400.0
+    """The trend's bucket: the smallest of 1 min … 1 d that keeps the window to at most 48 buckets."""
+    return next((b for b in _BUCKETS_S if window_s / b <= 48), _BUCKETS_S[-1])
 
 
 _PARAM = re.compile(r"\$([A-Za-z_]\w*)")

@@ -262,6 +262,7 @@ class _Builder:
         self.timings: dict[str, float] = {}
         self.cache: dict[tuple[str, str | None], pl.DataFrame] = {}
         self.base_url = str(settings.get("console_url", "http://127.0.0.1:8501"))
+        self.failures: list[str] = []
 
     def sql(self, q: str, params: dict | None = None) -> pl.DataFrame:
         return self.run.cur.sql(q, params=params or {}).pl()
@@ -490,31 +491,94 @@ class _Builder:
                                     show=show, links={col: "console_url"}))
         return sec
 
-    def findings(self) -> Section:
-        sec = Section("findings", "Findings: money at stake and the fix",
-                      "agentobs.findings rules over the same week; $/week as each rule states it")
+    def ledger(self, period: Period, simulate: bool = True):
+        """The tax ledger of ``period`` (agentobs.findings.build: the same result `agentobs findings --since
+        START --until END` prints); None when findings are left out or failed (the failure is kept for the notes)."""
         if self.findings_fn is None:
-            sec.notes.append("findings module not available (agentobs.findings is not in this build); no findings "
-                             "were evaluated.")
-            return sec
+            return None
         t0 = time.perf_counter()
         try:
-            items = list(self.findings_fn(self.db, since=self.period.since, until=self.period.until,
-                                          settings=self.settings))
+            return self.findings_fn(self.db, since=period.since, until=period.until, settings=self.settings,
+                                    simulate=simulate)
         except Exception as e:  # noqa: BLE001 - another module's failure must not lose the report
-            sec.notes.append(f"findings failed: {type(e).__name__}: {e}")
-            return sec
+            self.failures.append(f"findings for {period.label} failed: {type(e).__name__}: {e}")
+            return None
         finally:
-            self.timings["findings"] = time.perf_counter() - t0
-        rows = [_finding_row(f) for f in items]  # run() orders them: most severe, then most $, first
+            self.timings[f"ledger {period.label}"] = time.perf_counter() - t0
+
+    def answer(self, ledger, before) -> Section:
+        """The first screen: the week's recompute tax (with its scaling), the change against the week before,
+        and the top fixes with their $ and the sessions they affect."""
+        if ledger is None:
+            sec = Section("answer", "The recompute tax this week", "")
+            sec.notes += self.failures or ["findings are left out of this report (findings=None), so the "
+                                           "recompute-tax ledger was not computed."]
+            return sec
+        prev_usd = before.usd_week if before is not None and before.calls else None
+        owned_tok, owned_usd = ledger.owned("reprefill")
+        sec = Section(
+            "answer", f"The recompute tax this week: {fmt_usd(ledger.usd_week)}{ledger.per}",
+            f"agentobs.findings ledger over {self.period.describe()} ({ledger.window_text}); the same ids and $ as "
+            f"`agentobs findings --since {_fmt_ts(self.period.since)}Z --until {_fmt_ts(self.period.until)}Z`. Every "
+            "re-prefill token is owned by at most one finding (docs/findings.md).")
+        sec.figures += [
+            Figure("recompute_tax_usd_week", "Recompute tax " + _per_text(ledger.per), ledger.usd_week, "usd",
+                   f"Σ re-prefill GPU-time cost, observed {fmt_usd(ledger.usd_window)} × {ledger.scale:,.2f}; "
+                   "previous: the week before on the same scaling rule", prev_usd),
+            Figure("recompute_tax_usd_window", "Observed in the window", ledger.usd_window, "usd",
+                   ledger.window_text),
+            Figure("owned_by_findings_usd_week", "Owned by findings " + _per_text(ledger.per), owned_usd, "usd",
+                   "Σ of the findings' tax; each call's re-prefill counted once"),
+            Figure("unattributed_usd_week", "Not attributed " + _per_text(ledger.per), ledger.unattributed_usd_week,
+                   "usd",
+                   "re-prefill below the findings' floors or of a cause no rule covers"),
+            Figure("sessions_with_reprefill", "Sessions that paid it", float(ledger.sessions_with_reprefill),
+                   "count", f"of {ledger.sessions:,} sessions in the window"),
+        ]
+        from ..findings.render import short_fix
+
+        fixes = ledger.top_fixes(5)
+        sec.tables.append(Table(
+            "top_fixes", "Top fixes", "the ledger's findings with a $ figure, most $ first", pa.table({
+                "id": [f.id for f in fixes], "fix": [short_fix(f) for f in fixes],
+                "usd_week": [f.tax.usd_week for f in fixes],
+                "recoverable_usd_week": [f.recoverable.usd_week for f in fixes],
+                "sessions": [f.sessions for f in fixes], "severity": [f.severity for f in fixes],
+                "console_url": [console_link(self.base_url, "sessions", self.period, finding=f.id) for f in fixes],
+            }, schema=pa.schema([("id", pa.string()), ("fix", pa.string()), ("usd_week", pa.float64()),
+                                 ("recoverable_usd_week", pa.float64()), ("sessions", pa.int64()),
+                                 ("severity", pa.string()), ("console_url", pa.string())])),
+            show=["fix", "usd_week", "recoverable_usd_week", "sessions", "id"], links={"sessions": "console_url"},
+            chart=Chart("bars", "Top fixes: recompute tax they own (USD/week)", "id", "usd_week")))
+        causes = pa.table({
+            "cause": [c.cause for c in ledger.by_cause], "calls": [c.calls for c in ledger.by_cause],
+            "sessions": [c.sessions for c in ledger.by_cause],
+            "reprefill_tokens": [c.tokens_window for c in ledger.by_cause],
+            "usd_window": [c.usd_window for c in ledger.by_cause], "usd_week": [c.usd_week for c in ledger.by_cause]},
+            schema=pa.schema([("cause", pa.string()), ("calls", pa.int64()), ("sessions", pa.int64()),
+                              ("reprefill_tokens", pa.float64()), ("usd_window", pa.float64()),
+                              ("usd_week", pa.float64())]))
+        sec.tables.append(Table("tax_by_cause", "Recompute tax by miss cause", "METRICS.md §1 miss causes", causes,
+                                chart=Chart("bars", "Recompute tax by miss cause (USD/week)", "cause", "usd_week")))
+        if not fixes:
+            sec.notes.append("No finding has a $ figure this week: no default config is making sessions pay a "
+                             "recompute tax above the floors.")
+        return sec
+
+    def findings(self, ledger) -> Section:
+        sec = Section("findings", "Findings: evidence and the exact fix",
+                      "the ledger's findings in its order ($/week at stake, then severity); the whole ledger in "
+                      "tables/findings.csv")
+        if ledger is None:
+            sec.notes += self.failures or ["findings are left out of this report (findings=None)."]
+            return sec
+        rows = [_finding_row(f) for f in ledger.findings]
         tbl = pa.Table.from_pylist(rows, schema=FINDINGS_SCHEMA)
         if not rows:
             sec.notes.append("No rule fired for this week.")
-        sec.figures.append(Figure("findings_usd_per_week", "Money at stake in findings",
-                                  sum(r["usd_per_week"] or 0.0 for r in rows), "usd",
-                                  "sum of the findings' $/week (rules may overlap; each states its basis)"))
         sec.tables.append(Table("findings", "Findings", sec.basis, tbl,
-                                show=["severity", "scope", "title", "usd_per_week", "tax_basis", "evidence", "fix"],
+                                show=["severity", "title", "usd_week", "recoverable_usd_week", "sessions", "fix",
+                                      "evidence"],
                                 show_rows=50))
         return sec
 
@@ -534,19 +598,36 @@ def _short(v) -> str:
 
 
 def _finding_row(f) -> dict:
-    """One agentobs.findings.Finding as a table row (docs/findings.md)."""
-    tax, rec = f.tax, f.recoverable
-    return {"id": f.id, "severity": f.severity, "confidence": f.confidence, "scope": f.scope.key(),
-            "title": f.title, "usd_per_week": _num(tax.usd_week), "tokens_per_week": _num(tax.tokens_week),
-            "recoverable_usd_per_week": _num(rec.usd_week), "tax_basis": f"{tax.method}: {tax.basis}",
-            "summary": f.summary, "evidence": _text(f.evidence.numbers), "fix": f.remediation}
+    """One ledger finding as a table row (docs/findings.md): the same id and $ as `agentobs findings`."""
+    from ..findings.render import short_fix
+
+    tax, rec, also = f.tax, f.recoverable, f.also_recovers
+    return {"id": f.id, "rule": f.rule, "severity": f.severity, "kind": f.kind, "confidence": f.confidence,
+            "scope": f.scope.key(), "title": f.title, "usd_week": _num(tax.usd_week),
+            "tokens_week": _num(tax.tokens_week), "usd_window": _num(tax.usd_window), "window_s": _num(tax.window_s),
+            "recoverable_usd_week": _num(rec.usd_week),
+            "also_recovers_usd_week": _num(also.usd_week) if also is not None else None,
+            "sessions": f.sessions, "tax_basis": f"{tax.method}: {tax.basis}", "summary": f.summary,
+            "evidence": _text(f.evidence.numbers), "fix": short_fix(f), "remediation": f.remediation}
 
 
 FINDINGS_SCHEMA = pa.schema([
-    ("id", pa.string()), ("severity", pa.string()), ("confidence", pa.string()), ("scope", pa.string()),
-    ("title", pa.string()), ("usd_per_week", pa.float64()), ("tokens_per_week", pa.float64()),
-    ("recoverable_usd_per_week", pa.float64()), ("tax_basis", pa.string()), ("summary", pa.string()),
-    ("evidence", pa.string()), ("fix", pa.string())])
+    ("id", pa.string()), ("rule", pa.string()), ("severity", pa.string()), ("kind", pa.string()),
+    ("confidence", pa.string()), ("scope", pa.string()), ("title", pa.string()), ("usd_week", pa.float64()),
+    ("tokens_week", pa.float64()), ("usd_window", pa.float64()), ("window_s", pa.float64()),
+    ("recoverable_usd_week", pa.float64()), ("also_recovers_usd_week", pa.float64()), ("sessions", pa.int64()),
+    ("tax_basis", pa.string()), ("summary", pa.string()), ("evidence", pa.string()), ("fix", pa.string()),
+    ("remediation", pa.string())])
+
+
+def _per_text(per: str) -> str:
+    return "per week" if per == "/week" else per.strip()
+
+
+def fmt_usd(x: float | None) -> str:
+    if x is None:
+        return "unknown"
+    return f"${x:,.0f}" if abs(x) >= 1000 else f"${x:,.2f}"
 
 
 def _histogram(values: list[float], title: str, bins: int = 20) -> Chart:
@@ -568,19 +649,20 @@ def _histogram(values: list[float], title: str, bins: int = 20) -> Chart:
 
 
 def findings_entry() -> Callable | None:
-    """``agentobs.findings.run`` when the findings package exists, else None."""
+    """``agentobs.findings.build`` (the tax ledger) when the findings package exists, else None."""
     try:
         mod = importlib.import_module("agentobs.findings")
     except ImportError:
         return None
-    fn = getattr(mod, "run", None)
+    fn = getattr(mod, "build", None)
     return fn if callable(fn) else None
 
 
 def build(db, period: Period, settings: Settings | None = None, clock: Callable[[], float] = time.time,
           findings: Callable | None | bool = True) -> Report:
     """The report of ``period`` from the store ``db`` (a path or an open connection).
-    ``findings``: True = use agentobs.findings when present; None/False = leave out; a callable = use it."""
+    ``findings``: True = the tax ledger of agentobs.findings (``build``) when present; None/False = leave out; a
+    callable = use it (it takes ``db, since=, until=, settings=, simulate=`` and returns a Ledger)."""
     settings = settings if settings is not None else load_settings()
     fn = findings_entry() if findings is True else (findings or None)
     t0 = time.perf_counter()
@@ -592,7 +674,13 @@ def build(db, period: Period, settings: Settings | None = None, clock: Callable[
         cur, before = b.totals(period), b.totals(prev)
         calls = int(cur.get("calls") or 0)
         basis, cost_tbl = b.cost_basis()
-        sections = [b.headline(cur, before, basis)]
+        ledger = b.ledger(period) if calls else None
+        ledger_before = b.ledger(prev, simulate=False) if ledger is not None else None
+        sections = [b.answer(ledger, ledger_before) if calls else Section("answer", "The recompute tax this week", "",
+                                                                          notes=["No model calls this week."]),
+                    b.findings(ledger) if calls else Section("findings", "Findings", "", notes=[
+                        "No model calls this week, so no findings were evaluated."]),
+                    b.headline(cur, before, basis)]
         if calls:
             sections += [b.spend(), b.tasks(), b.reprefill(), b.rent(), b.latency(), b.top()]
             if cost_tbl is not None:
@@ -600,8 +688,6 @@ def build(db, period: Period, settings: Settings | None = None, clock: Callable[
                                         "the [cost] settings, engine config and engine spans (METRICS.md §8)",
                                         tables=[Table("cost_basis", "Cost basis", "cost_model metric", cost_tbl,
                                                       show_rows=50)]))
-        sections.append(b.findings() if calls else Section("findings", "Findings", "", notes=[
-            "No model calls this week, so no findings were evaluated."]))
         timings.update(b.timings)
     finally:
         close()

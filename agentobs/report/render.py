@@ -185,7 +185,8 @@ def html(report: Report) -> str:
         if s.figures:
             out.append('<div class="kpis">')
             for f in s.figures:
-                dtxt, cls = delta_text(f) if s.key == "headline" else ("", "")
+                dtxt, cls = delta_text(f) if s.key == "headline" or (s.key == "answer" and f.previous is not None) \
+                    else ("", "")
                 out.append(f'<div class="kpi" data-key="{escape(f.key)}"><div class="l">{escape(f.label)}</div>'
                            f'<div class="v">{escape(fmt_value(f.value, f.unit))}</div>'
                            + (f'<div class="{cls}">{escape(dtxt)}</div>' if dtxt else "")
@@ -213,6 +214,26 @@ def markdown(report: Report, max_rows: int = 5) -> str:
            f"Period {p.describe()}, compared with {report.previous.label}. GPU-time cost basis unless stated.", ""]
     if not report.has_data:
         out += [f"**No model calls in {p.describe()}** — no data for this week in the store.", ""]
+    ans = next((s for s in report.sections if s.key == "answer"), None)
+    if ans is not None:  # the answer first: the week's tax, its change, the top fixes
+        out += [f"## {ans.title}", ""]
+        for f in ans.figures:
+            d, _ = delta_text(f)
+            out.append(f"- {f.label}: **{fmt_value(f.value, f.unit)}**"
+                       + (f" ({d} vs the week before)" if d and f.previous is not None else "")
+                       + f" — {f.basis}")
+        out.append("")
+        for n in ans.notes:
+            out += [f"> {n}", ""]
+        fixes = next((t for t in ans.tables if t.name == "top_fixes"), None)
+        if fixes is not None and fixes.data.num_rows:
+            out.append("Top fixes:")
+            for i, r in enumerate(fixes.data.to_pylist(), 1):
+                rec = "" if r["recoverable_usd_week"] is None else \
+                    f", recovers {fmt_value(r['recoverable_usd_week'], 'usd')}"
+                ses = "" if r["sessions"] is None else f", [{r['sessions']:,} sessions]({r['console_url']})"
+                out.append(f"{i}. **{fmt_value(r['usd_week'], 'usd')}/week**{rec}{ses} — {r['fix']} (`{r['id']}`)")
+            out.append("")
     head = next(s for s in report.sections if s.key == "headline")
     out += ["| figure | this week | change | basis |", "|---|---|---|---|"]
     for f in head.figures:
@@ -222,7 +243,7 @@ def markdown(report: Report, max_rows: int = 5) -> str:
     wanted = {"spend_by_task_type", "spend_by_tenant", "reprefill_by_cause", "idle_kv_rent_by_instance", "top_sessions",
               "top_tasks"}
     for s in report.sections:
-        if s.key == "headline":
+        if s.key in ("headline", "answer"):
             continue
         tables = [t for t in s.tables if t.name in wanted or s.key == "findings"]
         if not tables and not s.notes and not s.figures:

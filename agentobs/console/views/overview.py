@@ -44,6 +44,8 @@ def kpi(col, label, now, before, fmt, help_text, inverse=False):
 
 
 def render() -> None:
+    findings.answer(ctx)  # the first screen: the weekly recompute tax, the top fixes, the tax over time
+    st.divider()
     cur = metrics.suite(ctx, WANT)
     prev = metrics.suite(ctx, WANT, period="previous")
     models = cur["reuse"]["model"].to_list() if cur and "reuse" in cur and "model" in cur["reuse"].columns else []
@@ -84,8 +86,6 @@ def render() -> None:
             st.write(first(x_now, "cost_basis") or "–")
 
     st.divider()
-    st.subheader("Top findings")
-    findings.top(ctx, 5)
     st.page_link(shell.page_path("findings.py"), label="All findings", icon=":material/lightbulb:", query_params=ui.nav_params(ctx))
 
 

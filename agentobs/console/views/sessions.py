@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import streamlit as st
 
-from agentobs.console import data, metrics, shell, ui
+from agentobs.console import data, findings, metrics, shell, ui
 
 ctx = ui.page("Sessions", "Sessions with at least one model call in the view; tokens are summed over those calls. "
               "Hit rate H = ΣC/ΣP, reuse rate U = ΣC/ΣR_eff and re-prefill X (tokens) come from the metrics API "
@@ -16,7 +16,31 @@ search = c1.text_input("Session id contains", key="sess_search", placeholder="e.
 sort = c2.selectbox("Sort by", list(data.SORTS), key="sess_sort")
 limit = c3.number_input("Show at most", min_value=10, max_value=100_000, value=500, step=100, key="sess_limit")
 
-df = ui.sessions(ctx.stamp, ctx.filters, ctx.since, ctx.until, search, sort, int(limit))
+finding_id = st.query_params.get("finding")
+owned = None
+if finding_id:  # the sessions a finding owns calls of (the ledger's, as `agentobs findings sessions ID`)
+    led = findings.ledger(ctx)
+    f = led.get(finding_id)
+    if f is None:
+        st.warning(f"No finding `{finding_id}` in this view (window and filters); showing every session.")
+    else:
+        rows = led.affected.get(finding_id, ())
+        st.info(f"**{len(rows):,} sessions affected** by `{finding_id}` · {ui.usd(f.tax.usd_week)}{f.tax.per} · "
+                f"fix: {findings._fix_text(f)}")
+        owned = pl.DataFrame({"session_id": [a.session_id for a in rows],
+                              "owned_calls": [a.calls for a in rows],
+                              "owned_tokens": [a.tokens for a in rows],
+                              "owned_usd_week": [a.usd * led.scale for a in rows]},
+                             schema={"session_id": pl.String, "owned_calls": pl.Int64, "owned_tokens": pl.Float64,
+                                     "owned_usd_week": pl.Float64})
+        if st.button("Show every session", key="sess_clear_finding"):
+            del st.query_params["finding"]
+            st.rerun()
+
+df = ui.sessions(ctx.stamp, ctx.filters, ctx.since, ctx.until, search, sort,
+                 int(limit) if owned is None else 1_000_000)
+if owned is not None and df is not None:
+    df = owned.join(df, on="session_id", how="left").sort("owned_usd_week", descending=True).head(int(limit))
 if not ui.empty(df, "sessions"):
     per = metrics.suite(ctx, {"reuse": "session", "reprefill": "session"})
     if per is None:
@@ -42,6 +66,9 @@ if not ui.empty(df, "sessions"):
             "prompt_tokens": st.column_config.NumberColumn("ΣP (tokens)", format="localized"),
             "cached_tokens": st.column_config.NumberColumn("ΣC (tokens)", format="localized"),
             "output_tokens": st.column_config.NumberColumn("ΣO (tokens)", format="localized"),
+            "owned_calls": st.column_config.NumberColumn("calls the finding owns", format="localized"),
+            "owned_tokens": st.column_config.NumberColumn("their re-prefill (tokens)", format="localized"),
+            "owned_usd_week": st.column_config.NumberColumn("their tax ($/week)", format="$%.2f"),
         })
     st.caption(f"{df.height:,} sessions shown (sorted by {sort}).")
     pick_col, btn_col = st.columns([3, 1])
