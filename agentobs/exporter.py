@@ -65,6 +65,21 @@ DERIVED = (
 )
 
 
+# the recompute-tax ledger (agentobs.findings.build) of the same window: the numbers `agentobs findings --since
+# START --until END` prints, the console and the report show
+LEDGER_FAMILIES = (
+    ("agentobs_recompute_tax_usd_per_week", "The fleet's recompute tax: every re-prefill token of the window at its "
+     "GPU-time cost, scaled to a week (agentobs findings; docs/findings.md)", ()),
+    ("agentobs_recompute_tax_by_cause_usd_per_week", "Recompute tax per week by miss cause (METRICS.md §1)",
+     ("cause",)),
+    ("agentobs_finding_tax_usd_per_week", "A finding's tax per week: the re-prefill (or rent) of the calls it owns; "
+     "each call owned by at most one finding", ("finding", "rule", "severity")),
+    ("agentobs_finding_recoverable_usd_per_week", "What a finding's fix recovers of its tax, per week (≤ the tax)",
+     ("finding", "rule", "severity")),
+    ("agentobs_finding_sessions", "Sessions with a call the finding owns", ("finding", "rule", "severity")),
+)
+
+
 @dataclass
 class Snapshot:
     computed_at: float  # clock time the window ends at
@@ -91,8 +106,10 @@ def compute_snapshot(db, settings: Settings, clock: Callable[[], float] = time.t
         for metric in sorted({d.metric for d in DERIVED} & available):
             for dim in DIMENSIONS:
                 frames[(metric, dim)] = run.compute(metric, dim)
+        ledger = _ledger(db, now - window_s, now, settings)  # shares the run prepared above (same window)
     finally:
         close()
+    series.update(ledger_series(ledger))
     for d in DERIVED:
         for dim in DIMENSIONS:
             df = frames.get((d.metric, dim))
@@ -104,6 +121,35 @@ def compute_snapshot(db, settings: Settings, clock: Callable[[], float] = time.t
                 labels = {"dimension": dim, "group": "(none)" if group is None else str(group), **dict(d.extra)}
                 series[d.name].append((labels, float(v) / hours if d.per_hour else float(v)))
     return Snapshot(now, window_s, time.perf_counter() - t0, series)
+
+
+def _ledger(db, since: float, until: float, settings: Settings):
+    from .findings import build
+
+    try:
+        return build(db, since=since, until=until, settings=settings, clock=lambda: until)
+    except Exception as e:  # noqa: BLE001 - the derived metrics still serve without the ledger
+        log.warning("exporter: recompute-tax ledger failed: %s", e)
+        return None
+
+
+def ledger_series(ledger) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The ledger's figures as exporter series (LEDGER_FAMILIES); empty families when there is no ledger."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {name: [] for name, _h, _l in LEDGER_FAMILIES}
+    if ledger is None:
+        return out
+    out["agentobs_recompute_tax_usd_per_week"].append(({}, ledger.usd_week))
+    for c in ledger.by_cause:
+        out["agentobs_recompute_tax_by_cause_usd_per_week"].append(({"cause": c.cause}, c.usd_week))
+    for f in ledger.findings:
+        labels = {"finding": f.id, "rule": f.rule, "severity": f.severity}
+        if f.tax.usd_week is not None:
+            out["agentobs_finding_tax_usd_per_week"].append((labels, f.tax.usd_week))
+        if f.recoverable.usd_week is not None:
+            out["agentobs_finding_recoverable_usd_per_week"].append((labels, f.recoverable.usd_week))
+        if f.sessions is not None:
+            out["agentobs_finding_sessions"].append((labels, float(f.sessions)))
+    return out
 
 
 class DerivedCollector:
@@ -187,6 +233,11 @@ class DerivedCollector:
             label_names = ["dimension", "group", *[k for k, _ in d.extra]]
             fam = GaugeMetricFamily(d.name, d.help, labels=label_names)
             for labels, v in snap.series.get(d.name, []):
+                fam.add_metric([labels[k] for k in label_names], v)
+            yield fam
+        for name, help_text, label_names in LEDGER_FAMILIES:
+            fam = GaugeMetricFamily(name, help_text, labels=list(label_names))
+            for labels, v in snap.series.get(name, []):
                 fam.add_metric([labels[k] for k in label_names], v)
             yield fam
 

@@ -34,3 +34,22 @@ def store(db_path):
     yield con, w
     w.close()
     con.close()
+
+
+SAMPLE_BUNDLE = Path(__file__).parent.parent / "sample_data" / "fleet"
+
+
+@pytest.fixture(scope="session")
+def sample_db(tmp_path_factory) -> Path:
+    """sample_data/fleet imported once for the whole test session (read it only: tests share it)."""
+    if not (SAMPLE_BUNDLE / "manifest.json").exists():
+        pytest.skip("sample_data/fleet not in this checkout")
+    from agentobs.config import Settings
+    from agentobs.sim.bundle import import_bundle
+
+    path = tmp_path_factory.mktemp("sample_shared") / "sample.duckdb"
+    con = connect(path)
+    with Writer(con) as w:
+        import_bundle(SAMPLE_BUNDLE, w, Settings())
+    con.close()
+    return path
