@@ -19,6 +19,8 @@ from test_console_store import LLAMA, WORKED_SESSION, build_store
 
 from agentobs.console.shell import PAGES
 
+LLAMA_SAMPLE = "meta-llama/Llama-3.1-8B-Instruct"  # a model of sample_data/fleet
+
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "screenshots"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -41,6 +43,16 @@ def _free_port() -> int:
 def console(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("browser")
     db = build_store(tmp / "console.duckdb", tmp)
+    yield from _serve(db, tmp)
+
+
+@pytest.fixture(scope="module")
+def sample_console(tmp_path_factory, sample_db):
+    """The console over the sample fleet (the shared session store, read-only)."""
+    yield from _serve(sample_db, tmp_path_factory.mktemp("browser_sample"))
+
+
+def _serve(db, tmp):
     port = _free_port()
     env = dict(os.environ, AGENTOBS_CONSOLE_QUERIES=str(tmp / "queries.json"))
     env.pop("AGENTOBS_CONFIG", None)
@@ -198,3 +210,43 @@ def test_sql_query_and_refused_write(console, page):
     page.get_by_text(re.compile("refused: file and network access is disabled")).wait_for()
     assert "root:" not in page.content()  # nothing of /etc/passwd reached the page
     no_exception(page)
+
+
+def test_overview_tax_equals_the_cli_ledger(sample_console, sample_db, page):
+    # the first screen (no scrolling at 1440×900) shows the same weekly tax and top fixes as `agentobs findings`
+    # for the same URL filters; "N sessions affected" opens the Sessions page filtered to that finding
+    import json
+
+    from click.testing import CliRunner
+
+    from agentobs.cli import cli
+    from agentobs.console.ui import usd
+
+    page.set_viewport_size({"width": 1440, "height": 900})
+    for qs, flags in (("", []), ("?model=" + LLAMA_SAMPLE, ["--filter", f"model={LLAMA_SAMPLE}"])):
+        res = CliRunner().invoke(cli, ["findings", "--db", str(sample_db), "--format", "ledger", *flags])
+        assert res.exit_code == 0, res.output
+        want = json.loads(res.stdout)
+        page.goto(f"{sample_console}/{qs}")
+        settle(page)
+        no_exception(page)
+        box = page.locator(".st-key-tax_answer")
+        value = box.locator("[data-testid='stMetricValue']").first
+        assert value.inner_text() == usd(want["fleet"]["tax"]["usd_week"])
+        assert value.bounding_box()["y"] + value.bounding_box()["height"] < 900  # on the first screen
+        text = box.inner_text()
+        priced = [f for f in want["findings"] if f["tax"]["usd_week"]][:3]
+        assert priced, "the sample fleet's planted problems have a $ figure"
+        for f in priced:
+            assert usd(f["tax"]["usd_week"]) + "/week" in text and f["id"] in text
+            assert f"{f['sessions']:,} sessions affected" in text
+        shot(page, "overview-answer" + ("-filtered" if qs else ""))
+    # drill down: the top finding's sessions
+    top = priced[0]
+    box.get_by_role("link", name=f"{top['sessions']:,} sessions affected").first.click()
+    page.get_by_role("heading", name="Sessions", level=1).wait_for()
+    settle(page)
+    no_exception(page)
+    assert "finding=" in page.url
+    page.get_by_text(f"{top['sessions']:,} sessions affected").first.wait_for()
+    shot(page, "sessions-of-a-finding")

@@ -23,7 +23,7 @@ CAUSE_COLORS = {
     "cache_disabled": "#c62828",
     "routed_away": "#ef6c00",
     "evicted_full": "#8e24aa",
-    "evicted_partial": "#f9a825",
+    "evicted_partial": "#fdd835",
     "unknown": "#b0bec5",
 }
 
@@ -47,8 +47,10 @@ def _fix_text(f) -> str:
     return short_fix(f)
 
 
-def sessions_link(ctx: Context, f) -> str:
-    return ui.link("sessions", ctx, finding=f.id)
+def sessions_page_link(ctx: Context, f) -> None:
+    """"N sessions affected" → the Sessions page filtered to the finding (in the app, keeping the view)."""
+    st.page_link(page_path("sessions.py"), label=f"{f.sessions or 0:,} sessions affected",
+                 icon=":material/list:", query_params=ui.nav_params(ctx, finding=f.id))
 
 
 def trend_chart(led) -> alt.Chart | None:
@@ -98,9 +100,8 @@ def answer(ctx: Context) -> None:
             rec = f.recoverable.usd_week
             st.markdown(f"**{i}. {ui.usd(f.tax.usd_week)}{f.tax.per}** · {_fix_text(f)}  \n"
                         f"<small>`{f.id}` · {f.severity} · recovers {ui.usd(rec)}"
-                        f"{f.tax.per if rec is not None else ''} · "
-                        f"[{f.sessions or 0:,} sessions affected]({sessions_link(ctx, f)})</small>",
-                        unsafe_allow_html=True)
+                        f"{f.tax.per if rec is not None else ''}</small>", unsafe_allow_html=True)
+            sessions_page_link(ctx, f)
     with right:
         chart = trend_chart(led)
         if chart is None:
@@ -130,7 +131,8 @@ def render(f, ctx: Context | None = None, expanded: bool = False) -> None:
         if f.sessions is not None:
             c[2].metric("Sessions affected", f"{f.sessions:,}")
             if ctx is not None:
-                c[2].markdown(f"[list them ↗]({sessions_link(ctx, f)})")
+                with c[2]:
+                    sessions_page_link(ctx, f)
         if tax.usd_window is not None and tax.window_s:
             st.caption(f"observed {ui.usd(tax.usd_window)} in the window, × {tax.scale:,.2f} → {ui.usd(usd)}{per}")
         if f.also_recovers is not None:

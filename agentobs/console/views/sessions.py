@@ -70,7 +70,8 @@ if not ui.empty(df, "sessions"):
             "owned_tokens": st.column_config.NumberColumn("their re-prefill (tokens)", format="localized"),
             "owned_usd_week": st.column_config.NumberColumn("their tax ($/week)", format="$%.2f"),
         })
-    st.caption(f"{df.height:,} sessions shown (sorted by {sort}).")
+    st.caption(f"{df.height:,} sessions shown (sorted by " + (f"{sort})." if owned is None else
+                                                           "the finding's tax in each, most first)."))
     pick_col, btn_col = st.columns([3, 1])
     pick = pick_col.selectbox("Session", df["session_id"].to_list(), key="sess_pick")
     btn_col.write("")
