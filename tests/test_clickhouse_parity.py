@@ -150,7 +150,8 @@ def test_report_notes_and_findings_section(reports):
     fb = next(t for t in b.tables() if t.name == "findings").data.to_pylist()
     # the simulated recoverable $ (the replay reads m_calls and engine_config_latest) is the same number
     assert [r["id"] for r in fa] == [r["id"] for r in fb] and fa
-    assert all(close(x["recoverable_usd_per_week"], y["recoverable_usd_per_week"]) for x, y in zip(fa, fb, strict=True))
+    assert all(close(x["recoverable_usd_week"], y["recoverable_usd_week"]) and close(x["usd_week"], y["usd_week"])
+               and x["sessions"] == y["sessions"] for x, y in zip(fa, fb, strict=True))
 
 
 # -- exporter --------------------------------------------------------------------------------------------

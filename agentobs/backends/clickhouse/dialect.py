@@ -25,6 +25,7 @@ Session settings in conn.SESSION_SETTINGS supply SQL NULL semantics (join_use_nu
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import sqlglot
@@ -37,7 +38,7 @@ PARAM_TYPES = {
     "bucket_s": "Float64", "itl_slo_ms": "Float64", "itl_tail_mode": "String", "long_prefill_tokens": "Int64",
     "ttft_slo_s": "Float64", "default_block_size": "Int32",
     # findings (agentobs/findings), report (agentobs/report/build.py)
-    "instance": "String", "cause": "String", "cause2": "String", "mode": "String", "slo_ms": "Float64",
+    "instance": "Nullable(String)", "model": "Nullable(String)", "cause": "String", "cause2": "String", "mode": "String", "slo_ms": "Float64",
     "long_tokens": "Int64", "queue_s": "Float64", "lo": "Nullable(Float64)", "hi": "Nullable(Float64)",
     "ids": "Array(String)",
     # console (agentobs/console/data.py, metrics.py)
@@ -46,9 +47,15 @@ PARAM_TYPES = {
 LIST_PARAMS = {"instances", "metrics", "ids"}  # lists cannot be NULL in ClickHouse: None → []
 
 
+_CLAIM_PARAM = re.compile(r"^c\d+_(\w+)$")  # a finding's claim parameter in the ledger's one query (c<rank>_<name>)
+
+
 def param_type(name: str) -> str:
     if name.startswith("f_"):
         return "Array(String)"
+    m = _CLAIM_PARAM.match(name)
+    if m and name not in PARAM_TYPES:
+        name = m.group(1)
     if name not in PARAM_TYPES:
         raise KeyError(f"no ClickHouse type for parameter ${name}")
     return PARAM_TYPES[name]
