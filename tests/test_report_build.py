@@ -132,21 +132,23 @@ def test_every_figure_and_table_states_its_basis(report):
 
 
 def test_findings_from_the_findings_module(store):
-    from agentobs.findings import run
+    from agentobs.findings import build as ledger_of
+    from agentobs.findings.render import short_fix
 
-    r = build(store, WEEK, settings())  # agentobs.findings.run over the same week
+    r = build(store, WEEK, settings())  # the tax ledger (agentobs.findings.build) over the same week
     sec = next(s for s in r.sections if s.key == "findings")
     assert not any("not available" in n for n in sec.notes)
     try:
-        expected = run(store, since=WEEK.since, until=WEEK.until, settings=settings())
+        expected = ledger_of(store, since=WEEK.since, until=WEEK.until, settings=settings()).findings
     except Exception as e:  # noqa: BLE001 - the report must say how findings failed and keep everything else
-        assert sec.notes == [f"findings failed: {type(e).__name__}: {e}"]
+        assert sec.notes == [f"findings for {WEEK.label} failed: {type(e).__name__}: {e}"]
         assert "top_sessions" in {t.name for t in r.tables()}
         return
     rows = next(t for t in sec.tables if t.name == "findings").data.to_pylist()
     assert [x["id"] for x in rows] == [f.id for f in expected]
-    assert [x["usd_per_week"] for x in rows] == [f.tax.usd_week for f in expected]
-    assert [x["fix"] for x in rows] == [f.remediation for f in expected]
+    assert [x["usd_week"] for x in rows] == [f.tax.usd_week for f in expected]
+    assert [x["remediation"] for x in rows] == [f.remediation for f in expected]
+    assert [x["fix"] for x in rows] == [short_fix(f) for f in expected]
 
 
 def test_findings_module_missing_is_said_plainly(report):
@@ -159,7 +161,7 @@ def test_week_without_data(store):
     r = build(store, iso_week("2026-W40"), settings(), findings=None)
     assert not r.has_data and r.calls == 0
     assert r.figure("cost_usd").value is None
-    assert [s.key for s in r.sections] == ["headline", "findings"]
+    assert [s.key for s in r.sections] == ["answer", "findings", "headline"]
 
 
 @pytest.mark.parametrize(("args", "error"), [

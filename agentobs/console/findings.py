@@ -73,15 +73,19 @@ def trend_chart(led) -> alt.Chart | None:
     ).properties(height=230)
 
 
-def answer(ctx: Context) -> None:
+def answer(ctx: Context, simulate: bool = True, slot=None):
     """The Overview's first screen: the fleet's recompute tax per week with its scaling, the top fixes with their
-    $/week and the sessions they affect, and the tax over time by cause."""
+    $/week and the sessions they affect, and the tax over time by cause. Drawn into ``slot`` (an ``st.empty``;
+    a new one when None), which it returns: the Overview draws it first without the simulator replay (the tax,
+    fixes and sessions are the same; only "recovers" waits for the replay), then again with it once the rest of
+    the page is drawn."""
+    slot = slot if slot is not None else st.empty()
     try:
-        led = ledger(ctx)
+        led = ledger(ctx, simulate)
     except Exception as e:  # noqa: BLE001 - the ledger is another module's; show its error, keep the page
-        st.error(f"recompute-tax ledger failed: {e}")
-        return
-    box = st.container(key="tax_answer")  # .st-key-tax_answer: what the browser test reads
+        slot.error(f"recompute-tax ledger failed: {e}")
+        return slot
+    box = slot.container(key="tax_answer")  # .st-key-tax_answer: what the browser test reads
     left, right = box.columns([5, 6])
     with left:
         st.metric("Recompute tax" + (" per week" if led.period == "week" else " (observed window)"),
@@ -98,9 +102,10 @@ def answer(ctx: Context) -> None:
                        "recompute tax above the floors.")
         for i, f in enumerate(fixes, 1):
             rec = f.recoverable.usd_week
+            recovers = ("recovers … (replaying sessions)" if not simulate else
+                        f"recovers {ui.usd(rec)}{f.tax.per if rec is not None else ''}")
             st.markdown(f"**{i}. {ui.usd(f.tax.usd_week)}{f.tax.per}** · {_fix_text(f)}  \n"
-                        f"<small>`{f.id}` · {f.severity} · recovers {ui.usd(rec)}"
-                        f"{f.tax.per if rec is not None else ''}</small>", unsafe_allow_html=True)
+                        f"<small>`{f.id}` · {f.severity} · {recovers}</small>", unsafe_allow_html=True)
             sessions_page_link(ctx, f)
     with right:
         chart = trend_chart(led)
@@ -108,6 +113,7 @@ def answer(ctx: Context) -> None:
             st.caption("No re-prefill in this view.")
         else:
             st.altair_chart(chart, width="stretch")
+    return slot
 
 
 def render(f, ctx: Context | None = None, expanded: bool = False) -> None:

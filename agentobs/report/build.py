@@ -27,6 +27,8 @@ from ..metrics.usual import usual_cte
 from .period import Period
 
 TOP_N = 20
+FINDINGS_MISSING = ("findings module not available (agentobs.findings is not in this build); no findings were "
+                    "evaluated.")
 # dimensions of "spend and compute by …": report name -> m_calls column (names come only from here)
 SPEND_DIMENSIONS = {"task_type": "task_type", "agent": "agent_name", "tenant": "tenant", "model": "model",
                     "instance": "instance"}
@@ -511,8 +513,7 @@ class _Builder:
         and the top fixes with their $ and the sessions they affect."""
         if ledger is None:
             sec = Section("answer", "The recompute tax this week", "")
-            sec.notes += self.failures or ["findings are left out of this report (findings=None), so the "
-                                           "recompute-tax ledger was not computed."]
+            sec.notes += self.failures or [FINDINGS_MISSING]
             return sec
         prev_usd = before.usd_week if before is not None and before.calls else None
         owned_tok, owned_usd = ledger.owned("reprefill")
@@ -570,7 +571,7 @@ class _Builder:
                       "the ledger's findings in its order ($/week at stake, then severity); the whole ledger in "
                       "tables/findings.csv")
         if ledger is None:
-            sec.notes += self.failures or ["findings are left out of this report (findings=None)."]
+            sec.notes += self.failures or [FINDINGS_MISSING]
             return sec
         rows = [_finding_row(f) for f in ledger.findings]
         tbl = pa.Table.from_pylist(rows, schema=FINDINGS_SCHEMA)

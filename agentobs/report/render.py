@@ -58,7 +58,7 @@ def fmt_value(v, unit: str) -> str:
 
 def column_unit(name: str) -> str:
     """The display unit of a metric column, from its name (the metrics' naming conventions)."""
-    if name.endswith("_usd") or name.endswith("usd_per_week"):
+    if name.endswith(("_usd", "usd_per_week", "usd_week", "usd_window")):
         return "usd"
     if name.endswith("_bytes"):
         return "bytes"

@@ -15,14 +15,18 @@ BAR = "#3b6fb6"
 BAR_PREV = "#c4cfdf"
 
 
-def _clip(s: str, n: int = 38) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
+def _clip(s: str, n: int = 34) -> str:
+    """At most ``n`` characters; a longer label keeps its head and tail (ids differ at the end)."""
+    if len(s) <= n:
+        return s
+    head = (n - 1) // 2
+    return s[:head] + "…" + s[-(n - 1 - head):]
 
 
 def bars(labels: Sequence[str], values: Sequence[float | None], fmt: Callable[[float], str], title: str,
          width: int = 640) -> str:
     """Horizontal bars, one per label, largest first as given. ``None`` values draw no bar and say '–'."""
-    row, top, left, right = 22, 26, 230, 90
+    row, top, left, right = 22, 26, 250, 90
     h = top + row * max(len(labels), 1) + 8
     vmax = max((v for v in values if v is not None and math.isfinite(v)), default=0.0)
     scale = (width - left - right) / vmax if vmax > 0 else 0.0

@@ -44,7 +44,9 @@ def kpi(col, label, now, before, fmt, help_text, inverse=False):
 
 
 def render() -> None:
-    findings.answer(ctx)  # the first screen: the weekly recompute tax, the top fixes, the tax over time
+    # the first screen: the weekly recompute tax, the top fixes, the tax over time — drawn first without the
+    # simulator replay, then again with it (the "recovers" figures) once the rest of the page is drawn
+    slot = findings.answer(ctx, simulate=False)
     st.divider()
     cur = metrics.suite(ctx, WANT)
     prev = metrics.suite(ctx, WANT, period="previous")
@@ -85,6 +87,7 @@ def render() -> None:
         with st.expander("Cost basis of the $ figures"):
             st.write(first(x_now, "cost_basis") or "–")
 
+    findings.answer(ctx, simulate=True, slot=slot)
     st.divider()
     st.page_link(shell.page_path("findings.py"), label="All findings", icon=":material/lightbulb:", query_params=ui.nav_params(ctx))
 
