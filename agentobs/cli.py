@@ -333,9 +333,19 @@ def calls_cmd(ctx: Ctx, session_id, fmt):
 def _emit(table, fmt, title):
     from .output import render
 
-    data = render(table, fmt, title=title, console=console)
+    data = render(table, fmt, title=title, console=console, full=_full_hint())
     if data is not None:
         sys.stdout.buffer.write(data)
+
+
+def _full_hint() -> str | None:
+    """The other --format choices of the running command (where a shortened table's full values are), if any."""
+    ctx = click.get_current_context(silent=True)
+    for p in (ctx.command.params if ctx else ()):
+        if p.name == "fmt" and isinstance(p.type, click.Choice):
+            others = [c for c in p.type.choices if c not in ("table", "parquet")]
+            return f"--format {'|'.join(others)}" if others else None
+    return None
 
 
 @cli.command("settings")
