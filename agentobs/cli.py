@@ -290,15 +290,18 @@ ORDER BY s.first_start_ts DESC
 LIMIT ?
 """
 
+# the session's calls (llm_calls) beside their per-call reuse columns (call_reuse, as the metric run prepares it:
+# m_calls, with the settings' default block size): hit class, re-prefill X and miss cause (METRICS.md §1), and the
+# idle gap since prev(c) — the previous call of its branch, or for a branch's first call the fork point
 CALLS_SQL = """
-SELECT c.call_id, strftime(c.start_ts, '%H:%M:%S.%g') AS start, c.attempt, c.branch, c.instance, c.model,
-       round(c.ttft_s, 3) AS ttft_s, round(c.e2e_s, 3) AS e2e_s,
-       round(g.gap_s, 3) AS gap_before_s,
-       c.prompt_tokens, c.cached_tokens, c.output_tokens, c.status, c.source
+SELECT c.call_id, strftime(c.start_ts, '%H:%M:%S.%g') AS start, c.branch, c.attempt, c.instance,
+       c.prompt_tokens, c.cached_tokens, r.hit_class, r.reprefill_tokens, r.miss_cause,
+       round(r.gap_before_s, 3) AS gap_before_s, round(c.ttft_s, 3) AS ttft_s, round(c.e2e_s, 3) AS e2e_s,
+       c.output_tokens, c.status, r.is_retry, c.model, c.source
 FROM llm_calls c
-LEFT JOIN turn_gaps g ON g.call_id = c.call_id
-WHERE c.session_id = ?
-ORDER BY c.start_s
+LEFT JOIN m_calls r ON r.call_id = c.call_id AND r.trace_id = c.trace_id
+WHERE c.session_id = $sid
+ORDER BY c.start_s, c.call_id
 """
 
 
@@ -318,13 +321,20 @@ def sessions_cmd(ctx: Ctx, limit, fmt):
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @common
 def calls_cmd(ctx: Ctx, session_id, fmt):
-    """The model calls of one session, in order, with the idle gap before each."""
-    con = _open(ctx, read_only=True)
-    table = con.sql(CALLS_SQL, params=[session_id]).to_arrow_table()
-    if table.num_rows == 0:
-        similar = con.execute(
+    """The model calls of one session, in order: hit class, re-prefill tokens and miss cause of each (METRICS.md
+    §1), the idle gap before it, retries (attempt > 1, or the same prompt re-sent after an error)."""
+    from .metrics import prepare
+
+    _open(ctx, read_only=True).close()  # one clear line if the store is missing
+    run, close = prepare(ctx.db, settings=ctx.settings)
+    try:
+        table = run.cur.sql(CALLS_SQL, params={"sid": session_id}).to_arrow_table()
+        similar = None if table.num_rows else run.cur.execute(
             "SELECT session_id FROM sessions ORDER BY jaro_winkler_similarity(session_id, ?) DESC LIMIT 1", [session_id]
         ).fetchone()
+    finally:
+        close()
+    if table.num_rows == 0:
         hint = f" (did you mean {similar[0]!r}?)" if similar else ""
         raise AgentobsError(f"no calls for session {session_id!r}{hint}")
     _emit(table, fmt, f"session {session_id}")
