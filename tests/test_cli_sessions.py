@@ -18,9 +18,20 @@ Block size B = 16 (no engine config: the default_block_size setting). Session s1
 R is the append-only estimate P(prev); R_eff = floor(min(R, P − 1) / 16) · 16 (3000 → 2992, 3500 → 3488,
 6000 → min(6000, 5999) → 5984).
 
-Session s2 (the retry definition at a fork): e1 (main, 0–2, P 1000, C 0) fails; e2 (branch b1, 5–7, P 1000,
-C 992) forks from it with the same P — not a retry, a retry is a re-send within its own branch; e3 (main,
-10–12, P 1000, C 992) re-sends it on main — a retry.
+Session s2 (the retry definition at a fork), all on A: e1 (main, 100–102, P 1000, C 0) fails; e2 (branch b1,
+105–107, P 1000, C 992) forks from it with the same P — not a retry, a retry is a re-send within its own branch;
+e3 (main, 110–112, P 1000, C 992) re-sends it on main — a retry.
+
+Hit rates, H = ΣC / ΣP over the calls whose C is known (c5 is left out of both sums):
+
+    s1          ΣC = 0 + 992 + 0 + 1000 + 4992 + 5984 (main) + 2992 + 0 (b1) = 12968 + 2992 = 15960
+                ΣP = 1000 + 2000 + 3000 + 4000 + 6000 + 6000 (main, not c5) + 3500 + 4500 (b1) = 22000 + 8000
+                H = 15960 / 30000 = 0.532 (with c5's P in the denominator it would be 15960 / 35000 = 0.456)
+                main: 7 calls, 12968 / 22000 = 0.58945…; branch b1: 2 calls, 2992 / 8000 = 0.374
+    s2          H = (0 + 992 + 992) / 3000 = 0.66133…; main: 992 / 2000 = 0.496; b1: 992 / 1000 = 0.992
+    all calls   17944 / 33000 = 0.543757… (the demo headline's formula; ΣC / ΣP of every call: 17944 / 38000)
+
+Retries: s1 has 2 (d2: attempt 2; c7: c6 failed and c7 re-sends P 6000), s2 has 1 (e3).
 """
 
 from __future__ import annotations
@@ -31,36 +42,74 @@ import subprocess
 import sys
 
 import pytest
-from test_metrics_golden import call, make_db
 
+from agentobs.collect.files import import_otlp
+from agentobs.config import Settings, load_settings
+from agentobs.store.db import connect
+from agentobs.store.writer import Writer
+
+T0 = 1_800_000_000.0
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
+# (call id, session, task, branch, attempt, instance, start, end, P, C, failed)
+CALLS = [
+    ("c1", "s1", "t1", None, None, A, 0, 2, 1000, 0, False),
+    ("c2", "s1", "t1", None, None, A, 10, 12, 2000, 992, False),
+    ("c3", "s1", "t1", None, None, B, 20, 22, 3000, 0, False),
+    ("d1", "s1", "t1", "b1", None, B, 23, 25, 3500, 2992, False),
+    ("c4", "s1", "t1", None, None, B, 30, 32, 4000, 1000, False),
+    ("d2", "s1", "t1", "b1", 2, A, 33, 35, 4500, 0, False),
+    ("c5", "s1", "t1", None, None, B, 40, 42, 5000, None, False),
+    ("c6", "s1", "t1", None, None, B, 50, 51, 6000, 4992, True),
+    ("c7", "s1", "t1", None, None, B, 52, 54, 6000, 5984, False),
+    ("e1", "s2", "t2", None, None, A, 100, 102, 1000, 0, True),
+    ("e2", "s2", "t2", "b1", None, A, 105, 107, 1000, 992, False),
+    ("e3", "s2", "t2", None, None, A, 110, 112, 1000, 992, False),
+]
 
 
-def s1_calls():
-    return [
-        call("c1", "s1", 0, 2, 1000, 0, inst=A),
-        call("c2", "s1", 10, 12, 2000, 992, inst=A),
-        call("c3", "s1", 20, 22, 3000, 0, inst=B),
-        call("d1", "s1", 23, 25, 3500, 2992, inst=B, branch="b1"),
-        call("c4", "s1", 30, 32, 4000, 1000, inst=B),
-        call("d2", "s1", 33, 35, 4500, 0, inst=A, branch="b1", attempt=2),
-        call("c5", "s1", 40, 42, 5000, None, inst=B),
-        call("c6", "s1", 50, 51, 6000, 4992, inst=B, status=2),
-        call("c7", "s1", 52, 54, 6000, 5984, inst=B),
-    ]
+def _attr(k, v):
+    return {"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}}
 
 
-def s2_calls():
-    return [
-        call("e1", "s2", 100, 102, 1000, 0, inst=A, status=2, task="t2"),
-        call("e2", "s2", 105, 107, 1000, 992, inst=A, branch="b1", task="t2"),
-        call("e3", "s2", 110, 112, 1000, 992, inst=A, task="t2"),
-    ]
+def otlp_json() -> str:
+    """The calls as gateway spans in OTLP/JSON (what `agentobs import otlp` and the ClickHouse exporter take)."""
+    spans = []
+    for i, (cid, sess, task, branch, attempt, inst, t0, t1, P, C, failed) in enumerate(CALLS):  # noqa: N806
+        host, port = inst.split(":")
+        a = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "Qwen/Qwen3-32B", "server.address": host,
+             "server.port": int(port), "gen_ai.conversation.id": sess, "agentobs.task.id": task,
+             "gen_ai.usage.input_tokens": P, "gen_ai.usage.output_tokens": 100}
+        if C is not None:
+            a["gen_ai.usage.cache_read.input_tokens"] = C
+        if branch:
+            a["agentobs.branch"] = branch
+        if attempt:
+            a["agentobs.attempt"] = attempt
+        span = {"traceId": f"{i + 1:032x}", "spanId": f"{cid:0>16}", "name": "chat Qwen/Qwen3-32B", "kind": 3,
+                "startTimeUnixNano": str(int((T0 + t0) * 1e9)), "endTimeUnixNano": str(int((T0 + t1) * 1e9)),
+                "attributes": [_attr(k, v) for k, v in a.items()]}
+        if failed:
+            span["status"] = {"code": 2, "message": "upstream timeout"}
+        spans.append(span)
+    return json.dumps({"resourceSpans": [{"resource": {"attributes": [_attr("service.name", "gateway")]},
+                                          "scopeSpans": [{"scope": {"name": "test"}, "spans": spans}]}]})
+
+
+def cid(x: str) -> str:
+    return f"{x:0>16}"  # the span id of call x
 
 
 @pytest.fixture(scope="module")
 def db(tmp_path_factory):
-    return make_db(tmp_path_factory.mktemp("sessions"), s1_calls() + s2_calls())
+    d = tmp_path_factory.mktemp("sessions")
+    (d / "calls.json").write_text(otlp_json())
+    path = str(d / "s.duckdb")
+    con = connect(path)
+    with Writer(con) as w:
+        res = import_otlp([d / "calls.json"], w, load_settings(env={}))
+    con.close()
+    assert res.accepted == len(CALLS) and not res.errors
+    return path
 
 
 def agentobs(*args):
@@ -75,6 +124,7 @@ def agentobs(*args):
 
 def test_calls_show_hit_class_reprefill_and_miss_cause(db):
     rows = json.loads(agentobs("calls", "--session", "s1", "--db", db, "--format", "json"))
+    rows = [{**r, "call_id": r["call_id"].lstrip("0")} for r in rows]
     got = {r["call_id"]: (r["hit_class"], r["reprefill_tokens"], r["miss_cause"]) for r in rows}
     assert [r["call_id"] for r in rows] == ["c1", "c2", "c3", "d1", "c4", "d2", "c5", "c6", "c7"]  # by start
     assert got == {
@@ -93,5 +143,24 @@ def test_calls_show_hit_class_reprefill_and_miss_cause(db):
     assert [r["call_id"] for r in rows if r["is_retry"]] == ["d2", "c7"]
     # the table shows the same columns
     out = agentobs("calls", "--session", "s1", "--db", db)
-    line = next(x for x in out.splitlines() if x.startswith("c4 "))
+    line = next(x for x in out.splitlines() if x.startswith(cid("c4")))
     assert "partial" in line and "1,992" in line and "evicted_partial" in line
+
+
+def test_one_definition_of_retries(db):
+    """The sessions and tasks views count the calls call_reuse marks is_retry, and task_cost's retries."""
+    from agentobs.metrics import compute, prepare
+
+    run, close = prepare(db, settings=Settings())
+    try:
+        flagged = sorted(r[0].lstrip("0") for r in run.cur.sql("SELECT call_id FROM m_calls WHERE is_retry").fetchall())
+        turns = dict(run.cur.sql("SELECT call_id, turn_no FROM m_calls WHERE session_id = 's2'").fetchall())
+    finally:
+        close()
+    # d2 (attempt 2), c7 (re-sent after c6 failed), e3 (re-sent on main after e1 failed); not e2, the first call of
+    # branch b1, although its fork point e1 failed with the same P
+    assert flagged == ["c7", "d2", "e3"]
+    # the turns of s2 per branch: main e1 (turn 1) and its retry e3 (still turn 1); b1 e2 (turn 1 of its branch)
+    assert (turns[cid("e1")], turns[cid("e3")], turns[cid("e2")]) == (1, 1, 1)
+    by_task = {r["task_id"]: r["retries"] for r in compute("task_cost", db=db, by="task", settings=Settings()).to_dicts()}
+    assert by_task == {"t1": 2, "t2": 1}
