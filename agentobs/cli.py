@@ -278,15 +278,18 @@ def sql_cmd(ctx: Ctx, query, fmt, out, max_rows, timeout, backend, clickhouse_ur
 
 
 # -- quick views ------------------------------------------------------------------------------------
+# the sessions view (agentobs/model/views.sql): H = ΣC/ΣP over the calls whose C is known (METRICS.md §2), for the
+# session and for its main branch and its sub-agent branches apart; retries as call_reuse counts them
 SESSIONS_SQL = """
-SELECT s.session_id, s.task_type, s.calls, s.retries, s.instances,
-       strftime(s.first_start_ts, '%Y-%m-%d %H:%M:%S') AS first_start,
-       round(s.span_s, 1) AS span_s,
-       s.prompt_tokens, s.cached_tokens,
-       round(s.cached_tokens / nullif(s.prompt_tokens, 0), 3) AS hit_rate,
-       s.output_tokens, s.errors
+SELECT s.session_id, s.calls, round(s.hit_rate, 3) AS hit_rate,
+       s.main_calls, round(s.main_hit_rate, 3) AS main_hit_rate,
+       s.branch_calls, round(s.branch_hit_rate, 3) AS branch_hit_rate,
+       s.branches - (s.main_calls > 0)::INTEGER AS sub_branches,
+       s.retries, strftime(s.first_start_ts, '%Y-%m-%d %H:%M:%S') AS first_start, s.task_type, s.instances,
+       s.prompt_tokens, s.cached_tokens, s.calls_cached_unknown, s.output_tokens, s.errors,
+       round(s.span_s, 1) AS span_s
 FROM sessions s
-ORDER BY s.first_start_ts DESC
+ORDER BY s.first_start_ts DESC, s.session_id
 LIMIT ?
 """
 
@@ -310,7 +313,8 @@ ORDER BY c.start_s, c.call_id
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @common
 def sessions_cmd(ctx: Ctx, limit, fmt):
-    """Sessions, newest first: calls, tokens, prefix-cache hit rate (ΣC/ΣP)."""
+    """Sessions, newest first: calls, hit rate H = ΣC/ΣP over the calls whose cached tokens are known, the main
+    branch and the sub-agent branches apart, retries, tokens."""
     con = _open(ctx, read_only=True)
     table = con.sql(SESSIONS_SQL, params=[limit]).to_arrow_table()
     _emit(table, fmt, f"sessions (newest {limit})")
@@ -460,9 +464,12 @@ def simulate_cmd(ctx: Ctx, scenario, out, seed, router, duration, sessions_per_m
         _bundle_import(ctx, out)
 
 
+# hit_rate: H = ΣC / ΣP over the calls whose cached tokens are known (METRICS.md §2; a call of unknown C is in
+# neither sum)
 HEADLINE_SQL = """
 SELECT count(*) AS calls, count(DISTINCT session_id) AS sessions, count(DISTINCT instance) AS instances,
-       round(sum(cached_tokens) / sum(prompt_tokens), 3) AS hit_rate,
+       round(sum(cached_tokens) / nullif(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0), 3)
+           AS hit_rate,
        round(median(ttft_s), 3) AS ttft_p50_s, round(quantile_cont(ttft_s, 0.99), 3) AS ttft_p99_s
 FROM llm_calls
 """

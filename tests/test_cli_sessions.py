@@ -147,6 +147,28 @@ def test_calls_show_hit_class_reprefill_and_miss_cause(db):
     assert "partial" in line and "1,992" in line and "evicted_partial" in line
 
 
+def test_sessions_hit_rate_leaves_out_unknown_cached_tokens_and_shows_branches(db):
+    rows = {r["session_id"]: r for r in json.loads(agentobs("sessions", "--db", db, "--format", "json"))}
+    s1, s2 = rows["s1"], rows["s2"]
+    assert (s1["calls"], s1["hit_rate"], s1["calls_cached_unknown"]) == (9, 0.532, 1)     # 15960 / 30000
+    assert (s1["prompt_tokens"], s1["cached_tokens"]) == (35000, 15960)                  # ΣP of every call
+    assert (s1["main_calls"], s1["main_hit_rate"]) == (7, 0.589)                         # 12968 / 22000
+    assert (s1["branch_calls"], s1["branch_hit_rate"], s1["sub_branches"]) == (2, 0.374, 1)  # 2992 / 8000
+    assert (s2["calls"], s2["hit_rate"], s2["main_hit_rate"], s2["branch_hit_rate"]) == (3, 0.661, 0.496, 0.992)
+    assert (s1["retries"], s2["retries"]) == (2, 1)
+    # the view itself, unrounded
+    con = connect(db, read_only=True)
+    try:
+        v = con.sql("SELECT session_id, hit_rate, main_hit_rate, branch_hit_rate, retries FROM sessions "
+                    "ORDER BY session_id").fetchall()
+        t = con.sql("SELECT task_id, retries FROM tasks ORDER BY task_id").fetchall()
+    finally:
+        con.close()
+    assert v[0][0] == "s1" and v[0][1:4] == pytest.approx((15960 / 30000, 12968 / 22000, 2992 / 8000))
+    assert v[1][1:4] == pytest.approx((1984 / 3000, 992 / 2000, 992 / 1000))
+    assert [x[4] for x in v] == [2, 1] and t == [("t1", 2), ("t2", 1)]
+
+
 def test_one_definition_of_retries(db):
     """The sessions and tasks views count the calls call_reuse marks is_retry, and task_cost's retries."""
     from agentobs.metrics import compute, prepare
@@ -164,3 +186,22 @@ def test_one_definition_of_retries(db):
     assert (turns[cid("e1")], turns[cid("e3")], turns[cid("e2")]) == (1, 1, 1)
     by_task = {r["task_id"]: r["retries"] for r in compute("task_cost", db=db, by="task", settings=Settings()).to_dicts()}
     assert by_task == {"t1": 2, "t2": 1}
+
+
+def test_demo_headline_hit_rate(db):
+    from agentobs.cli import HEADLINE_SQL
+
+    con = connect(db, read_only=True)
+    try:
+        calls, sessions, instances, hit_rate = con.sql(HEADLINE_SQL).fetchall()[0][:4]
+    finally:
+        con.close()
+    assert (calls, sessions, instances) == (12, 2, 2)
+    assert hit_rate == 0.544  # 17944 / 33000 = 0.5438 (not 17944 / 38000 = 0.472: c5's P left out)
+
+
+def test_reuse_metric_hit_rate(db):
+    from agentobs.metrics import compute
+
+    r = {x["session_id"]: x for x in compute("reuse", db=db, by="session", settings=Settings()).to_dicts()}
+    assert r["s1"]["hit_rate"] == pytest.approx(15960 / 30000) and r["s2"]["hit_rate"] == pytest.approx(1984 / 3000)

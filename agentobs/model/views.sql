@@ -193,6 +193,9 @@ FROM c
 ASOF LEFT JOIN c p
   ON p.session_id = c.session_id AND p.branch = c.branch AND c.start_s >= p.end_s;
 
+-- Session hit rate H = ΣC / ΣP over the calls whose C is known (METRICS.md §2): a call of unknown cached tokens is
+-- in neither sum (calls_cached_unknown counts them). The main branch and the sub-agent branches (every other
+-- branch) each get their calls and H beside the session's.
 CREATE OR REPLACE VIEW sessions AS
 SELECT session_id,
        arg_min(task_id, start_s) AS task_id,
@@ -210,6 +213,14 @@ SELECT session_id,
        sum(prompt_tokens)::BIGINT AS prompt_tokens,
        sum(cached_tokens)::BIGINT AS cached_tokens,
        count(*) FILTER (WHERE cached_tokens IS NULL) AS calls_cached_unknown,
+       sum(cached_tokens) / nullif(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS hit_rate,
+       count(*) FILTER (WHERE branch = 'main') AS main_calls,
+       sum(cached_tokens) FILTER (WHERE branch = 'main')
+           / nullif(sum(prompt_tokens) FILTER (WHERE branch = 'main' AND cached_tokens IS NOT NULL), 0) AS main_hit_rate,
+       count(*) FILTER (WHERE branch <> 'main') AS branch_calls,
+       sum(cached_tokens) FILTER (WHERE branch <> 'main')
+           / nullif(sum(prompt_tokens) FILTER (WHERE branch <> 'main' AND cached_tokens IS NOT NULL), 0)
+           AS branch_hit_rate,
        sum(output_tokens)::BIGINT AS output_tokens,
        count(*) FILTER (WHERE status = 'error') AS errors
 FROM _calls_retry
