@@ -648,7 +648,8 @@ def console_cmd(ctx: Ctx, host, port, backend=None, clickhouse_url=None):
 @click.option("--by", "by", default=None,
               help="Grouping: session|task|instance|model|cause|task_type|session_length (what the metric supports).")
 @click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
-              help="Only calls with KEY=VALUE (instance, model, engine, task_type, tenant, agent_name, session, task); repeatable.")
+              help="Only calls with KEY=VALUE (instance, model, engine, task_type, tenant, agent_name, session, task, "
+                   "branch); repeatable.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @backend_opts
 @common

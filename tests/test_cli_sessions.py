@@ -44,6 +44,7 @@ import sys
 import pytest
 
 from agentobs.collect.files import import_otlp
+from agentobs.collect.otlp import decode_json
 from agentobs.config import Settings, load_settings
 from agentobs.store.db import connect
 from agentobs.store.writer import Writer
@@ -200,8 +201,47 @@ def test_demo_headline_hit_rate(db):
     assert hit_rate == 0.544  # 17944 / 33000 = 0.5438 (not 17944 / 38000 = 0.472: c5's P left out)
 
 
-def test_reuse_metric_hit_rate(db):
+def test_reuse_metric_and_filter_branch(db):
     from agentobs.metrics import compute
 
     r = {x["session_id"]: x for x in compute("reuse", db=db, by="session", settings=Settings()).to_dicts()}
     assert r["s1"]["hit_rate"] == pytest.approx(15960 / 30000) and r["s2"]["hit_rate"] == pytest.approx(1984 / 3000)
+    main = json.loads(agentobs("metrics", "reuse", "--filter", "branch=main", "--db", db, "--format", "json"))
+    main = {x["session_id"]: x for x in main}
+    assert (main["s1"]["calls"], main["s2"]["calls"]) == (7, 2)
+    assert main["s1"]["hit_rate"] == pytest.approx(12968 / 22000) and main["s2"]["hit_rate"] == pytest.approx(0.496)
+    b1 = {x["session_id"]: x for x in compute("reuse", db=db, by="session", filters={"branch": "b1"},
+                                           settings=Settings()).to_dicts()}
+    assert (b1["s1"]["calls"], b1["s2"]["calls"]) == (2, 1)
+    assert b1["s1"]["hit_rate"] == pytest.approx(2992 / 8000) and b1["s2"]["hit_rate"] == pytest.approx(0.992)
+    # the branch's re-prefill: only d2 recomputed (3488 tokens, routed away from d1's instance)
+    assert b1["s1"]["reprefill_tokens"] == 3488
+
+
+def test_clickhouse_sessions_and_branch_filter(db):
+    """The same on the ClickHouse backend (chDB in-process): the sessions and tasks views and --filter branch."""
+    pytest.importorskip("chdb", reason="chdb is not installed: pip install 'agentobs[clickhouse]'")
+    from agentobs.backends.clickhouse import load, model
+    from agentobs.backends.clickhouse import metrics as chm
+    from agentobs.backends.clickhouse.conn import ClickHouse
+
+    settings = load_settings(env={})
+    ch = ClickHouse("chdb:")
+    try:
+        model.create_tables(ch, settings)
+        model.create_views(ch, settings)
+        ch.insert_arrow("otel_traces", load.traces_rows(decode_json(otlp_json(), settings).table()))
+        v = ch.arrow("SELECT session_id, calls, retries, calls_cached_unknown, hit_rate, main_calls, main_hit_rate, "
+                     "branch_calls, branch_hit_rate FROM sessions ORDER BY session_id").to_pylist()
+        assert [(x["session_id"], x["calls"], x["retries"], x["calls_cached_unknown"], x["main_calls"],
+                 x["branch_calls"]) for x in v] == [("s1", 9, 2, 1, 7, 2), ("s2", 3, 1, 0, 2, 1)]
+        assert [(x["hit_rate"], x["main_hit_rate"], x["branch_hit_rate"]) for x in v] == [
+            pytest.approx((15960 / 30000, 12968 / 22000, 2992 / 8000)), pytest.approx((1984 / 3000, 0.496, 0.992))]
+        assert ch.arrow("SELECT task_id, retries FROM tasks ORDER BY task_id").to_pylist() == [
+            {"task_id": "t1", "retries": 2}, {"task_id": "t2", "retries": 1}]
+        main = {x["session_id"]: x for x in chm.compute("reuse", ch, by="session", filters={"branch": "main"},
+                                                     settings=Settings()).to_dicts()}
+        assert (main["s1"]["calls"], main["s2"]["calls"]) == (7, 2)
+        assert main["s1"]["hit_rate"] == pytest.approx(12968 / 22000)
+    finally:
+        ch.close()
