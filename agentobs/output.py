@@ -185,7 +185,8 @@ def _shrink(w: list[int], lows: list[int], budget: int) -> list[int]:
     return [a - c for a, c in zip(w, cut, strict=True)]
 
 
-def fit_columns(headers: list[str], cells: list[list[str]], kinds: list[str], width: int) -> tuple[list[int], list[int]]:
+def fit_columns(headers: list[str], cells: list[list[str]], kinds: list[str],
+                width: int) -> tuple[list[int], list[int]]:
     """Column widths for one line per row within ``width`` cells: (the indices of the columns shown, their
     widths). Numbers and times keep their full width; prose, ids and headers shrink step by step (_STEPS); when
     even the last step does not fit, the rightmost column (never the first) is

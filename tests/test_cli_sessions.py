@@ -185,7 +185,8 @@ def test_one_definition_of_retries(db):
     assert flagged == ["c7", "d2", "e3"]
     # the turns of s2 per branch: main e1 (turn 1) and its retry e3 (still turn 1); b1 e2 (turn 1 of its branch)
     assert (turns[cid("e1")], turns[cid("e3")], turns[cid("e2")]) == (1, 1, 1)
-    by_task = {r["task_id"]: r["retries"] for r in compute("task_cost", db=db, by="task", settings=Settings()).to_dicts()}
+    by_task = {r["task_id"]: r["retries"]
+               for r in compute("task_cost", db=db, by="task", settings=Settings()).to_dicts()}
     assert by_task == {"t1": 2, "t2": 1}
 
 

@@ -216,7 +216,8 @@ SELECT session_id,
        sum(cached_tokens) / nullif(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS hit_rate,
        count(*) FILTER (WHERE branch = 'main') AS main_calls,
        sum(cached_tokens) FILTER (WHERE branch = 'main')
-           / nullif(sum(prompt_tokens) FILTER (WHERE branch = 'main' AND cached_tokens IS NOT NULL), 0) AS main_hit_rate,
+           / nullif(sum(prompt_tokens) FILTER (WHERE branch = 'main' AND cached_tokens IS NOT NULL), 0)
+           AS main_hit_rate,
        count(*) FILTER (WHERE branch <> 'main') AS branch_calls,
        sum(cached_tokens) FILTER (WHERE branch <> 'main')
            / nullif(sum(prompt_tokens) FILTER (WHERE branch <> 'main' AND cached_tokens IS NOT NULL), 0)
