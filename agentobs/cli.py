@@ -278,27 +278,33 @@ def sql_cmd(ctx: Ctx, query, fmt, out, max_rows, timeout, backend, clickhouse_ur
 
 
 # -- quick views ------------------------------------------------------------------------------------
+# the sessions view (agentobs/model/views.sql): H = ΣC/ΣP over the calls whose C is known (METRICS.md §2), for the
+# session and for its main branch and its sub-agent branches apart; retries as call_reuse counts them
 SESSIONS_SQL = """
-SELECT s.session_id, s.task_type, s.calls, s.retries, s.instances,
-       strftime(s.first_start_ts, '%Y-%m-%d %H:%M:%S') AS first_start,
-       round(s.span_s, 1) AS span_s,
-       s.prompt_tokens, s.cached_tokens,
-       round(s.cached_tokens / nullif(s.prompt_tokens, 0), 3) AS hit_rate,
-       s.output_tokens, s.errors
+SELECT s.session_id, s.calls, round(s.hit_rate, 3) AS hit_rate,
+       s.main_calls, round(s.main_hit_rate, 3) AS main_hit_rate,
+       s.branch_calls, round(s.branch_hit_rate, 3) AS branch_hit_rate,
+       s.branches - (s.main_calls > 0)::INTEGER AS sub_branches,
+       s.retries, strftime(s.first_start_ts, '%Y-%m-%d %H:%M:%S') AS first_start, s.task_type, s.instances,
+       s.prompt_tokens, s.cached_tokens, s.calls_cached_unknown, s.output_tokens, s.errors,
+       round(s.span_s, 1) AS span_s
 FROM sessions s
-ORDER BY s.first_start_ts DESC
+ORDER BY s.first_start_ts DESC, s.session_id
 LIMIT ?
 """
 
+# the session's calls (llm_calls) beside their per-call reuse columns (call_reuse, as the metric run prepares it:
+# m_calls, with the settings' default block size): hit class, re-prefill X and miss cause (METRICS.md §1), and the
+# idle gap since prev(c) — the previous call of its branch, or for a branch's first call the fork point
 CALLS_SQL = """
-SELECT c.call_id, strftime(c.start_ts, '%H:%M:%S.%g') AS start, c.attempt, c.branch, c.instance, c.model,
-       round(c.ttft_s, 3) AS ttft_s, round(c.e2e_s, 3) AS e2e_s,
-       round(g.gap_s, 3) AS gap_before_s,
-       c.prompt_tokens, c.cached_tokens, c.output_tokens, c.status, c.source
+SELECT c.call_id, strftime(c.start_ts, '%H:%M:%S.%g') AS start, c.branch, c.attempt, c.instance,
+       c.prompt_tokens, c.cached_tokens, r.hit_class, r.reprefill_tokens, r.miss_cause,
+       round(r.gap_before_s, 3) AS gap_before_s, round(c.ttft_s, 3) AS ttft_s, round(c.e2e_s, 3) AS e2e_s,
+       c.output_tokens, c.status, r.is_retry, c.model, c.source
 FROM llm_calls c
-LEFT JOIN turn_gaps g ON g.call_id = c.call_id
-WHERE c.session_id = ?
-ORDER BY c.start_s
+LEFT JOIN m_calls r ON r.call_id = c.call_id AND r.trace_id = c.trace_id
+WHERE c.session_id = $sid
+ORDER BY c.start_s, c.call_id
 """
 
 
@@ -307,7 +313,8 @@ ORDER BY c.start_s
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @common
 def sessions_cmd(ctx: Ctx, limit, fmt):
-    """Sessions, newest first: calls, tokens, prefix-cache hit rate (ΣC/ΣP)."""
+    """Sessions, newest first: calls, hit rate H = ΣC/ΣP over the calls whose cached tokens are known, the main
+    branch and the sub-agent branches apart, retries, tokens."""
     con = _open(ctx, read_only=True)
     table = con.sql(SESSIONS_SQL, params=[limit]).to_arrow_table()
     _emit(table, fmt, f"sessions (newest {limit})")
@@ -318,13 +325,20 @@ def sessions_cmd(ctx: Ctx, limit, fmt):
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @common
 def calls_cmd(ctx: Ctx, session_id, fmt):
-    """The model calls of one session, in order, with the idle gap before each."""
-    con = _open(ctx, read_only=True)
-    table = con.sql(CALLS_SQL, params=[session_id]).to_arrow_table()
-    if table.num_rows == 0:
-        similar = con.execute(
+    """The model calls of one session, in order: hit class, re-prefill tokens and miss cause of each (METRICS.md
+    §1), the idle gap before it, retries (attempt > 1, or the same prompt re-sent after an error)."""
+    from .metrics import prepare
+
+    _open(ctx, read_only=True).close()  # one clear line if the store is missing
+    run, close = prepare(ctx.db, settings=ctx.settings)
+    try:
+        table = run.cur.sql(CALLS_SQL, params={"sid": session_id}).to_arrow_table()
+        similar = None if table.num_rows else run.cur.execute(
             "SELECT session_id FROM sessions ORDER BY jaro_winkler_similarity(session_id, ?) DESC LIMIT 1", [session_id]
         ).fetchone()
+    finally:
+        close()
+    if table.num_rows == 0:
         hint = f" (did you mean {similar[0]!r}?)" if similar else ""
         raise AgentobsError(f"no calls for session {session_id!r}{hint}")
     _emit(table, fmt, f"session {session_id}")
@@ -333,9 +347,19 @@ def calls_cmd(ctx: Ctx, session_id, fmt):
 def _emit(table, fmt, title):
     from .output import render
 
-    data = render(table, fmt, title=title, console=console)
+    data = render(table, fmt, title=title, console=console, full=_full_hint())
     if data is not None:
         sys.stdout.buffer.write(data)
+
+
+def _full_hint() -> str | None:
+    """The other --format choices of the running command (where a shortened table's full values are), if any."""
+    ctx = click.get_current_context(silent=True)
+    for p in (ctx.command.params if ctx else ()):
+        if p.name == "fmt" and isinstance(p.type, click.Choice):
+            others = [c for c in p.type.choices if c not in ("table", "parquet")]
+            return f"--format {'|'.join(others)}" if others else None
+    return None
 
 
 @cli.command("settings")
@@ -440,9 +464,12 @@ def simulate_cmd(ctx: Ctx, scenario, out, seed, router, duration, sessions_per_m
         _bundle_import(ctx, out)
 
 
+# hit_rate: H = ΣC / ΣP over the calls whose cached tokens are known (METRICS.md §2; a call of unknown C is in
+# neither sum)
 HEADLINE_SQL = """
 SELECT count(*) AS calls, count(DISTINCT session_id) AS sessions, count(DISTINCT instance) AS instances,
-       round(sum(cached_tokens) / sum(prompt_tokens), 3) AS hit_rate,
+       round(sum(cached_tokens) / nullif(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0), 3)
+           AS hit_rate,
        round(median(ttft_s), 3) AS ttft_p50_s, round(quantile_cont(ttft_s, 0.99), 3) AS ttft_p99_s
 FROM llm_calls
 """
@@ -621,7 +648,8 @@ def console_cmd(ctx: Ctx, host, port, backend=None, clickhouse_url=None):
 @click.option("--by", "by", default=None,
               help="Grouping: session|task|instance|model|cause|task_type|session_length (what the metric supports).")
 @click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
-              help="Only calls with KEY=VALUE (instance, model, engine, task_type, tenant, agent_name, session, task); repeatable.")
+              help="Only calls with KEY=VALUE (instance, model, engine, task_type, tenant, agent_name, session, task, "
+                   "branch); repeatable.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @backend_opts
 @common

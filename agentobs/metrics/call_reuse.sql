@@ -72,11 +72,12 @@ pf AS (
     GROUP BY b.rid
 ),
 prev_id AS (
-    SELECT pb.rid, coalesce(pb.prev_rid, pf.prev_rid) AS prev_rid, pb.part_id
+    SELECT pb.rid, coalesce(pb.prev_rid, pf.prev_rid) AS prev_rid, pb.part_id,
+           pb.prev_rid IS NULL AND pf.prev_rid IS NOT NULL AS prev_forked
     FROM pb LEFT JOIN pf USING (rid)
 ),
 j AS (
-    SELECT n.*, coalesce(pi.part_id, n.rid) AS part_id, p.call_id AS prev_call_id,
+    SELECT n.*, coalesce(pi.part_id, n.rid) AS part_id, pi.prev_forked, p.call_id AS prev_call_id,
            p.instance AS prev_instance, p.prompt_tokens AS prev_prompt_tokens,
            p.output_tokens AS prev_output_tokens, p.end_s AS prev_end_s, p.status AS prev_status,
            p.has_hashes AS prev_has_hashes
@@ -151,7 +152,11 @@ z AS MATERIALIZED (
            start_s - prev_end_s AS gap_before_s,
            CASE WHEN prev_call_id IS NOT NULL
                 THEN coalesce(prev_prompt_tokens, 0) + coalesce(prev_output_tokens, 0) END AS kv_tokens_before,
-           coalesce(attempt > 1 OR (prev_status = 'error' AND prompt_tokens = prev_prompt_tokens), false) AS is_retry
+           -- a retry (one definition: the sessions and tasks views count the same, agentobs/model/views.sql):
+           -- attempt > 1, or prev(c) of its own branch failed and c re-sends the same P (a branch's first call is
+           -- never a retry of its fork point: a turn and its retries stay in one branch, as turn_no counts them)
+           coalesce(attempt > 1 OR (prev_status = 'error' AND NOT prev_forked AND prompt_tokens = prev_prompt_tokens),
+                    false) AS is_retry
     FROM y
 ),
 -- kv index begin (kv_sess … kv_rm_chain read kv_src alone: agentobs.store.kvindex stores their result)

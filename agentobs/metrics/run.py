@@ -46,6 +46,7 @@ FILTER_COLUMNS = {
     "instance": "instance", "model": "model", "engine": "engine", "task_type": "task_type",
     "tenant": "tenant", "agent_name": "agent_name", "session": "session_id", "session_id": "session_id",
     "task": "task_id", "task_id": "task_id",
+    "branch": "branch",  # 'main' or a sub-agent branch (agentobs.branch; calls without one are on 'main')
 }
 ORDER = ("reuse", "reprefill", "idle_kv_rent", "turn_resume_ttft", "itl", "itl_tail", "task_cost", "turn_goodput",
          "duty_cycle", "concurrency", "throughput", "capacity", "fleet_hit_rate", "cost_model")

@@ -174,6 +174,28 @@ ASOF JOIN llm_calls p
   ON p.session_id = c.session_id AND p.branch = c.branch AND c.start_s >= p.end_s
 WHERE c.session_id IS NOT NULL;
 
+-- Retries, one definition (call_reuse's is_retry; METRICS.md §7, docs/metrics.md): a call is a retry when its
+-- attempt is > 1, or when prev(c) — the latest earlier call of its session and branch that ended before it started,
+-- as in turn_gaps — failed and c re-sends the same number of prompt tokens. A branch's first call is never a retry
+-- of its fork point. The calls of one read of llm_calls (materialized: the ASOF join reads them twice).
+CREATE OR REPLACE VIEW _calls_retry AS
+WITH c AS MATERIALIZED (
+    SELECT call_id, session_id, task_id, task_type, tenant, agent_name, attempt, branch, instance, model,
+           start_ts, end_ts, start_s, end_s, prompt_tokens, cached_tokens, output_tokens, status
+    FROM llm_calls
+)
+SELECT c.*,
+       -- a call that ended when it started may find itself as p: it is then taken to have no previous call (the
+       -- one edge where call_reuse, which looks further back, can differ; zero-length calls are rare)
+       coalesce(c.attempt > 1 OR (p.call_id <> c.call_id AND p.status = 'error' AND c.prompt_tokens = p.prompt_tokens),
+                false) AS is_retry
+FROM c
+ASOF LEFT JOIN c p
+  ON p.session_id = c.session_id AND p.branch = c.branch AND c.start_s >= p.end_s;
+
+-- Session hit rate H = ΣC / ΣP over the calls whose C is known (METRICS.md §2): a call of unknown cached tokens is
+-- in neither sum (calls_cached_unknown counts them). The main branch and the sub-agent branches (every other
+-- branch) each get their calls and H beside the session's.
 CREATE OR REPLACE VIEW sessions AS
 SELECT session_id,
        arg_min(task_id, start_s) AS task_id,
@@ -181,7 +203,7 @@ SELECT session_id,
        arg_min(tenant, start_s) FILTER (WHERE tenant IS NOT NULL) AS tenant,
        arg_min(agent_name, start_s) FILTER (WHERE agent_name IS NOT NULL) AS agent_name,
        count(*) AS calls,
-       count(*) FILTER (WHERE attempt > 1) AS retries,
+       count(*) FILTER (WHERE is_retry) AS retries,
        count(DISTINCT branch) AS branches,
        count(DISTINCT instance) AS instances,
        string_agg(DISTINCT model, ',' ORDER BY model) AS models,
@@ -191,9 +213,18 @@ SELECT session_id,
        sum(prompt_tokens)::BIGINT AS prompt_tokens,
        sum(cached_tokens)::BIGINT AS cached_tokens,
        count(*) FILTER (WHERE cached_tokens IS NULL) AS calls_cached_unknown,
+       sum(cached_tokens) / nullif(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS hit_rate,
+       count(*) FILTER (WHERE branch = 'main') AS main_calls,
+       sum(cached_tokens) FILTER (WHERE branch = 'main')
+           / nullif(sum(prompt_tokens) FILTER (WHERE branch = 'main' AND cached_tokens IS NOT NULL), 0)
+           AS main_hit_rate,
+       count(*) FILTER (WHERE branch <> 'main') AS branch_calls,
+       sum(cached_tokens) FILTER (WHERE branch <> 'main')
+           / nullif(sum(prompt_tokens) FILTER (WHERE branch <> 'main' AND cached_tokens IS NOT NULL), 0)
+           AS branch_hit_rate,
        sum(output_tokens)::BIGINT AS output_tokens,
        count(*) FILTER (WHERE status = 'error') AS errors
-FROM llm_calls
+FROM _calls_retry
 WHERE session_id IS NOT NULL
 GROUP BY session_id;
 
@@ -204,7 +235,7 @@ SELECT task_id,
        arg_min(agent_name, start_s) FILTER (WHERE agent_name IS NOT NULL) AS agent_name,
        count(DISTINCT session_id) AS sessions,
        count(*) AS calls,
-       count(*) FILTER (WHERE attempt > 1) AS retries,
+       count(*) FILTER (WHERE is_retry) AS retries,
        count(DISTINCT session_id || '/' || branch) AS branches,
        min(start_ts) AS first_start_ts,
        max(end_ts) AS last_end_ts,
@@ -212,7 +243,7 @@ SELECT task_id,
        sum(cached_tokens)::BIGINT AS cached_tokens,
        sum(output_tokens)::BIGINT AS output_tokens,
        count(*) FILTER (WHERE status = 'error') AS errors
-FROM llm_calls
+FROM _calls_retry
 GROUP BY task_id;
 
 -- Engine configuration: the latest value of every key per instance, and the normalized fields
