@@ -792,8 +792,8 @@ def findings_cmd(ctx: Ctx, since, until, filters, fmt, show_all, no_simulate, ba
     elif fmt == "markdown":
         sys.stdout.write("\n".join(headline(ledger)) + "\n\n" + to_markdown(found))
     else:
-        for line in headline(ledger):
-            console.print(line, highlight=False, markup=False)
+        for line in headline(ledger):  # one line each, cut at the terminal's width (the full text: --format ledger)
+            console.print(line, highlight=False, markup=False, no_wrap=True, overflow="ellipsis", crop=True)
         if found:
             _emit(to_table(found), "table", f"findings ({len(found)}; details: --format markdown; sessions: "
                                             "agentobs findings sessions ID)")

@@ -27,20 +27,20 @@ def to_table(findings: list[Finding]) -> pa.Table:
 
 
 def headline(ledger) -> list[str]:
-    """The answer in a few lines: the fleet's recompute tax per week with its scaling, and the top fixes."""
+    """The answer in a few short lines: the fleet's recompute tax per week with its scaling, what findings own of
+    it, and the top fixes (each: $/week, sessions, the exact change; then its id and what it recovers)."""
     per = ledger.per
-    out = [f"Recompute tax: {fmt_usd(ledger.usd_week)}{per} — {fmt_tokens(ledger.tokens_week)} re-prefill tokens "
-           f"({fmt_usd(ledger.usd_window)} observed; {ledger.window_text})"]
-    tok, usd = ledger.owned("reprefill")
+    scale = f", ×{ledger.scale:,.1f}" if ledger.period == "week" else ""
+    out = [f"Recompute tax: {fmt_usd(ledger.usd_week)}{per} ({fmt_usd(ledger.usd_window)} observed in "
+           f"{fmt_duration(ledger.window_s)}{scale}; {fmt_tokens(ledger.tokens_week)} tokens)"]
     if ledger.usd_week > 0:
-        out.append(f"Findings own {fmt_usd(usd)}{per} of it; {fmt_usd(ledger.unattributed_usd_week)}{per} "
-                   "is below the floors or has no rule")
+        out.append(f"Findings own {fmt_usd(ledger.owned('reprefill')[1])}{per}; "
+                   f"{fmt_usd(ledger.unattributed_usd_week)} below the floors or without a rule")
     for i, f in enumerate(ledger.top_fixes(3), 1):
         rec = f.recoverable.usd_week
-        out.append(f"Fix {i}: {fmt_usd(f.tax.usd_week)}{f.tax.per}"
-                   + (f", recovers {fmt_usd(rec)}" if rec is not None else "")
-                   + (f", {f.sessions:,} sessions" if f.sessions is not None else "")
-                   + f" — {f.id}: {short_fix(f)}")
+        out.append(f"{i}. {fmt_usd(f.tax.usd_week)}{f.tax.per}"
+                   + (f" · {f.sessions:,} sessions" if f.sessions is not None else "") + f" · {short_fix(f)}")
+        out.append(f"   {f.id}" + (f" · recovers {fmt_usd(rec)}" if rec is not None else ""))
     return out
 
 

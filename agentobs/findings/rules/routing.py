@@ -98,7 +98,7 @@ def check(ctx: Context) -> list[Finding]:
             confidence=ctx.confidence(r["routed_away_calls"], exact=r["routed_away_exact"] == r["routed_away_calls"]),
             remediation=("Route each session to the same replica (session affinity) or to the replica holding its "
                          "prefix (cache-aware), passing the session id the spans carry. " + "; ".join(MECHANISMS) + "."),
-            fix="session-affine routing: vLLM Router `--policy consistent_hash` (header `x-session-id`)",
+            fix="route by session: vLLM Router `--policy consistent_hash` (`x-session-id`)",
             claim=cause_claim("routed_away", model=r["model"]),
             summary=(f"{r['changed_replica']} of {r['follow_ups']} follow-up calls changed replica; {fmt_tokens(x)} "
                      f"tokens ({share:.0%} of the reusable prefix) recomputed, {fmt_usd(tax.usd_week)}{tax.per}"),
