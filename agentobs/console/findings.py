@@ -85,7 +85,8 @@ def answer(ctx: Context, simulate: bool = True, slot=None):
     except Exception as e:  # noqa: BLE001 - the ledger is another module's; show its error, keep the page
         slot.error(f"recompute-tax ledger failed: {e}")
         return slot
-    box = slot.container(key="tax_answer")  # .st-key-tax_answer: what the browser test reads
+    # .st-key-tax_answer: the final draw, what the browser test reads (a key is unique per run: the first draw's differs)
+    box = slot.container(key="tax_answer" if simulate else "tax_answer_pending")
     left, right = box.columns([5, 6])
     with left:
         st.metric("Recompute tax" + (" per week" if led.period == "week" else " (observed window)"),
