@@ -356,26 +356,47 @@ def sample_dir() -> Path:
     raise AgentobsError("sample_data/ not found (neither in the checkout nor in the installed package)")
 
 
-def _bundle_import(ctx: Ctx, root) -> None:
+def _bundle_import(ctx: Ctx, root, rebase_to: float | str | None = None) -> None:
+    import datetime as dt
+
     from .sim.bundle import import_bundle
 
     con = _open(ctx)
     with _writer(con, ctx) as w:
         p, adv = _progress(sum(f.stat().st_size for f in Path(root).rglob("*") if f.is_file()), "bundle")
         with p:
-            res = import_bundle(root, w, ctx.settings, progress=adv)
+            res = import_bundle(root, w, ctx.settings, progress=adv, rebase_to=rebase_to)
     _kv_index(con)
     con.close()
     for what, r in res.items():
         _summary(r, what)
+    if res.newest is not None:
+        at = dt.datetime.fromtimestamp(res.newest, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        err_console.print(f"re-based by {res.offset_s:+,} s: the newest record is at {at}", highlight=False)
+
+
+def _rebase_arg(value: str | None) -> float | str | None:
+    """--rebase-to: now, epoch seconds or an ISO-8601 time (UTC if no zone)."""
+    from .collect.files import parse_at
+
+    if value is None or value == "now":
+        return value
+    try:
+        return parse_at(value)
+    except AgentobsError:
+        raise click.BadParameter(f"{value!r} is neither now, epoch seconds nor an ISO-8601 time",
+                                 param_hint="--rebase-to") from None
 
 
 @import_.command("bundle")
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--rebase-to", "rebase_to", default=None, metavar="now|EPOCH|ISO",
+              help="Move every timestamp (spans, samples, config, KV events) by one whole-second offset so the "
+                   "newest lands at this time (now: the wall clock at import). The files are not changed.")
 @common
-def import_bundle_cmd(ctx: Ctx, path):
+def import_bundle_cmd(ctx: Ctx, path, rebase_to):
     """A simulator output directory (manifest.json): spans, Prometheus snapshots, server info, KV events."""
-    _bundle_import(ctx, path)
+    _bundle_import(ctx, path, _rebase_arg(rebase_to))
 
 
 @cli.command("simulate")
