@@ -469,6 +469,64 @@ FROM llm_calls
 """
 
 
+def _print_answer(con_or_db, settings: Settings, db: str | None = None) -> None:
+    """The answer the demo is for: the recompute tax and the fix that recovers the most. For now the findings'
+    largest weekly tax (findings overlap, so their sum is not the fleet's tax); the findings ledger replaces it."""
+    from .findings import run
+
+    try:
+        found = run(con_or_db, settings=settings, simulate=False)
+    except AgentobsError as e:
+        err_console.print(f"[yellow]findings unavailable:[/yellow] {e}")
+        return
+    db = db or str(con_or_db)
+    if not found:
+        console.print("No finding: no default config is making sessions pay a recompute tax.", highlight=False)
+        return
+    top = max(found, key=lambda f: f.tax.usd_week or 0.0)  # max keeps the first of equals: findings' own order
+    usd = "unknown" if top.tax.usd_week is None else f"${top.tax.usd_week:,.2f}"
+    console.print(f"\n[bold]Top fix[/bold] ({len(found)} finding(s)): {top.id} costs {usd}{top.tax.per} "
+                  f"({top.severity})", highlight=False)
+    console.print(f"  fix: {top.remediation}", highlight=False, markup=False)
+    console.print(f"  all findings: agentobs findings --db {db}\n", highlight=False, markup=False, soft_wrap=True)
+
+
+def _fresh_demo_store(db: str, bundle: Path) -> None:
+    """The demo re-bases the sample to the import's time, so it needs a store without the sample at another time.
+    A store that holds only the sample bundle's files (an earlier demo) is removed; one with other data is
+    refused rather than mixed."""
+    import duckdb
+
+    p = Path(db)
+    if not p.exists():
+        return
+    try:
+        con = duckdb.connect(db, read_only=True)
+    except duckdb.Error as e:
+        raise AgentobsError(f"cannot open {db!r} to rebuild the demo store: {e}") from None
+    try:
+        data = sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                   for t in ("spans", "metric_samples", "kv_events", "engine_config", "scrapes"))
+        sources = [x for (s,) in con.execute("SELECT source FROM ingest_log").fetchall() for x in s.split(",")]
+    except duckdb.Error:
+        data, sources = 1, []  # not an agentobs store
+    finally:
+        con.close()
+    if not data:
+        return
+    home = bundle.resolve()
+
+    def sample(src: str) -> bool:  # this bundle, or the sample of another checkout or install
+        return home in Path(src).resolve().parents or "sample_data/fleet/" in src.replace("\\", "/")
+
+    if not (sources and all(map(sample, sources))):
+        raise AgentobsError(f"{db} holds other data; `agentobs demo` re-bases the sample to now and builds its own "
+                            "store: pass --db demo.duckdb (or remove the file)")
+    err_console.print(f"rebuilding the demo store {db}", highlight=False)
+    for f in (p, Path(db + ".wal")):
+        f.unlink(missing_ok=True)
+
+
 @cli.command("demo")
 @click.option("--no-console", is_flag=True, default=False, help="Build the store and print the headline metrics only.")
 @click.option("--live", is_flag=True, default=False,
@@ -487,7 +545,8 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
     root = sample_dir()
     bundle = root / "fleet"
     if (bundle / "manifest.json").exists():
-        _bundle_import(ctx, bundle)
+        _fresh_demo_store(ctx.db, bundle)
+        _bundle_import(ctx, bundle, rebase_to="now")  # the sample ends now: `--since 7d` finds it
     else:  # a checkout without the fleet bundle: the METRICS.md worked example only
         from .collect.files import import_otlp
 
@@ -506,6 +565,7 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
         _emit(reuse.select(keep).to_arrow(), "table", "session reuse by instance (agentobs metrics reuse --by instance)")
     except AgentobsError as e:  # the metrics layer reports its own problems; the store is still there
         err_console.print(f"[yellow]metrics unavailable:[/yellow] {e}")
+    _print_answer(con, ctx.settings, ctx.db)
     con.close()
     err_console.print(f"store: {ctx.db} — try `agentobs metrics --db {ctx.db}` or `agentobs sql \"SELECT * FROM llm_calls\" --db {ctx.db}`")
     if not no_console:

@@ -1,9 +1,13 @@
-"""The re-based bundle import (`agentobs import bundle --rebase-to`): every timestamp moves by one whole-second
-offset so that the newest record lands at the clock used; relative timing is unchanged."""
+"""`agentobs demo` and the re-based bundle import (`agentobs import bundle --rebase-to`): every timestamp moves
+by one whole-second offset so that the newest record lands at the clock used; relative timing is unchanged;
+the docs' `--since 7d` / `--since 24h` examples find the demo's data; the demo prints the answer."""
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import replace
+from pathlib import Path
 
 import duckdb
 import pytest
@@ -18,6 +22,7 @@ from agentobs.store.db import connect
 from agentobs.store.kvindex import refresh
 from agentobs.store.writer import Writer
 
+SAMPLE = Path(__file__).parent.parent / "sample_data" / "fleet"
 T = 1_800_000_000.25  # the clock of the explicit re-base below (2027-01-15)
 NS = 1_000_000_000
 
@@ -97,3 +102,43 @@ def test_rebase_cli_option_and_bad_value(stores, tmp_path):
                                        or "record is at 2027-01-15 07:59:59 UTC" in out), out
     r = CliRunner().invoke(cli, ["import", "bundle", str(tmp / "bundle"), "--db", str(db), "--rebase-to", "soon"])
     assert r.exit_code == 2 and "'soon' is neither now, epoch seconds nor an ISO-8601 time" in r.output
+
+
+@pytest.mark.skipif(not (SAMPLE / "manifest.json").exists(), reason="sample_data/fleet not in this checkout")
+def test_demo_ends_now_and_prints_the_answer(tmp_path):
+    db = str(tmp_path / "demo.duckdb")
+    run = CliRunner()
+    before = time.time()
+    r = run.invoke(cli, ["demo", "--no-console", "--db", db])
+    after = time.time()
+    assert r.exit_code == 0, r.output
+    con = duckdb.connect(db, read_only=True)
+    newest_call = con.execute("SELECT max(end_s) FROM llm_calls").fetchone()[0]
+    con.close()
+    assert before - 5 < newest_call <= after
+    # the answer: the top finding with its weekly $ and fix, and where to see all
+    assert "Top fix" in r.output and "/week" in r.output and f"agentobs findings --db {db}" in r.output
+    # the docs' examples find the demo's data
+    f = run.invoke(cli, ["findings", "--since", "7d", "--no-simulate", "--format", "json", "--db", db])
+    assert f.exit_code == 0, f.output
+    assert json.loads(f.stdout)
+    m = run.invoke(cli, ["metrics", "reuse", "--since", "24h", "--format", "json", "--db", db])
+    assert m.exit_code == 0, m.output
+    assert json.loads(m.stdout)
+    # a second demo on its own store rebuilds it (one copy of the sample, at the new time) ...
+    r = run.invoke(cli, ["demo", "--no-console", "--db", db])
+    assert r.exit_code == 0 and "rebuilding the demo store" in r.output, r.output
+    con = duckdb.connect(db, read_only=True)
+    assert con.execute("SELECT count(*) FROM llm_calls").fetchone()[0] == json.loads(
+        (SAMPLE / "manifest.json").read_text())["calls"]
+    con.close()
+
+
+@pytest.mark.skipif(not (SAMPLE / "manifest.json").exists(), reason="sample_data/fleet not in this checkout")
+def test_demo_refuses_a_store_with_other_data(tmp_path):
+    db = tmp_path / "mine.duckdb"
+    fixtures = Path(__file__).parent.parent / "sample_data" / "fixtures" / "otlp"
+    assert CliRunner().invoke(cli, ["import", "otlp", str(fixtures), "--db", str(db)]).exit_code == 0
+    r = CliRunner().invoke(cli, ["demo", "--no-console", "--db", str(db)])
+    assert r.exit_code == 1 and "holds other data" in str(r.exception)
+    assert db.exists()
