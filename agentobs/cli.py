@@ -470,8 +470,10 @@ FROM llm_calls
 
 
 def _print_answer(con_or_db, settings: Settings, db: str | None = None) -> None:
-    """The answer the demo is for: the recompute tax and the fix that recovers the most. For now the findings'
-    largest weekly tax (findings overlap, so their sum is not the fleet's tax); the findings ledger replaces it."""
+    """The answer the demo is for: the top fix and the tax it addresses. For now from the findings: the largest
+    weekly tax among those whose fix recovers tokens (ITL scheduling recovers latency, not the recompute tax),
+    else the largest. Findings overlap, so their sum is not the fleet's tax; the findings ledger
+    (agentobs/findings/ledger.py) replaces this."""
     from .findings import run
 
     try:
@@ -483,9 +485,10 @@ def _print_answer(con_or_db, settings: Settings, db: str | None = None) -> None:
     if not found:
         console.print("No finding: no default config is making sessions pay a recompute tax.", highlight=False)
         return
-    top = max(found, key=lambda f: f.tax.usd_week or 0.0)  # max keeps the first of equals: findings' own order
+    fixes = [f for f in found if f.recoverable.usd_week] or found
+    top = max(fixes, key=lambda f: f.tax.usd_week or 0.0)  # max keeps the first of equals: the findings' order
     usd = "unknown" if top.tax.usd_week is None else f"${top.tax.usd_week:,.2f}"
-    console.print(f"\n[bold]Top fix[/bold] ({len(found)} finding(s)): {top.id} costs {usd}{top.tax.per} "
+    console.print(f"\n[bold]Top fix[/bold] (of {len(found)} findings): {top.id}: recompute tax {usd}{top.tax.per} "
                   f"({top.severity})", highlight=False)
     console.print(f"  fix: {top.remediation}", highlight=False, markup=False)
     console.print(f"  all findings: agentobs findings --db {db}\n", highlight=False, markup=False, soft_wrap=True)
