@@ -4,6 +4,7 @@ the docs' `--since 7d` / `--since 24h` examples find the demo's data; the demo p
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
 from dataclasses import replace
@@ -102,6 +103,28 @@ def test_rebase_cli_option_and_bad_value(stores, tmp_path):
                                        or "record is at 2027-01-15 07:59:59 UTC" in out), out
     r = CliRunner().invoke(cli, ["import", "bundle", str(tmp / "bundle"), "--db", str(db), "--rebase-to", "soon"])
     assert r.exit_code == 2 and "'soon' is neither now, epoch seconds nor an ISO-8601 time" in r.output
+
+
+@pytest.mark.skipif(not (SAMPLE / "manifest.json").exists(), reason="sample_data/fleet not in this checkout")
+def test_no_sample_session_uses_two_models():
+    # read from the committed spans themselves: every gateway call (`chat <model>`) of a session asks for one
+    # model, and each model is served by two replicas (routers choose among that model's replicas)
+    models: dict[str, set] = {}
+    replicas: dict[str, set] = {}
+    for rel in json.loads((SAMPLE / "manifest.json").read_text())["otlp"]:
+        for line in gzip.open(SAMPLE / rel):
+            for rs in json.loads(line)["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    for sp in ss["spans"]:
+                        if not sp["name"].startswith("chat "):
+                            continue
+                        a = {x["key"]: next(iter(x["value"].values())) for x in sp["attributes"]}
+                        models.setdefault(a["gen_ai.conversation.id"], set()).add(a["gen_ai.request.model"])
+                        replicas.setdefault(a["gen_ai.request.model"], set()).add(
+                            f"{a['server.address']}:{a['server.port']}")
+    assert len(models) == 753
+    assert [s for s, m in models.items() if len(m) > 1] == []
+    assert {m: len(r) for m, r in replicas.items()} == {"Qwen/Qwen3-32B": 2, "meta-llama/Llama-3.1-8B-Instruct": 2}
 
 
 @pytest.mark.skipif(not (SAMPLE / "manifest.json").exists(), reason="sample_data/fleet not in this checkout")
