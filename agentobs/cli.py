@@ -380,26 +380,47 @@ def sample_dir() -> Path:
     raise AgentobsError("sample_data/ not found (neither in the checkout nor in the installed package)")
 
 
-def _bundle_import(ctx: Ctx, root) -> None:
+def _bundle_import(ctx: Ctx, root, rebase_to: float | str | None = None) -> None:
+    import datetime as dt
+
     from .sim.bundle import import_bundle
 
     con = _open(ctx)
     with _writer(con, ctx) as w:
         p, adv = _progress(sum(f.stat().st_size for f in Path(root).rglob("*") if f.is_file()), "bundle")
         with p:
-            res = import_bundle(root, w, ctx.settings, progress=adv)
+            res = import_bundle(root, w, ctx.settings, progress=adv, rebase_to=rebase_to)
     _kv_index(con)
     con.close()
     for what, r in res.items():
         _summary(r, what)
+    if res.newest is not None:
+        at = dt.datetime.fromtimestamp(res.newest, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        err_console.print(f"re-based by {res.offset_s:+,} s: the newest record is at {at}", highlight=False)
+
+
+def _rebase_arg(value: str | None) -> float | str | None:
+    """--rebase-to: now, epoch seconds or an ISO-8601 time (UTC if no zone)."""
+    from .collect.files import parse_at
+
+    if value is None or value == "now":
+        return value
+    try:
+        return parse_at(value)
+    except AgentobsError:
+        raise click.BadParameter(f"{value!r} is neither now, epoch seconds nor an ISO-8601 time",
+                                 param_hint="--rebase-to") from None
 
 
 @import_.command("bundle")
 @click.argument("path", type=click.Path(exists=True, file_okay=False))
+@click.option("--rebase-to", "rebase_to", default=None, metavar="now|EPOCH|ISO",
+              help="Move every timestamp (spans, samples, config, KV events) by one whole-second offset so the "
+                   "newest lands at this time (now: the wall clock at import). The files are not changed.")
 @common
-def import_bundle_cmd(ctx: Ctx, path):
+def import_bundle_cmd(ctx: Ctx, path, rebase_to):
     """A simulator output directory (manifest.json): spans, Prometheus snapshots, server info, KV events."""
-    _bundle_import(ctx, path)
+    _bundle_import(ctx, path, _rebase_arg(rebase_to))
 
 
 @cli.command("simulate")
@@ -475,6 +496,67 @@ FROM llm_calls
 """
 
 
+def _print_answer(con_or_db, settings: Settings, db: str | None = None) -> None:
+    """The answer the demo is for: the top fix and the tax it addresses. For now from the findings: the largest
+    weekly tax among those whose fix recovers tokens (ITL scheduling recovers latency, not the recompute tax),
+    else the largest. Findings overlap, so their sum is not the fleet's tax; the findings ledger
+    (agentobs/findings/ledger.py) replaces this."""
+    from .findings import run
+
+    try:
+        found = run(con_or_db, settings=settings, simulate=False)
+    except AgentobsError as e:
+        err_console.print(f"[yellow]findings unavailable:[/yellow] {e}")
+        return
+    db = db or str(con_or_db)
+    if not found:
+        console.print("No finding: no default config is making sessions pay a recompute tax.", highlight=False)
+        return
+    fixes = [f for f in found if f.recoverable.usd_week] or found
+    top = max(fixes, key=lambda f: f.tax.usd_week or 0.0)  # max keeps the first of equals: the findings' order
+    usd = "unknown" if top.tax.usd_week is None else f"${top.tax.usd_week:,.2f}"
+    console.print(f"\n[bold]Top fix[/bold] (of {len(found)} findings): {top.id}: recompute tax {usd}{top.tax.per} "
+                  f"({top.severity})", highlight=False)
+    console.print(f"  fix: {top.remediation}", highlight=False, markup=False)
+    console.print(f"  all findings: agentobs findings --db {db}\n", highlight=False, markup=False, soft_wrap=True)
+
+
+def _fresh_demo_store(db: str, bundle: Path) -> None:
+    """The demo re-bases the sample to the import's time, so it needs a store without the sample at another time.
+    A store that holds only the sample bundle's files (an earlier demo) is removed; one with other data is
+    refused rather than mixed."""
+    import duckdb
+
+    p = Path(db)
+    if not p.exists():
+        return
+    try:
+        con = duckdb.connect(db, read_only=True)
+    except duckdb.Error as e:
+        raise AgentobsError(f"cannot open {db!r} to rebuild the demo store: {e}") from None
+    try:
+        data = sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                   for t in ("spans", "metric_samples", "kv_events", "engine_config", "scrapes"))
+        sources = [x for (s,) in con.execute("SELECT source FROM ingest_log").fetchall() for x in s.split(",")]
+    except duckdb.Error:
+        data, sources = 1, []  # not an agentobs store
+    finally:
+        con.close()
+    if not data:
+        return
+    home = bundle.resolve()
+
+    def sample(src: str) -> bool:  # this bundle, or the sample of another checkout or install
+        return home in Path(src).resolve().parents or "sample_data/fleet/" in src.replace("\\", "/")
+
+    if not (sources and all(map(sample, sources))):
+        raise AgentobsError(f"{db} holds other data; `agentobs demo` re-bases the sample to now and builds its own "
+                            "store: pass --db demo.duckdb (or remove the file)")
+    err_console.print(f"rebuilding the demo store {db}", highlight=False)
+    for f in (p, Path(db + ".wal")):
+        f.unlink(missing_ok=True)
+
+
 @cli.command("demo")
 @click.option("--no-console", is_flag=True, default=False, help="Build the store and print the headline metrics only.")
 @click.option("--live", is_flag=True, default=False,
@@ -493,7 +575,8 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
     root = sample_dir()
     bundle = root / "fleet"
     if (bundle / "manifest.json").exists():
-        _bundle_import(ctx, bundle)
+        _fresh_demo_store(ctx.db, bundle)
+        _bundle_import(ctx, bundle, rebase_to="now")  # the sample ends now: `--since 7d` finds it
     else:  # a checkout without the fleet bundle: the METRICS.md worked example only
         from .collect.files import import_otlp
 
@@ -512,6 +595,7 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
         _emit(reuse.select(keep).to_arrow(), "table", "session reuse by instance (agentobs metrics reuse --by instance)")
     except AgentobsError as e:  # the metrics layer reports its own problems; the store is still there
         err_console.print(f"[yellow]metrics unavailable:[/yellow] {e}")
+    _print_answer(con, ctx.settings, ctx.db)
     con.close()
     err_console.print(f"store: {ctx.db} — try `agentobs metrics --db {ctx.db}` or `agentobs sql \"SELECT * FROM llm_calls\" --db {ctx.db}`")
     if not no_console:

@@ -10,7 +10,7 @@ from agentobs.errors import ConfigError, InputError
 from agentobs.sim.cache import KVCache
 from agentobs.sim.engine import InstanceSpec
 from agentobs.sim.fleet import Fleet, FleetSpec
-from agentobs.sim.router import Router
+from agentobs.sim.router import POLICIES, Router
 from agentobs.sim.run import CollectSink, simulate
 from agentobs.sim.scenarios import scenario
 from agentobs.sim.workload import CallSpec, IdAlloc, Segment, Session, claude_code, mooncake, synthetic
@@ -105,8 +105,8 @@ def test_second_turn_hits_previous_prompt_blocks():
 
 
 class _I:
-    def __init__(self, name, idx, load, hits):
-        self.spec = InstanceSpec(name)
+    def __init__(self, name, idx, load, hits, model=None):
+        self.spec = InstanceSpec(name, model=model)
         self.idx = idx
         self._load = load
         self.cache = type("C", (), {"gpu_match": staticmethod(lambda chain, n, h=hits: h)})()
@@ -129,6 +129,40 @@ def test_routers():
     assert Router("cache_aware", insts).pick("s", [], 10).spec.name == "c:1"
     with pytest.raises(ConfigError, match="unknown router policy 'random'"):
         Router("random", insts)
+
+
+def test_router_keeps_each_session_on_its_model():
+    # two models with two replicas each: every call of a session goes to a replica of the session's model, the
+    # policy applies among those replicas; the models share the sessions by replica count
+    insts = [_I("q1:1", 0, 0, 0, "Q"), _I("l1:1", 1, 0, 0, "L"), _I("q2:1", 2, 0, 0, "Q"), _I("l2:1", 3, 0, 0, "L")]
+    for policy in POLICIES:
+        r = Router(policy, insts)
+        seen: dict[str, set] = {}
+        for n in range(800):
+            sid = f"sess-{n % 200}"
+            seen.setdefault(sid, set()).add(r.pick(sid, [], 10).spec.model)
+        assert all(len(m) == 1 for m in seen.values()), policy
+        assert 0.4 < sum(m == {"Q"} for m in seen.values()) / len(seen) < 0.6, policy
+    rr = Router("round_robin", insts)
+    model = rr.pick("s", [], 10).spec.model
+    names = [rr.pick("s", [], 10).spec.name for _ in range(4)]
+    assert names == (["q2:1", "q1:1"] * 2 if model == "Q" else ["l2:1", "l1:1"] * 2)  # round robin in the pool
+
+
+def test_sample_scenario_sessions_keep_one_model():
+    # the sample fleet (2 vLLM replicas of Qwen3-32B, 2 SGLang replicas of Llama-3.1-8B): no session switches
+    # model; each model's sessions use both of its replicas (round robin)
+    from dataclasses import replace
+
+    sink = CollectSink()
+    simulate(replace(scenario("sample"), duration_s=300.0, snapshot_s=0.0), 1, sink=sink)
+    models: dict[str, set] = {}
+    replicas: dict[str, set] = {}
+    for c in sink.calls:
+        models.setdefault(c.sess.sid, set()).add(c.req.inst.model)
+        replicas.setdefault(c.req.inst.model, set()).add(c.req.inst.spec.name)
+    assert len(models) > 20 and all(len(m) == 1 for m in models.values())
+    assert {m: len(r) for m, r in replicas.items()} == {"Qwen/Qwen3-32B": 2, "meta-llama/Llama-3.1-8B-Instruct": 2}
 
 
 def test_synthetic_is_deterministic_and_typed():

@@ -157,7 +157,7 @@ class BundleSink:
         trace = fleet.trace_id(sess.task_id)
         root = fleet.span_id_for(sess.sid)
         host, port = inst.spec.name.rsplit(":", 1)
-        model = call.spec.model or inst.cost.model
+        model = call.spec.model or inst.model
         resp_id = f"chatcmpl-{call.span_id}{trace[:16]}"
         common = {"gen_ai.conversation.id": sess.sid, "app.task.id": sess.task_id,
                   "agentobs.task.type": sess.task_type, "agentobs.tenant": sess.tenant}
@@ -417,7 +417,7 @@ class BundleSink:
             d = copy.deepcopy(tpl)
             host, port = sp.name.rsplit(":", 1)
             over = {
-                "model_path": inst.cost.model, "tokenizer_path": inst.cost.model, "served_model_name": inst.cost.model,
+                "model_path": inst.model, "tokenizer_path": inst.model, "served_model_name": inst.model,
                 "page_size": sp.block_size, "disable_radix_cache": not sp.prefix_caching,
                 "enable_hierarchical_cache": sp.hicache, "hicache_ratio": sp.hicache_ratio,
                 "hicache_write_policy": sp.hicache_write_policy, "schedule_policy": sp.schedule_policy,
@@ -444,7 +444,7 @@ class BundleSink:
             sp = inst.spec
             n = inst_dir(sp.name)
             insts.append({
-                "instance": sp.name, "engine": sp.engine, "preset": sp.preset, "model": inst.cost.model,
+                "instance": sp.name, "engine": sp.engine, "preset": sp.preset, "model": inst.model,
                 "prom_dir": f"prom/{n}" if (self.dir / "prom" / n).exists() else None,
                 "server_info": f"server_info/{n}.json" if sp.engine == "sglang" else None,
                 "kv_events": f"kv_events/{n}.jsonl.gz" if (self.dir / "kv_events" / f"{n}.jsonl.gz").exists() else None,

@@ -43,6 +43,9 @@ class InstanceSpec:
     max_waiting: int = 1024
     schedule_policy: str = "fcfs"  # fcfs | lpm
     cache_report: bool = True      # cached tokens reported to clients (SGLang --enable-cache-report)
+    model: str | None = None       # the model served; a session's calls go to replicas of one model (router.py).
+                                   # None: undeclared (one pool of all undeclared replicas); names the preset's
+                                   # model in the telemetry
 
 
 class Req:
@@ -88,6 +91,7 @@ class Instance:
     def __init__(self, spec: InstanceSpec, cost: CostPreset, idx: int, sink, ids, cache_cls=KVCache):
         self.spec = spec
         self.cost = cost
+        self.model = spec.model or cost.model  # the served model's name, as the telemetry reports it
         self.idx = idx
         self.sink = sink
         self.ids = ids  # allocator of unique block ids (output blocks)

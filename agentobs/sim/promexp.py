@@ -69,7 +69,7 @@ def vllm_config_labels(inst: Instance) -> dict[str, str]:
 
 def vllm_families(inst: Instance):
     s = inst.s
-    L = {"engine": "0", "model_name": inst.cost.model}
+    L = {"engine": "0", "model_name": inst.model}
     cache = inst.cache
     yield _gauge("vllm:num_requests_running", "Number of requests in model execution batches.", L, len(inst.running))
     yield _gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", L, len(inst.waiting))
@@ -116,7 +116,7 @@ def vllm_families(inst: Instance):
 
 def sglang_families(inst: Instance):
     s = inst.s
-    model = inst.cost.model
+    model = inst.model
     G = {"engine_type": "unified", "model_name": model, "moe_ep_rank": "0", "pp_rank": "0", "tp_rank": "0"}
     T = {"engine_type": "unified", "model_name": model}
     cache = inst.cache

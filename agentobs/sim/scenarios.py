@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import ConfigError
 from .engine import InstanceSpec
+from .presets import preset
 
 
 @dataclass(frozen=True)
@@ -26,11 +27,16 @@ class Scenario:
 
 
 def _v(name, **kw) -> InstanceSpec:
-    return InstanceSpec(name, "vllm", **kw)
+    return _served(InstanceSpec(name, "vllm", **kw))
 
 
 def _s(name, **kw) -> InstanceSpec:
-    return InstanceSpec(name, "sglang", **kw)
+    return _served(InstanceSpec(name, "sglang", **kw))
+
+
+def _served(i: InstanceSpec) -> InstanceSpec:
+    """A scenario's replica serves its preset's model: sessions stay on one model, routed among its replicas."""
+    return i if i.model else replace(i, model=preset(i.preset).model)
 
 
 SAMPLE_MIX = {"coding": 3.0, "support": 4.0, "research": 1.0, "batch-eval": 0.3}
@@ -40,14 +46,15 @@ SCENARIOS: dict[str, Scenario] = {
     for s in (
         Scenario(
             "sample", "2 h of a 4-replica fleet behind a round-robin gateway: 2 vLLM (Qwen3-32B, TP2), "
-            "2 SGLang (Llama-3.1-8B); planted problems: round-robin routing, an SGLang replica on a small "
-            "A100 pool with HiCache off, a vLLM replica with prefix caching off.",
+            "2 SGLang (Llama-3.1-8B); a session uses one model, round robin over its 2 replicas; planted "
+            "problems: round-robin routing, an SGLang replica on a small A100 pool with HiCache off, a vLLM "
+            "replica with prefix caching off.",
             (_v("10.42.7.31:8000"), _v("10.42.7.32:8000", prefix_caching=False),
              _s("10.42.7.40:30000", preset="h100-llama3.1-8b", hicache=True),
              _s("10.42.7.41:30000", preset="a100-llama3.1-8b", hicache=False)),
             router="round_robin", mix=SAMPLE_MIX, duration_s=7200.0, sessions_per_min=5.0, session_id_share=0.8),
-        Scenario("quick", "10 minutes, 2 replicas (vLLM + SGLang): tests and first look.",
-                 (_v("10.0.0.1:8000"), _s("10.0.0.2:30000", preset="h100-llama3.1-8b")),
+        Scenario("quick", "10 minutes, 2 replicas of Llama-3.1-8B (vLLM + SGLang): tests and first look.",
+                 (_v("10.0.0.1:8000", preset="h100-llama3.1-8b"), _s("10.0.0.2:30000", preset="h100-llama3.1-8b")),
                  router="round_robin", mix=SAMPLE_MIX, duration_s=600.0, sessions_per_min=6.0),
         Scenario("bench", "synthetic mix on 8 vLLM replicas (block 16), for bench/sim_speed.py.",
                  tuple(_v(f"10.1.0.{i}:8000") for i in range(8)), router="cache_aware", mix=SAMPLE_MIX,
