@@ -497,28 +497,24 @@ FROM llm_calls
 
 
 def _print_answer(con_or_db, settings: Settings, db: str | None = None) -> None:
-    """The answer the demo is for: the top fix and the tax it addresses. For now from the findings: the largest
-    weekly tax among those whose fix recovers tokens (ITL scheduling recovers latency, not the recompute tax),
-    else the largest. Findings overlap, so their sum is not the fleet's tax; the findings ledger
-    (agentobs/findings/ledger.py) replaces this."""
-    from .findings import run
+    """The answer the demo is for, from the tax ledger (the same lines `agentobs findings` opens with): the fleet's
+    recompute tax per week with its scaling, what findings own of it, and the top fixes with their sessions."""
+    from .findings import build
+    from .findings.render import headline
 
     try:
-        found = run(con_or_db, settings=settings, simulate=False)
+        ledger = build(con_or_db, settings=settings)
     except AgentobsError as e:
         err_console.print(f"[yellow]findings unavailable:[/yellow] {e}")
         return
     db = db or str(con_or_db)
-    if not found:
+    console.print()
+    for line in headline(ledger):
+        console.print(line, highlight=False, markup=False, no_wrap=True, overflow="ellipsis", crop=True)
+    if not ledger.findings:
         console.print("No finding: no default config is making sessions pay a recompute tax.", highlight=False)
-        return
-    fixes = [f for f in found if f.recoverable.usd_week] or found
-    top = max(fixes, key=lambda f: f.tax.usd_week or 0.0)  # max keeps the first of equals: the findings' order
-    usd = "unknown" if top.tax.usd_week is None else f"${top.tax.usd_week:,.2f}"
-    console.print(f"\n[bold]Top fix[/bold] (of {len(found)} findings): {top.id}: recompute tax {usd}{top.tax.per} "
-                  f"({top.severity})", highlight=False)
-    console.print(f"  fix: {top.remediation}", highlight=False, markup=False)
-    console.print(f"  all findings: agentobs findings --db {db}\n", highlight=False, markup=False, soft_wrap=True)
+    console.print(f"  every finding, its evidence and fix: agentobs findings --db {db} --format markdown\n",
+                  highlight=False, markup=False, soft_wrap=True)
 
 
 def _fresh_demo_store(db: str, bundle: Path) -> None:

@@ -139,12 +139,22 @@ def test_demo_ends_now_and_prints_the_answer(tmp_path):
     newest_call = con.execute("SELECT max(end_s) FROM llm_calls").fetchone()[0]
     con.close()
     assert before - 5 < newest_call <= after
-    # the answer: the top finding with its weekly $ and fix, and where to see all
-    assert "Top fix" in r.output and "/week" in r.output and f"agentobs findings --db {db}" in r.output
-    # the docs' examples find the demo's data
-    f = run.invoke(cli, ["findings", "--since", "7d", "--no-simulate", "--format", "json", "--db", db])
+    # the answer: the weekly tax and the top fix, as the ledger (and `agentobs findings`) states them
+    from agentobs.findings import build
+    from agentobs.findings.context import fmt_usd
+    from agentobs.findings.render import short_fix
+
+    led = build(db)
+    assert f"Recompute tax: {fmt_usd(led.usd_week)}/week" in r.output
+    top = led.top_fixes(1)[0]
+    assert f"1. {fmt_usd(top.tax.usd_week)}/week · {top.sessions:,} sessions · {short_fix(top)}"[:60] in r.output
+    assert f"agentobs findings --db {db}" in r.output
+    # the docs' examples find the demo's data: a week asked of 2.3 h of data is 2.3 h observed, so `--since 7d`
+    # gives the same weekly tax as the default window
+    f = run.invoke(cli, ["findings", "--since", "7d", "--no-simulate", "--format", "ledger", "--db", db])
     assert f.exit_code == 0, f.output
-    assert json.loads(f.stdout)
+    doc = json.loads(f.stdout)
+    assert doc["findings"] and doc["fleet"]["tax"]["usd_week"] == pytest.approx(led.usd_week)
     m = run.invoke(cli, ["metrics", "reuse", "--since", "24h", "--format", "json", "--db", db])
     assert m.exit_code == 0, m.output
     assert json.loads(m.stdout)

@@ -74,8 +74,12 @@ def expected_usd_week(truth, cost, instances, causes):
 
 
 def test_the_planted_problems_are_found(found):
-    assert {f"prefix_cache_off/instance={V32}", f"hicache_off/instance={S41}", f"non_affine_routing/model={QWEN}",
+    assert {f"prefix_cache_off/instance={V32}", f"hicache_off/instance={S41}",
             f"non_affine_routing/model={LLAMA}"} <= set(found)
+    # Qwen is round-robined too, between .31 and the cache-off .32: its turns that land on .32 are cache_disabled
+    # (owned by prefix_cache_off), and the routed_away ones (.32 → .31) are 2.5M of its 62.4M reusable tokens
+    # (4%), under findings_routed_away_share (10%): the fix for Qwen is the cache, not the router
+    assert f"non_affine_routing/model={QWEN}" not in found
     # and not where the config is healthy: prefix caching on at .31, HiCache on at .40; retention is not
     # suggested for the cache-off replica (it retains nothing)
     assert not {f"prefix_cache_off/instance={V31}", f"hicache_off/instance={S40}",
@@ -86,7 +90,6 @@ def test_the_planted_problems_are_found(found):
     # re-prefill by cause: the metrics agree with the truth on every miss's cause and on ΣX outside branches' first
     # calls (docs/simulator.md); per cause a handful of calls move (e.g. 843 cache_disabled calls found vs 844 true).
     (f"prefix_cache_off/instance={V32}", [V32], ["cache_disabled"], 0.02),
-    (f"non_affine_routing/model={QWEN}", [V31, V32], ["routed_away"], 0.02),
     (f"non_affine_routing/model={LLAMA}", [S40, S41], ["routed_away"], 0.02),
     # 61 true evicted misses on .41 (749k tokens): one call more or less (~12k tokens) is 1.6%
     (f"hicache_off/instance={S41}", [S41], ["evicted_full", "evicted_partial"], 0.05),
@@ -98,23 +101,25 @@ def test_tax_matches_ground_truth(found, truth, cost, fid, instances, causes, to
 
 
 def test_recoverable_by_simulation(found, truth, cost):
-    for fid in (f"prefix_cache_off/instance={V32}", f"hicache_off/instance={S41}", f"non_affine_routing/model={QWEN}",
+    for fid in (f"prefix_cache_off/instance={V32}", f"hicache_off/instance={S41}",
                 f"non_affine_routing/model={LLAMA}"):
         rec = found[fid].recoverable
         assert rec.method == "simulation (200 sessions replayed)", fid
         assert "200 of 753 sessions" in rec.basis and rec.usd_week > 0, fid
+        assert rec.usd_week <= found[fid].tax.usd_week, fid  # never above the finding's own tax
     # .31 and .32 are twins (same preset, same share of the Qwen sessions' round-robin traffic) but for prefix
-    # caching, so turning it on at .32 should bring its true re-prefill down to .31's: recoverable ≈ X(.32) − X(.31),
-    # all causes. That is about 1.8× the cache_disabled tax (16,232,096 tokens): routed-back turns gain too. 25%: a
-    # 200-session slice is replayed.
+    # caching, so turning it on at .32 should bring its true re-prefill down to .31's: the saving is X(.32) − X(.31)
+    # (all causes). .32's whole re-prefill is its cache_disabled tax (that cause comes first), so the saving is
+    # below the tax here: 29,244,224 of 31,828,656 tokens, 92%. 25%: a 200-session slice is replayed.
     x, _ = truth
     total = {i: sum(t for (j, _c), t in x.items() if j == i) for i in (V31, V32)}
-    want = expected_usd_week(truth, cost, [V32], ["cache_disabled", "routed_away"]) - \
+    assert x.get((V32, "routed_away"), 0) == 0  # the truth uses the same cause order
+    want = expected_usd_week(truth, cost, [V32], ["cache_disabled"]) - \
         expected_usd_week(truth, cost, [V31], ["routed_away", "evicted_partial"])
     assert total[V32] - total[V31] == pytest.approx(29_244_224, rel=1e-6)  # 31,828,656 − 2,584,432 tokens
-    assert found[f"prefix_cache_off/instance={V32}"].recoverable.usd_week == pytest.approx(want, rel=0.25)
-    assert found[f"prefix_cache_off/instance={V32}"].recoverable.usd_week > 1.5 * found[
-        f"prefix_cache_off/instance={V32}"].tax.usd_week
+    f = found[f"prefix_cache_off/instance={V32}"]
+    assert f.recoverable.usd_week == pytest.approx(want, rel=0.25)
+    assert f.recoverable.usd_week > 0.6 * f.tax.usd_week
 
 
 def test_replay_as_configured_reproduces_the_true_reprefill(mrun, truth):
