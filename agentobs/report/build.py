@@ -395,7 +395,8 @@ class _Builder:
             sec.tables.append(Table("task_cost_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
                                     show=["task_type", "tasks", "calls", "retries", "failed_calls", "amplification",
                                           "wasted_tokens", "cost_usd", "cost_p50_usd", "cost_p90_usd", "cost_max_usd",
-                                          "reprefill_cost_share"]))
+                                          "reprefill_cost_share"],
+                                    chart=Chart("bars", "Cost by task type (USD)", "task_type", "cost_usd")))
         sec.tables.append(Table("task_cost_by_task", "Every task", sec.basis, per_task.to_arrow(), show=[], show_rows=0))
         return sec
 
@@ -413,7 +414,7 @@ class _Builder:
             sec.tables.append(Table(f"reprefill_by_{by}", f"By {by.replace('_', ' ')}", sec.basis, df.to_arrow(),
                                     show=[col, *show],
                                     chart=Chart("bars", f"Recompute tax by {by.replace('_', ' ')} (USD)", col,
-                                                "reprefill_cost_usd", "usd") if by != "task_type" else None))
+                                                "reprefill_cost_usd", "usd")))
         return sec
 
     def rent(self) -> Section:
@@ -436,7 +437,9 @@ class _Builder:
         by_type = self.metric("idle_kv_rent", "task_type")
         if by_type is not None:
             sec.tables.append(Table("idle_kv_rent_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
-                                    show=["task_type", *show[1:-1]]))
+                                    show=["task_type", *show[1:-1]],
+                                    chart=Chart("bars", "Idle KV rent paid by task type (USD)", "task_type",
+                                                "rent_paid_usd")))
         return sec
 
     def latency(self) -> Section:
@@ -490,7 +493,8 @@ class _Builder:
             show = [col, "task_type", "tenant", "calls", "cost_usd", "reprefill_cost_usd"]
             show += ["retries", "amplification"] if key == "task" else ["reprefill_tokens", "hit_rate"]
             sec.tables.append(Table(f"top_{key}s", f"Top {TOP_N} {key}s by spend", sec.basis, df.to_arrow(),
-                                    show=show, links={col: "console_url"}))
+                                    show=show, links={col: "console_url"},
+                                    chart=Chart("bars", f"Top {key}s by spend (USD)", col, "cost_usd")))
         return sec
 
     def ledger(self, period: Period, simulate: bool = True):
