@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import span_cases
 
 chdb = pytest.importorskip("chdb", reason="chdb (in-process ClickHouse) is not installed: pip install 'agentobs[clickhouse]'")
 
@@ -127,6 +128,21 @@ def test_views_row_for_row(both, view, key):
     assert len(a) == len(b) and len(a) > 0 or view == "instance_config"
     for ra, rb in zip(a, b, strict=True):
         assert ra == rb, {c: (x, y) for c, x, y in zip(cols, ra, rb, strict=True) if x != y}
+
+
+def test_span_cases_promote_the_same_on_clickhouse(both):
+    """tests/span_cases.py (cached tokens in the input or not, streaming, HTTP errors, exception events) through
+    the exporter's otel_traces rows and ClickHouse's promotion SQL: the rows DuckDB's decoder makes."""
+    _, ch, settings = both
+    spans = otlp.decode_json_obj(span_cases.request(), settings).table()
+    ch.command("CREATE TABLE IF NOT EXISTS span_cases_traces AS otel_traces")
+    ch.command("TRUNCATE TABLE span_cases_traces")
+    ch.insert_arrow("span_cases_traces", load.traces_rows(spans))
+    sql = model.spans_select_sql(settings).replace("FROM otel_traces", "FROM span_cases_traces")
+    a, b = _rows(spans, SPAN_COLS, ["span_id"]), _rows(ch.arrow(sql), SPAN_COLS, ["span_id"])
+    assert len(a) == len(b) == 11
+    for ra, rb in zip(a, b, strict=True):
+        assert ra == rb, {c: (x, y) for c, x, y in zip(SPAN_COLS, ra, rb, strict=True) if x != y}
 
 
 def test_worked_example_counts(both):

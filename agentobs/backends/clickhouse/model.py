@@ -68,6 +68,12 @@ def _num(keys, as_int: bool) -> str:
     return f"CAST(multiIf({', '.join(parts)}, NULL) AS {typ})"
 
 
+def _first_present(keys, expr: str) -> str:
+    """``expr`` of the first key present on the span (``normalize``'s first-match rule), else NULL."""
+    parts = [f"{_has(k)}, {expr.format(_a(k))}" for k in keys]
+    return f"multiIf({', '.join(parts)}, NULL)"
+
+
 def spans_select_sql(settings: Settings) -> str:
     lit_keys = list(N.LITELLM_OPS)
     lit_vals = [N.LITELLM_OPS[k] for k in lit_keys]
@@ -98,7 +104,10 @@ WITH
     {_merged('server.port')} AS _port,
     {_num(N.INPUT_KEYS, True)} AS _p0,
     {_num(N.CACHED_KEYS, True)} AS _c,
-    ((_provider IN {_arr(sorted(N.ANTHROPIC_STYLE_PROVIDERS))}) OR {_a('agentobs.usage.input_excludes_cache')} = 'true') AS _excl,
+    (lower(trimBoth({_merged(N.INPUT_EXCLUDES_CACHE)})) = 'true') AS _excl,
+    {_first_present(N.STREAM_KEYS, "lower(trimBoth({}))")} = 'false' AS _not_streamed,
+    {_first_present(N.HTTP_STATUS_KEYS, "toFloat64OrNull({})")} AS _http_status,
+    arrayFirstIndex(n -> n IN {_arr(N.EXCEPTION_EVENTS)}, Events.Name) AS _exc_i,
     arraySort(arrayFilter((t, n) -> n = {chunk} AND toUnixTimestamp64Nano(t) != 0, Events.Timestamp, Events.Name)) AS _chunks,
     {_a('gen_ai.response.finish_reasons')} AS _fr,
     {_a('agentobs.itl_ms')} AS _itl,
@@ -128,19 +137,24 @@ SELECT
        concat(_addr, ':', _port), _addr) AS instance,
     {_first_str(('gen_ai.response.id',), merged=False)} AS response_id,
     {_first_str(('gen_ai.request.id',), merged=False)} AS request_id,
-    multiIf(_p0 IS NOT NULL AND _c IS NOT NULL AND _excl, _p0 + _c + coalesce({_num(N.CACHE_WRITE_KEYS, True)}, 0),
-            _p0 IS NOT NULL AND _c IS NOT NULL AND _c > _p0, _p0 + _c, _p0) AS input_tokens,
+    if(_p0 IS NOT NULL AND _c IS NOT NULL AND (_excl OR _c > _p0),
+       _p0 + _c + coalesce({_num(N.CACHE_WRITE_KEYS, True)}, 0), _p0) AS input_tokens,
     _c AS cached_tokens,
     {_num(N.OUTPUT_KEYS, True)} AS output_tokens,
     {_num(('agentobs.prompt.system_tokens',), True)} AS system_tokens,
     {_num(('agentobs.prompt.tool_tokens',), True)} AS tool_def_tokens,
-    coalesce({_num(N.TTFT_KEYS, False)},
-             if(empty(_chunks), NULL, (toUnixTimestamp64Nano(_chunks[1]) - _start_ns) / 1e9)) AS ttft_s,
+    if(_role != 'engine' AND coalesce(_not_streamed, false), CAST(NULL AS Nullable(Float64)),
+       coalesce({_num(N.TTFT_KEYS, False)},
+                if(empty(_chunks), NULL, (toUnixTimestamp64Nano(_chunks[1]) - _start_ns) / 1e9))) AS ttft_s,
     {_num(('gen_ai.latency.time_in_queue',), False)} AS queue_s,
     {_num(('gen_ai.latency.time_in_model_prefill',), False)} AS prefill_s,
     {_num(('gen_ai.latency.time_in_model_decode',), False)} AS decode_s,
     if(startsWith(_fr1, '"'), JSONExtractString(concat('[', _fr1, ']'), 1), _fr1) AS finish_reason,
-    {_first_str(('error.type',), merged=False)} AS error_type,
+    multiIf({_first_str(('error.type',), merged=False)} IS NOT NULL, {_first_str(('error.type',), merged=False)},
+            _http_status >= 400 AND _http_status < 1000, toString(toInt64(_http_status)),
+            _exc_i > 0, if(Events.Attributes[_exc_i]['exception.type'] != '',
+                           Events.Attributes[_exc_i]['exception.type'], 'exception'),
+            NULL) AS error_type,
     {_first_str(('gen_ai.tool.name',), merged=False)} AS tool_name,
     multiIf(_itl != '', JSONExtract(_itl, 'Array(Float64)'),
             length(_chunks) >= 2,
