@@ -166,6 +166,27 @@ def test_routed_away_vs_evicted_vs_cache_disabled_and_unknown(tmp_path):
     assert r["s3"]["hit_rate"] == pytest.approx(500 / 2200) and r["s3"]["reuse_hit_rate"] == pytest.approx(500 / 992)
 
 
+def test_failed_calls_are_their_own_cause(tmp_path):
+    def failed(cid, sess, start, end, P, C, error_type):
+        return {**call(cid, sess, start, end, P, C, O=None, ttft=None, status=2), "error_type": error_type}
+
+    path = make_db(tmp_path, [
+        call("a1", "s1", 0, 1, 1000, 0),
+        failed("a2", "s1", 2, 3, None, None, "503"),       # HTTP 503, no usage: X unknown -> error (was "none")
+        call("a3", "s1", 4, 5, 1200, 992),                 # prev = a2, whose P is unknown: R unknown -> none
+        call("b1", "s2", 0, 1, 1000, 0),
+        failed("b2", "s2", 5, 6, 1200, 0, "stream_interrupted"),  # failed after recomputing R_eff = 992: evicted
+        failed("c1", "s3", 0, 1, None, None, "429"),       # the session's first call failed: error, not cold
+        failed("d1", None, 0, 1, None, None, "500"),       # no session: error, not no_session
+    ])
+    c = reuse_rows(path)
+    assert {k: c[k]["miss_cause"] for k in c} == {"a1": "cold", "a2": "error", "a3": None, "b1": "cold",
+                                                  "b2": "evicted_full", "c1": "error", "d1": "error"}
+    by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
+    assert {k: (v["calls"], v["reprefill_tokens"]) for k, v in by_cause.items()} == {
+        "error": (3, None), "cold": (2, None), "none": (1, None), "evicted_full": (1, 992)}  # a3: X unknown
+
+
 def test_context_shrink_is_a_reset_not_a_reprefill(tmp_path):
     path = make_db(tmp_path, [
         call("c1", "s", 0, 1, 5000, 0), call("c2", "s", 2, 3, 8000, 4992),

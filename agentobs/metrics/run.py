@@ -125,7 +125,7 @@ def names() -> list[str]:
 _ENUM_COLUMNS = {
     "block_size_source": ("engine_config", "default"),
     "mode": ("no_session", "exact", "estimate"),
-    "miss_cause": ("cold", "routed_away", "cache_disabled", "evicted_full", "evicted_partial", "unknown"),
+    "miss_cause": ("error", "cold", "routed_away", "cache_disabled", "evicted_full", "evicted_partial", "unknown"),
     "hit_class": ("hit", "partial", "miss"),
     "window_outcome": ("retained", "evicted", "routed_away", "unknown"),
     "rent_mode": ("kv_events", "estimate"),
