@@ -42,7 +42,7 @@ def _bump(text: str) -> str:
     out = []
     for line in text.splitlines():
         m = re.match(r"^([^#\s][^ ]*(?:\{.*\})?) (\S+)$", line)
-        if m and not m.group(1).endswith("_created"):
+        if m and not m.group(1).split("{")[0].endswith("_created"):  # a creation time stays (no restart)
             line = f"{m.group(1)} {float(m.group(2)) + 10}"
         out.append(line)
     return "\n".join(out) + "\n"
@@ -197,6 +197,16 @@ def test_metric_suite_identical(suites, name):
                 assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12), (name, c, x, y)
             else:
                 assert x == y, (name, c, x, y)
+
+
+def test_fleet_hit_rate_counts_the_first_scrape_from_creation(suites):
+    """The vLLM fixture's counters carry *_created (the receiver's StartTimeUnix on ClickHouse): the first scrape's
+    value counts (queries 6,475,530, hits 5,637,408), then each the +10 of the second scrape; SGLang has no
+    *_created: only the second scrape's +10 on each of its two prompt-token series (is_streaming) counts."""
+    for suite in suites:
+        r = {x["instance"]: x for x in suite["fleet_hit_rate"].to_dicts()}
+        assert (r["10.42.7.31:8000"]["query_tokens"], r["10.42.7.31:8000"]["hit_tokens"]) == (6475540, 5637418)
+        assert r["10.42.7.32:30000"]["query_tokens"] == 20
 
 
 def test_worked_example_hit_rate_on_clickhouse(suites):

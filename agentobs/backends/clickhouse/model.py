@@ -18,6 +18,7 @@ from __future__ import annotations
 from importlib import resources
 
 from ...collect import normalize as N
+from ...collect.prom import KEPT_CREATED
 from ...config import Settings, load_settings
 from ...model import split_statements, views_sql
 from .conn import ClickHouse
@@ -168,6 +169,9 @@ FROM otel_traces
 """
 
 
+# the counters of prom.KEPT_CREATED as the exporter may name them (as exposed, or with _total stripped)
+_CREATED_COUNTERS = sorted(n for c in KEPT_CREATED for n in (c[:-len("_created")], c[:-len("_created")] + "_total"))
+
 # one SELECT per exporter metric table, each yielding (TimeUnix, ResourceAttributes, metric, attrs, value)
 SAMPLE_SOURCES = {
     "otel_metrics_gauge": "SELECT TimeUnix, ResourceAttributes, MetricName AS metric, Attributes AS attrs, Value AS value "
@@ -175,6 +179,15 @@ SAMPLE_SOURCES = {
     "otel_metrics_sum": "SELECT TimeUnix, ResourceAttributes, "
                         "if(IsMonotonic AND NOT endsWith(MetricName, '_total'), concat(MetricName, '_total'), MetricName) AS metric, "
                         "Attributes AS attrs, Value AS value FROM otel_metrics_sum",
+    # the creation time of the counters whose *_created the scraper keeps (prom.KEPT_CREATED): the receiver puts
+    # it in StartTimeUnix; a start no earlier than the point itself is no creation time (the receiver's own)
+    "otel_metrics_sum_created": "SELECT TimeUnix, ResourceAttributes, "
+                                "concat(if(endsWith(MetricName, '_total'), substring(MetricName, 1, "
+                                "length(MetricName) - 6), MetricName), '_created') AS metric, "
+                                "Attributes AS attrs, toUnixTimestamp64Nano(StartTimeUnix) / 1e9 AS value "
+                                "FROM otel_metrics_sum "
+                                f"WHERE MetricName IN {_arr(_CREATED_COUNTERS)} "
+                                "AND StartTimeUnix < TimeUnix",
     # OTLP buckets are per bucket; Prometheus' _bucket series are cumulative up to le. Plus _count and _sum.
     "otel_metrics_histogram": """
     SELECT TimeUnix, ResourceAttributes, concat(MetricName, x.1) AS metric,
