@@ -108,12 +108,6 @@ def _litellm_usage(attrs: dict[str, Any]) -> dict[str, Any]:
     return _litellm_dict(attrs, "metadata.usage_object")
 
 
-def _litellm_session(attrs: dict[str, Any]) -> str | None:
-    """LiteLLM's proxy keeps the caller's session (``x-litellm-session-id`` / ``litellm_session_id`` /
-    ``metadata.session_id``) only inside the stringified ``metadata.requester_metadata`` dict."""
-    return _litellm_ids(attrs, (), ())[0]
-
-
 def _dict_value(d: dict[str, Any], key: str) -> str | None:
     """``key`` of a dict LiteLLM stringified: the key itself, a ``metadata.<k>`` alias as ``<k>`` (the dict is the
     request's metadata), an ``http.request.header.<h>`` alias as ``headers[<h>]``; a non-empty scalar only."""
@@ -133,7 +127,9 @@ def _dict_value(d: dict[str, Any], key: str) -> str | None:
 def _litellm_ids(attrs: dict[str, Any], session_keys: Sequence[str], task_keys: Sequence[str],
                  usage: dict[str, Any] | None = None) -> tuple[str | None, str | None]:
     """(session, task) from LiteLLM's stringified ``metadata.requester_metadata`` and ``metadata.usage_object``
-    dicts (in that order): the first of the settings' keys present, then the plain ``session_id`` / ``task_id``."""
+    dicts (in that order): the first of the settings' keys present, then the plain ``session_id`` / ``task_id``.
+    LiteLLM's proxy keeps the caller's session (``x-litellm-session-id`` / ``litellm_session_id`` /
+    ``metadata.session_id``) and metadata only there."""
     dicts = [_litellm_dict(attrs, "metadata.requester_metadata")]
     dicts.append(usage if usage is not None else _litellm_dict(attrs, "metadata.usage_object"))
     out: list[str | None] = []
