@@ -136,7 +136,7 @@ def test_calls_show_hit_class_reprefill_and_miss_cause(db):
         "c4": ("partial", 1992, "evicted_partial"),  # 2992 − 1000, same instance as c3
         "d2": ("miss", 3488, "routed_away"),         # prev = d1 (its branch) on B; d2 on A
         "c5": (None, None, "unknown"),               # C unknown: X unknown
-        "c6": ("hit", 0, None),
+        "c6": ("hit", 0, "error"),                   # failed (status ERROR) with no re-prefill: its own cause
         "c7": ("hit", 0, None),
     }
     gaps = {r["call_id"]: r["gap_before_s"] for r in rows}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+import span_cases
 
 chdb = pytest.importorskip("chdb", reason="chdb (in-process ClickHouse) is not installed: pip install 'agentobs[clickhouse]'")
 
@@ -41,7 +42,7 @@ def _bump(text: str) -> str:
     out = []
     for line in text.splitlines():
         m = re.match(r"^([^#\s][^ ]*(?:\{.*\})?) (\S+)$", line)
-        if m and not m.group(1).endswith("_created"):
+        if m and not m.group(1).split("{")[0].endswith("_created"):  # a creation time stays (no restart)
             line = f"{m.group(1)} {float(m.group(2)) + 10}"
         out.append(line)
     return "\n".join(out) + "\n"
@@ -129,6 +130,21 @@ def test_views_row_for_row(both, view, key):
         assert ra == rb, {c: (x, y) for c, x, y in zip(cols, ra, rb, strict=True) if x != y}
 
 
+def test_span_cases_promote_the_same_on_clickhouse(both):
+    """tests/span_cases.py (cached tokens in the input or not, streaming, HTTP errors, exception events) through
+    the exporter's otel_traces rows and ClickHouse's promotion SQL: the rows DuckDB's decoder makes."""
+    _, ch, settings = both
+    spans = otlp.decode_json_obj(span_cases.request(), settings).table()
+    ch.command("CREATE TABLE IF NOT EXISTS span_cases_traces AS otel_traces")
+    ch.command("TRUNCATE TABLE span_cases_traces")
+    ch.insert_arrow("span_cases_traces", load.traces_rows(spans))
+    sql = model.spans_select_sql(settings).replace("FROM otel_traces", "FROM span_cases_traces")
+    a, b = _rows(spans, SPAN_COLS, ["span_id"]), _rows(ch.arrow(sql), SPAN_COLS, ["span_id"])
+    assert len(a) == len(b) == 11
+    for ra, rb in zip(a, b, strict=True):
+        assert ra == rb, {c: (x, y) for c, x, y in zip(SPAN_COLS, ra, rb, strict=True) if x != y}
+
+
 def test_worked_example_counts(both):
     """The worked example: 3 model calls, 2 tool calls, 2 resumed turns, one session and task (METRICS.md)."""
     _, ch, _ = both
@@ -181,6 +197,16 @@ def test_metric_suite_identical(suites, name):
                 assert (math.isnan(x) and math.isnan(y)) or math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12), (name, c, x, y)
             else:
                 assert x == y, (name, c, x, y)
+
+
+def test_fleet_hit_rate_counts_the_first_scrape_from_creation(suites):
+    """The vLLM fixture's counters carry *_created (the receiver's StartTimeUnix on ClickHouse): the first scrape's
+    value counts (queries 6,475,530, hits 5,637,408), then each the +10 of the second scrape; SGLang has no
+    *_created: only the second scrape's +10 on each of its two prompt-token series (is_streaming) counts."""
+    for suite in suites:
+        r = {x["instance"]: x for x in suite["fleet_hit_rate"].to_dicts()}
+        assert (r["10.42.7.31:8000"]["query_tokens"], r["10.42.7.31:8000"]["hit_tokens"]) == (6475540, 5637418)
+        assert r["10.42.7.32:30000"]["query_tokens"] == 20
 
 
 def test_worked_example_hit_rate_on_clickhouse(suites):

@@ -24,19 +24,23 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from agentobs.collect import otlp
 from agentobs.collect.normalize import (
-    ANTHROPIC_STYLE_PROVIDERS,
     CACHE_WRITE_KEYS,
     CACHED_KEYS,
     CHUNK_EVENT,
+    INPUT_EXCLUDES_CACHE,
     INPUT_KEYS,
     OUTPUT_KEYS,
     TTFT_KEYS,
     _engine_of,
+    _exception_type,
     _finish_reason,
+    _flag,
+    _http_error,
+    _litellm_ids,
     _litellm_instance,
-    _litellm_session,
     _litellm_usage,
     _num,
+    _streamed,
     classify,
 )
 from agentobs.config import Settings, load_settings
@@ -73,8 +77,9 @@ def _ref_promote(
     role, op = classify(name, kind, scope, attrs)
     out: dict[str, Any] = {"role": role, "op": op}
     merged = attrs if not resource else {**resource, **attrs}
-    out["session_id"] = _first_str(merged, settings.session_keys) or _litellm_session(attrs)
-    out["task_id"] = _first_str(merged, settings.task_keys)
+    lite = _litellm_ids(attrs, settings.session_keys, settings.task_keys)
+    out["session_id"] = _first_str(merged, settings.session_keys) or lite[0]
+    out["task_id"] = _first_str(merged, settings.task_keys) or lite[1]
     out["task_type"] = _first_str(merged, settings.task_type_keys)
     out["tenant"] = _first_str(merged, settings.tenant_keys)
     out["agent_name"] = _first_str(attrs, ("gen_ai.agent.name",))
@@ -109,16 +114,12 @@ def _ref_promote(
             elif isinstance(usage.get("cache_read_input_tokens"), int):
                 c = usage["cache_read_input_tokens"]
     if p is not None and c is not None:
-        excludes = provider in ANTHROPIC_STYLE_PROVIDERS or attrs.get("agentobs.usage.input_excludes_cache") is True
-        if excludes:
-            # Anthropic reports input_tokens without cache reads/writes: P must include C.
-            w = _num(attrs, CACHE_WRITE_KEYS, warnings, True) or 0
-            p = p + c + w
-        elif c > p:
-            warnings.append(
-                f"cached tokens ({c}) exceed input tokens ({p}); treated as input that excludes cache (P := P + C)"
-            )
-            p = p + c
+        excludes = _flag(merged.get(INPUT_EXCLUDES_CACHE)) is True
+        if excludes or c > p:
+            if not excludes:
+                warnings.append(f"cached tokens ({c}) exceed input tokens ({p}); treated as input that excludes "
+                                "cache (P := P + cache reads + cache writes)")
+            p = p + c + (_num(attrs, CACHE_WRITE_KEYS, warnings, True) or 0)
     out["input_tokens"], out["cached_tokens"], out["output_tokens"] = p, c, o
     out["system_tokens"] = _num(attrs, ("agentobs.prompt.system_tokens",), warnings, True)
     out["tool_def_tokens"] = _num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True)
@@ -127,12 +128,12 @@ def _ref_promote(
     chunk_times = [e["time_ns"] for e in events if e.get("name") == CHUNK_EVENT and e.get("time_ns")]
     if ttft is None and chunk_times:
         ttft = (min(chunk_times) - start_ns) / 1e9
-    out["ttft_s"] = ttft
+    out["ttft_s"] = None if role != "engine" and _streamed(attrs) is False else ttft
     out["queue_s"] = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
     out["prefill_s"] = _num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings, False)
     out["decode_s"] = _num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings, False)
     out["finish_reason"] = _finish_reason(attrs.get("gen_ai.response.finish_reasons"))
-    out["error_type"] = _first_str(attrs, ("error.type",))
+    out["error_type"] = _first_str(attrs, ("error.type",)) or _http_error(attrs) or _exception_type(events)
     out["tool_name"] = _first_str(attrs, ("gen_ai.tool.name",))
 
     itl = attrs.get("agentobs.itl_ms")
@@ -276,6 +277,17 @@ def _edge_request() -> ExportTraceServiceRequest:
     _span(ss2.spans.add(), tid, b"\x05" * 8, "chat m", {
         "gen_ai.operation.name": "chat", "gen_ai.usage.input_tokens": 100,
         "gen_ai.usage.cache_read.input_tokens": 300, "agentobs.itl_ms": ["bad"]})
+    # not streamed (TTFT dropped), an HTTP error, an exception event, LiteLLM's stringified ids, the cache flag
+    _span(ss2.spans.add(), tid, b"\x0b" * 8, "litellm_request", {
+        "gen_ai.operation.name": "acompletion", "llm.is_streaming": "False", "gen_ai.response.time_to_first_chunk": 1.5,
+        "http.response.status_code": 503, "metadata.requester_metadata": "{'task_id': 't-9', 'headers': {}}",
+        "metadata.usage_object": "{'prompt_tokens': 10, 'prompt_tokens_details': {'cached_tokens': 4}}",
+        "agentobs.usage.input_excludes_cache": "true"})
+    e = _span(ss2.spans.add(), tid, b"\x0c" * 8, "chat x", {
+        "gen_ai.operation.name": "chat", "gen_ai.request.stream": True, "gen_ai.response.time_to_first_chunk": 0.5,
+        "http.status_code": "200"}).events.add()
+    e.name, e.time_unix_nano = "exception", 1_791_969_600_100_000_000
+    e.attributes.extend([_kv("exception.type", "TimeoutError")])
     # rejected spans: short trace id, all-zero span id, end before start, no start, short parent
     _span(ss2.spans.add(), b"\x01" * 15, b"\x06" * 8, "bad", {})
     _span(ss2.spans.add(), tid, b"\x00" * 8, "bad", {})
@@ -357,7 +369,7 @@ def test_every_branch_decodes_as_before():
     req = _edge_request()
     dec = otlp.decode_protobuf(req.SerializeToString(), SETTINGS)
     _same(dec, req)
-    assert (dec.accepted, dec.rejected) == (4, 5)
+    assert (dec.accepted, dec.rejected) == (6, 5)
     rows = {r["span_id"]: r for r in dec.table().to_pylist()}
     engine = rows["01" * 8]
     attrs = json.loads(engine["attributes"])
@@ -376,6 +388,13 @@ def test_every_branch_decodes_as_before():
     # gen_ai.conversation.id (on the resource) comes before the x-session-id header in session_keys
     assert claude["instance"] == "10.1.1.1:8001" and claude["session_id"] == "res-sess" and claude["tenant"] == "42"
     assert any("cached tokens (300) exceed input tokens (100)" in w for w in dec.warnings)
+    lite = rows["0b" * 8]
+    # llm.is_streaming "False": the 1.5 s "first chunk" is the whole latency, not a TTFT; HTTP 503 is the error;
+    # the task from the stringified requester metadata; input 10 declared to exclude the 4 cached: P = 14
+    assert (lite["ttft_s"], lite["error_type"], lite["task_id"]) == (None, "503", "t-9")
+    assert (lite["input_tokens"], lite["cached_tokens"]) == (14, 4)
+    streamed = rows["0c" * 8]  # streamed: its TTFT stays; HTTP 200 is no error, the exception event is
+    assert (streamed["ttft_s"], streamed["error_type"]) == (0.5, "TimeoutError")
 
 
 def test_columns_and_table_agree():

@@ -193,3 +193,73 @@ def test_real_vllm_capture_decodes_with_session_ids(capture):
     assert len(stored) == n_stored
     assert all(r["session_id"] and r["session_id"].startswith("sess-") for r in stored)
     assert all(r["block_size"] == 128 and r["num_tokens"] == 128 * len(r["block_hashes"]) for r in stored)
+
+
+def _run_sub(tmp_path, pub_topic, fleet_topic, send):
+    """A subscriber with ``fleet_topic`` against a loopback publisher sending ``pub_topic``; ``send(pub)`` publishes
+    after the subscriber has joined (it received a probe of any topic). Returns (stored rows, subscriber, health)."""
+    con = connect(tmp_path / "kv.duckdb")
+    w = Writer(con, flush_s=0)
+    ctx = zmq.Context()
+    pub = Publisher(ctx, topic=pub_topic)
+    health = Health()
+    sub = KVSubscriber(KVSource(f"tcp://127.0.0.1:{pub.port}", "vllm-0:8000", fleet_topic), w, health, ctx=ctx,
+                       flush_s=0)
+    stop = threading.Event()
+    t = threading.Thread(target=sub.run, args=(stop,))
+    t.start()
+    sub.ready.wait(5)
+    _wait_joined(pub, lambda: sub.messages > 0)
+    before = sub.messages
+    n = send(pub)
+    for _ in range(250):
+        if sub.messages >= before + n:
+            break
+        threading.Event().wait(0.02)
+    stop.set()
+    t.join(5)
+    w.close()
+    pub.close()
+    ctx.term()
+    rows = con.execute("SELECT seq, type FROM kv_events WHERE seq > 0 ORDER BY seq").fetchall()
+    con.close()
+    return rows, sub, health
+
+
+def _three_batches(pub):
+    for seq in (1, 2, 3):
+        pub.send(seq, KVEventBatch(ts=1791969700.0 + seq, events=[BlockRemoved([seq], "GPU")]))
+    return 3
+
+
+def test_topic_mismatch_is_counted_and_warned_not_silent(tmp_path):
+    # vLLM's default topic is "" (../shared/reference/vllm.md §4.1) while the fleet file says "kv-events": with a
+    # subscription to "kv-events" alone nothing would ever arrive and nothing would say so
+    rows, sub, health = _run_sub(tmp_path, b"", "kv-events", _three_batches)
+    assert rows == []  # not the fleet file's topic: not stored
+    # the probes of _wait_joined and the three batches all came with topic "": every one is counted
+    assert sub.unexpected == {"": sub.messages} and sub.messages >= 4
+    assert health.value("agentobs_kv_topic_mismatch_total", {"instance": "vllm-0:8000", "topic": ""}) == sub.messages
+    assert sub.batches == 0 and sub.gaps == 0
+    assert len(sub.warnings) == 1  # once per topic
+    assert "sends topic ''" in sub.warnings[0] and "subscribes to 'kv-events'" in sub.warnings[0]
+
+
+def test_matching_topics_are_stored_the_others_counted(tmp_path):
+    def mixed(pub):
+        _three_batches(pub)  # topic "kv-events-dp0": starts with the fleet file's "kv-events", ZMQ's prefix rule
+        pub.pub.send_multipart([b"other", (9).to_bytes(8, "big"), b"\x90"])
+        pub.pub.send_multipart([b"other"])  # malformed, but of a topic that is not ours: a mismatch, not a reject
+        return 5
+
+    rows, sub, health = _run_sub(tmp_path, b"kv-events-dp0", "kv-events", mixed)
+    assert rows == [(1, "BlockRemoved"), (2, "BlockRemoved"), (3, "BlockRemoved")]
+    assert sub.unexpected == {"other": 2} and sub.gaps == 0  # seq 9 of the other topic is no gap
+    assert health.value("agentobs_kv_events_rejected_total", {"instance": "vllm-0:8000"}) == 0
+    assert len(sub.warnings) == 1 and "'other'" in sub.warnings[0]
+
+
+def test_empty_fleet_topic_takes_every_topic(tmp_path):
+    rows, sub, _ = _run_sub(tmp_path, b"anything", "", _three_batches)
+    assert rows == [(1, "BlockRemoved"), (2, "BlockRemoved"), (3, "BlockRemoved")]
+    assert sub.unexpected == {} and sub.warnings == []

@@ -135,12 +135,16 @@ def test_scrape_round_stores_samples_config_and_records(site, store):
     res2 = {r.instance: r for r in sc.scrape_all()}  # second round: nothing changed, no new config rows
     assert not res2["vllm-0:8000"].config_stored and not res2["sglang-0:30000"].info_stored
     w.flush()
-    # 463 vLLM samples and 527 SGLang samples per scrape (the *_created series are not stored)
+    # 465 vLLM samples and 527 SGLang samples per scrape: the *_created series are not stored but the two of
+    # prom.KEPT_CREATED vLLM has (prefix_cache_hits/queries_created; the fixture has no gpu_ ones)
     assert con.execute("SELECT instance, count(*) FROM metric_samples GROUP BY 1 ORDER BY 1").fetchall() == [
-        ("sglang-0:30000", 2 * 527), ("vllm-0:8000", 2 * 463)]
+        ("sglang-0:30000", 2 * 527), ("vllm-0:8000", 2 * 465)]
+    assert con.execute("SELECT DISTINCT metric FROM metric_samples WHERE metric LIKE '%created' "
+                       "ORDER BY 1").fetchall() == [("vllm:prefix_cache_hits_created",),
+                                                    ("vllm:prefix_cache_queries_created",)]
     # the target's extra label is on every sample, the engine detected from the names
     assert con.execute("SELECT count(*), min(engine) FROM metric_samples WHERE instance = 'vllm-0:8000' "
-                       "AND labels['pool'] = 'a'").fetchone() == (926, "vllm")
+                       "AND labels['pool'] = 'a'").fetchone() == (930, "vllm")
     assert con.execute("SELECT value FROM engine_config WHERE instance = 'vllm-0:8000' "
                        "AND key = 'block_size'").fetchall() == [("16",)]
     assert con.execute("SELECT value FROM engine_config WHERE instance = 'sglang-0:30000' "
@@ -151,7 +155,7 @@ def test_scrape_round_stores_samples_config_and_records(site, store):
                        "WHERE ts = TIMESTAMP '1970-01-01 00:16:40' ORDER BY instance").fetchall()
     assert rows == [("bad:1", False, "parse_error", 0), ("gone:1", False, "http_404", 0),
                     ("refused:1", False, "connection_refused", 0), ("sglang-0:30000", True, None, 527),
-                    ("vllm-0:8000", True, None, 463)]
+                    ("vllm-0:8000", True, None, 465)]
     assert health.value("agentobs_scrape_errors_total", {"target": "gone:1", "reason": "http_404"}) == 2
     assert health.value("agentobs_scrapes_total", {"outcome": "ok"}) == 4
 

@@ -25,10 +25,12 @@ def test_vllm_cache_config_info(store, fixtures):
     assert c["prefix_caching"] is True
     # kv_offloading_size="None" and num_cpu_blocks="None": no offloading
     assert c["kv_offloading"] is False
-    # counters keep their names; *_created samples are dropped
+    # counters keep their names; *_created samples are dropped but the fleet hit rate's (prom.KEPT_CREATED)
     hits = con.execute("""SELECT value FROM metric_samples WHERE metric = 'vllm:prefix_cache_hits_total'""").fetchall()
     assert len(hits) == 1 and hits[0][0] > 0
-    assert con.execute("SELECT count(*) FROM metric_samples WHERE metric LIKE '%_created'").fetchone()[0] == 0
+    assert con.execute("SELECT metric, value FROM metric_samples WHERE metric LIKE '%_created' ORDER BY 1").fetchall() \
+        == [("vllm:prefix_cache_hits_created", 1786526014.6121852),   # the fixture's values, unix seconds
+            ("vllm:prefix_cache_queries_created", 1786526014.6113415)]
 
 
 def test_sglang_server_info_and_metrics(store, fixtures, tmp_path):

@@ -7,6 +7,7 @@ import gzip
 import json
 
 import pytest
+import span_cases
 
 from agentobs.collect import files
 from agentobs.collect.otlp import decode_json_obj
@@ -159,24 +160,73 @@ def test_jsonl_gzip_and_protobuf_files(store, fixtures, settings, tmp_path):
     assert con.execute("SELECT count(*) FROM llm_calls").fetchone()[0] == 3
 
 
-def test_anthropic_style_usage_is_normalized(settings):
-    def span(provider, p, c):
-        a = [{"key": "gen_ai.operation.name", "value": {"stringValue": "chat"}},
-             {"key": "gen_ai.provider.name", "value": {"stringValue": provider}},
-             {"key": "gen_ai.usage.input_tokens", "value": {"intValue": str(p)}},
-             {"key": "gen_ai.usage.cache_read.input_tokens", "value": {"intValue": str(c)}},
-             {"key": "gen_ai.usage.cache_creation.input_tokens", "value": {"intValue": "100"}}]
-        return {"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "ab" * 16, "spanId": "cd" * 8, "name": "chat",
-                "startTimeUnixNano": "1000", "endTimeUnixNano": "2000", "attributes": a}]}]}]}
-    # Anthropic: input_tokens (50) excludes cache reads (4000) and writes (100): P = 4150 includes C
-    d = decode_json_obj(span("anthropic", 50, 4000), settings)
-    assert (d.columns["input_tokens"], d.columns["cached_tokens"]) == ([4150], [4000])
-    # OpenAI-style: input includes cache; unchanged
-    d = decode_json_obj(span("openai", 5000, 4000), settings)
+def _usage_span(attrs: dict, resource: dict | None = None) -> dict:
+    def kv(d):
+        return [{"key": k, "value": {"boolValue": v} if isinstance(v, bool)
+                 else {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}} for k, v in d.items()]
+    return {"resourceSpans": [{"resource": {"attributes": kv(resource or {})}, "scopeSpans": [{"spans": [{
+        "traceId": "ab" * 16, "spanId": "cd" * 8, "name": "chat", "startTimeUnixNano": "1000",
+        "endTimeUnixNano": "2000", "attributes": kv({"gen_ai.operation.name": "chat", **attrs})}]}]}]}
+
+
+SEMCONV = {"gen_ai.usage.input_tokens": 5000, "gen_ai.usage.cache_read.input_tokens": 4000,
+           "gen_ai.usage.cache_creation.input_tokens": 100}
+
+
+@pytest.mark.parametrize("attrs", [
+    # GenAI semconv (also for Anthropic: the spec's Anthropic refinement sums input + cache reads + writes into
+    # gen_ai.usage.input_tokens); cache_write is the newer name of cache_creation
+    {"gen_ai.provider.name": "anthropic", **SEMCONV},
+    {"gen_ai.provider.name": "anthropic", "gen_ai.usage.input_tokens": 5000,
+     "gen_ai.usage.cache_read.input_tokens": 4000, "gen_ai.usage.cache_write.input_tokens": 100},
+    {"gen_ai.system": "aws.bedrock", **SEMCONV},
+    # OpenLLMetry's Anthropic instrumentation (reference notes §3.7): input = prompt + cache_read + cache_creation
+    {"gen_ai.system": "Anthropic", "gen_ai.usage.prompt_tokens": 5000, "gen_ai.usage.cache_read.input_tokens": 4000,
+     "gen_ai.usage.cache_creation.input_tokens": 100},
+    {"gen_ai.provider.name": "openai", "gen_ai.usage.input_tokens": 5000,
+     "gen_ai.usage.prompt_tokens_details.cached_tokens": 4000},
+])
+def test_input_tokens_include_cache_whatever_the_provider(settings, attrs):
+    """gen_ai.usage.input_tokens includes cached tokens: the provider name alone changes nothing (P stays 5000,
+    not 5000 + 4000 + 100 as when every anthropic span was taken for Anthropic's own usage)."""
+    d = decode_json_obj(_usage_span(attrs), settings)
     assert (d.columns["input_tokens"], d.columns["cached_tokens"]) == ([5000], [4000])
-    # cached > input with an unknown provider: treated as excluding cache, with a warning
-    d = decode_json_obj(span("acme", 50, 4000), settings)
-    assert d.columns["input_tokens"] == [4050] and "exceed input tokens" in d.warnings[0]
+    assert d.warnings == []
+
+
+@pytest.mark.parametrize("flag_on, resource", [
+    (True, False), ("true", False), ("True", False),  # a bool, or text as OTEL_RESOURCE_ATTRIBUTES / LiteLLM send it
+    ("true", True),                                   # on the resource: every span of a service
+])
+def test_declared_native_usage_adds_cache_reads_and_writes(settings, flag_on, resource):
+    # Anthropic's own usage: input_tokens 900 are the uncached tokens; 600 read + 100 written: P = 900 + 600 + 100
+    attrs = {"gen_ai.provider.name": "anthropic", "gen_ai.usage.input_tokens": 900,
+             "gen_ai.usage.cache_read.input_tokens": 600, "gen_ai.usage.cache_creation.input_tokens": 100}
+    flag = {"agentobs.usage.input_excludes_cache": flag_on}
+    d = decode_json_obj(_usage_span(attrs, flag) if resource else _usage_span({**attrs, **flag}), settings)
+    assert (d.columns["input_tokens"], d.columns["cached_tokens"]) == ([1600], [600])
+    # the same numbers without the flag: 900 includes the 600 cached (nothing shows otherwise)
+    d = decode_json_obj(_usage_span(attrs), settings)
+    assert d.columns["input_tokens"] == [900] and d.warnings == []
+
+
+def test_cached_above_input_is_taken_as_input_without_cache(settings):
+    # 4000 cached > 50 input: the input cannot include them; P := 50 + 4000 + 100 written, with a warning
+    d = decode_json_obj(_usage_span({"gen_ai.provider.name": "acme", "gen_ai.usage.input_tokens": 50,
+                                     "gen_ai.usage.cache_read.input_tokens": 4000,
+                                     "gen_ai.usage.cache_creation.input_tokens": 100}), settings)
+    assert d.columns["input_tokens"] == [4150] and "exceed input tokens" in d.warnings[0]
+
+
+def test_span_cases_promote_as_computed_by_hand(settings):
+    """tests/span_cases.py: usage, streaming, HTTP errors and exceptions (the values are worked out there)."""
+    d = decode_json_obj(span_cases.request(), settings)
+    assert (d.accepted, d.rejected) == (11, 0)
+    rows = {r["span_id"]: r for r in d.table().to_pylist()}
+    for sid, exp in span_cases.expected().items():
+        assert {k: rows[sid][k] for k in exp} == exp, sid
+    # the one warning: case 3's cached tokens above its input
+    assert len(d.warnings) == 1 and "cached tokens (4000) exceed input tokens (50)" in d.warnings[0]
 
 
 def test_session_aliases_and_litellm_usage_object(settings):

@@ -166,6 +166,27 @@ def test_routed_away_vs_evicted_vs_cache_disabled_and_unknown(tmp_path):
     assert r["s3"]["hit_rate"] == pytest.approx(500 / 2200) and r["s3"]["reuse_hit_rate"] == pytest.approx(500 / 992)
 
 
+def test_failed_calls_are_their_own_cause(tmp_path):
+    def failed(cid, sess, start, end, P, C, error_type):
+        return {**call(cid, sess, start, end, P, C, O=None, ttft=None, status=2), "error_type": error_type}
+
+    path = make_db(tmp_path, [
+        call("a1", "s1", 0, 1, 1000, 0),
+        failed("a2", "s1", 2, 3, None, None, "503"),       # HTTP 503, no usage: X unknown -> error (was "none")
+        call("a3", "s1", 4, 5, 1200, 992),                 # prev = a2, whose P is unknown: R unknown -> none
+        call("b1", "s2", 0, 1, 1000, 0),
+        failed("b2", "s2", 5, 6, 1200, 0, "stream_interrupted"),  # failed after recomputing R_eff = 992: evicted
+        failed("c1", "s3", 0, 1, None, None, "429"),       # the session's first call failed: error, not cold
+        failed("d1", None, 0, 1, None, None, "500"),       # no session: error, not no_session
+    ])
+    c = reuse_rows(path)
+    assert {k: c[k]["miss_cause"] for k in c} == {"a1": "cold", "a2": "error", "a3": None, "b1": "cold",
+                                                  "b2": "evicted_full", "c1": "error", "d1": "error"}
+    by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
+    assert {k: (v["calls"], v["reprefill_tokens"]) for k, v in by_cause.items()} == {
+        "error": (3, None), "cold": (2, None), "none": (1, None), "evicted_full": (1, 992)}  # a3: X unknown
+
+
 def test_context_shrink_is_a_reset_not_a_reprefill(tmp_path):
     path = make_db(tmp_path, [
         call("c1", "s", 0, 1, 5000, 0), call("c2", "s", 2, 3, 8000, 4992),
@@ -432,6 +453,59 @@ def test_fleet_hit_rate_handles_counter_resets(tmp_path):
     # Δqueries = 100 + 50 (after the restart the increase is the new value) + 100 = 250; Δhits = 70 + 10 + 50 = 130
     assert (r["query_tokens"], r["hit_tokens"], r["restarts"]) == (250, 130, 1)
     assert r["hit_rate"] == pytest.approx(130 / 250) and r["span_hit_rate"] == pytest.approx(0.25)
+
+
+def test_fleet_hit_rate_counts_from_the_counters_creation(tmp_path):
+    """Calls served before an instance's first scrape: vLLM's *_created sample (the counter's creation time) says the
+    first scraped value is all increase since then."""
+    q, h = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+    qc, hc = "vllm:prefix_cache_queries_created", "vllm:prefix_cache_hits_created"
+    lab = {"engine": "0", "model_name": "m"}
+    samples = []
+    # A: created at 5 s; first scrape at 100 s (calls came before it): queries 1000, hits 600; at 115 s 1200, 700
+    # B: the same values with no *_created (SGLang, or vLLM with several API servers): the first value stays unknown
+    # C: created at 5 s; at 100 s 1000 / 600; restarted at 105 s (created 105) and by 115 s already at 1500 / 900,
+    #    above the old values: only the creation time shows the restart
+    for t, qv, hv, c_c in ((100, 1000, 600, 5), (115, 1200, 700, 5)):
+        samples += [("A:8000", t, q, lab, qv), ("A:8000", t, h, lab, hv),
+                    ("A:8000", t, qc, lab, T0 + c_c), ("A:8000", t, hc, lab, T0 + c_c),
+                    ("B:8000", t, q, lab, qv), ("B:8000", t, h, lab, hv)]
+    for t, qv, hv, c_c in ((100, 1000, 600, 5), (115, 1500, 900, 105)):
+        samples += [("C:8000", t, q, lab, qv), ("C:8000", t, h, lab, hv),
+                    ("C:8000", t, qc, lab, T0 + c_c), ("C:8000", t, hc, lab, T0 + c_c)]
+    path = make_db(tmp_path, [call("x", "s", 0, 1, 1000, 250)], samples=samples)
+    r = rows(compute("fleet_hit_rate", db=path, settings=Settings()), "instance")
+    # A: 1000 + 200 queries, 600 + 100 hits (was 200 / 100: the calls before the first scrape were lost)
+    assert (r["A:8000"]["query_tokens"], r["A:8000"]["hit_tokens"], r["A:8000"]["restarts"]) == (1200, 700, 0)
+    assert r["A:8000"]["hit_rate"] == pytest.approx(700 / 1200)
+    assert (r["B:8000"]["query_tokens"], r["B:8000"]["hit_tokens"]) == (200, 100)
+    # C: 1000 + 1500 (the restart: the increase is the new value), 600 + 900; one restart
+    assert (r["C:8000"]["query_tokens"], r["C:8000"]["hit_tokens"], r["C:8000"]["restarts"]) == (2500, 1500, 1)
+    # a window that starts after the creation (50 s): what came before the first scrape may be before the window,
+    # so A's first value is not counted (200 / 100 as before); C's restart at 105 s is inside it
+    r = rows(compute("fleet_hit_rate", db=path, since=T0 + 50, settings=Settings()), "instance")
+    assert (r["A:8000"]["query_tokens"], r["A:8000"]["hit_tokens"]) == (200, 100)
+    assert (r["C:8000"]["query_tokens"], r["C:8000"]["hit_tokens"]) == (1500, 900)
+
+
+def test_fleet_hit_rate_real_vllm_scraped_only_after_its_calls(tmp_path):
+    """Real vLLM 0.32 (tests/fixtures/vllm_real/ample): its /metrics read once, after all 20 calls. The counters were
+    created when the engine started, before the first call, so the one scrape counts them all: 13824 hits of 21639
+    queried tokens (metrics_after.txt), where it used to count nothing."""
+    from agentobs.collect import prom
+    from agentobs.collect.files import import_otlp
+
+    fix = FIX / "vllm_real" / "ample"
+    path = str(tmp_path / "real.duckdb")
+    con = connect(path)
+    with Writer(con) as w:
+        import_otlp([fix / "otlp_spans.jsonl"], w, load_settings(env={}))
+        scrape = prom.parse_text((fix / "metrics_after.txt").read_text(), "127.0.0.1:18000", T0 + 10**8)
+        w.write("metric_samples", scrape.samples)
+    con.close()
+    r = compute("fleet_hit_rate", db=path, settings=Settings()).to_dicts()[0]
+    assert (r["query_tokens"], r["hit_tokens"], r["scrapes"]) == (21639, 13824, 1)
+    assert r["hit_rate"] == pytest.approx(13824 / 21639)
 
 
 # -- §7 -----------------------------------------------------------------------------------------------

@@ -128,7 +128,8 @@ y AS (
 ),
 z AS MATERIALIZED (
     SELECT y.*,
-           CASE WHEN session_id IS NULL THEN NULL
+           CASE WHEN status = 'error' AND coalesce(reprefill_tokens, 0) = 0 THEN 'error'
+                WHEN session_id IS NULL THEN NULL
                 WHEN prev_call_id IS NULL THEN 'cold'
                 WHEN reusable_tokens_eff IS NULL THEN NULL
                 WHEN reprefill_tokens IS NULL THEN 'unknown'

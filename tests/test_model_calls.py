@@ -50,3 +50,40 @@ def test_a_call_traced_twice_is_one_call_the_outer_span_filled_from_the_inner(tm
     assert rows["outer"] == ("s1", "10.0.0.1:8000", 1000, 512, 50, 1.0, 5.0, 0.25, "eng", "gateway+engine")
     assert rows["solo"] == ("s2", "10.0.0.2:8000", 300, None, 10, 20.0, 22.0, None, None, "gateway")
     assert rows["root"] == (None, None, 100, None, 1, 30.0, 31.0, None, None, "gateway")
+
+
+def test_ttft_prefers_the_engine_and_says_whose(tmp_path):
+    con = connect(tmp_path / "m.duckdb")
+    cols = ("trace_id", "span_id", "parent_span_id", "role", "start_ns", "end_ns", "ttft_s", "queue_s", "prefill_s",
+            "error_type", "status_code")
+    rows = [
+        # a: gateway 0.50 s, its engine child 0.30 s (the engine's own time to first token): the engine's 0.30; the
+        # first token at the engine span's start (10.10 s) + 0.30 = 10.40 s
+        ("t", "a", None, "gateway", 10 * S, 12 * S, 0.5, None, None, None, 0),
+        ("t", "a-e", "a", "engine", 10 * S + S // 10, 12 * S, 0.3, 0.05, 0.2, None, 0),
+        # b: the engine span has no TTFT attribute, only queue 0.05 + prefill 0.15 = 0.20 s; first token 20.30 s
+        ("t", "b", None, "gateway", 20 * S, 22 * S, 0.5, None, None, None, 0),
+        ("t", "b-e", "b", "engine", 20 * S + S // 10, 22 * S, None, 0.05, 0.15, None, 0),
+        # c: no engine span: the gateway's 0.5 s from its own start, 30.5 s
+        ("t", "c", None, "gateway", 30 * S, 32 * S, 0.5, None, None, None, 0),
+        # d: nothing knows a TTFT (e.g. a call that was not streamed): unknown, no source
+        ("t", "d", None, "gateway", 40 * S, 42 * S, None, None, None, None, 0),
+        # e: an engine span no gateway call claims: its own 0.25 s, from its start 50 s; its HTTP error counts
+        ("u", "e", None, "engine", 50 * S, 51 * S, 0.25, None, None, "500", 0),
+        # f: the engine's error type shows on the joined call (the gateway span says nothing)
+        ("t", "f", None, "gateway", 60 * S, 61 * S, None, None, None, None, 0),
+        ("t", "f-e", "f", "engine", 60 * S, 61 * S, None, None, None, "503", 0),
+    ]
+    con.executemany(f"INSERT INTO spans ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", rows)
+    got = {r[0]: r[1:] for r in con.sql(
+        "SELECT call_id, round(ttft_s, 6), ttft_source, epoch_ms(first_token_ts) / 1000.0, status, error_type "
+        "FROM llm_calls").fetchall()}
+    con.close()
+    assert got == {
+        "a": (0.3, "engine", 10.4, "ok", None),
+        "b": (0.2, "engine_queue_prefill", 20.3, "ok", None),
+        "c": (0.5, "gateway", 30.5, "ok", None),
+        "d": (None, None, None, "ok", None),
+        "e": (0.25, "engine", 50.25, "error", "500"),
+        "f": (None, None, None, "error", "503"),
+    }

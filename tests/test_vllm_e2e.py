@@ -140,6 +140,47 @@ def test_session_attribute_wins_over_requester_metadata():
     assert out["session_id"] == "from-attr"
 
 
+# the requester metadata as LiteLLM 1.108.7 sends it (tests/fixtures/litellm_real, Python repr), plus a task id
+REQUESTER = ("{'trace_id': 'sess-1', 'session_id': 'sess-1', 'task_id': 'fix-bug-7', 'headers': {'host': "
+             "'127.0.0.1:52215', 'x-request-id': 'sess-1-t0-a1', 'x-litellm-session-id': 'hdr-sess'}, "
+             "'used_client_oauth_token': False}")
+
+
+@pytest.mark.parametrize("attrs, session, task", [
+    ({"metadata.requester_metadata": REQUESTER}, "sess-1", "fix-bug-7"),
+    # JSON, and the task alone
+    ({"metadata.requester_metadata": '{"task_id": 42}'}, None, "42"),
+    # the usage object (stringified the same way) is read after the requester metadata
+    ({"metadata.usage_object": "{'prompt_tokens': 9, 'task_id': 'u-task', 'session_id': 'u-sess'}"}, "u-sess",
+     "u-task"),
+    ({"metadata.requester_metadata": "{'task_id': 'r-task'}",
+      "metadata.usage_object": "{'prompt_tokens': 9, 'task_id': 'u-task', 'session_id': 'u-sess'}"}, "u-sess",
+     "r-task"),
+    # a span attribute wins over both; empty, None, a dict or a bool are no value
+    ({"app.task.id": "attr-task", "metadata.requester_metadata": REQUESTER}, "sess-1", "attr-task"),
+    ({"metadata.requester_metadata": "{'task_id': '', 'session_id': None}"}, None, None),
+    ({"metadata.requester_metadata": "{'task_id': {'a': 1}, 'session_id': True}"}, None, None),
+    ({"metadata.requester_metadata": "{'task_id': 'x'"}, None, None),  # cut off: unknown, never an error
+])
+def test_litellm_ids_from_stringified_metadata(attrs, session, task):
+    out = _promote("litellm_request", {"gen_ai.operation.name": "acompletion", **attrs})
+    assert (out["session_id"], out["task_id"]) == (session, task)
+
+
+def test_litellm_ids_follow_the_settings_keys():
+    """Keys named in session_keys / task_keys are looked up in the dicts too: the key itself, a metadata.<k> key
+    as <k> (the dict is the request's metadata), an http.request.header.<h> key in its 'headers'."""
+    from agentobs.config import load_settings
+
+    settings = load_settings(env={"AGENTOBS_SESSION_KEYS": "http.request.header.x-litellm-session-id",
+                                  "AGENTOBS_TASK_KEYS": "metadata.ticket,app.task.id"})
+    attrs = {"gen_ai.operation.name": "acompletion",
+             "metadata.requester_metadata": REQUESTER[:-1] + ", 'ticket': 'JIRA-12'}"}
+    out, _ = promote("litellm_request", 1, 0, "litellm", "litellm-proxy", {}, attrs, [], settings)
+    # the header's session (hdr-sess) before the plain session_id (sess-1); ticket before the plain task_id
+    assert (out["session_id"], out["task_id"]) == ("hdr-sess", "JIRA-12")
+
+
 @pytest.mark.parametrize("hidden, instance", [
     ('{"api_base": "http://127.0.0.1:41379/v1/chat/completions"}', "127.0.0.1:41379"),
     ('{"api_base": "https://engine.example/v1"}', "engine.example:443"),

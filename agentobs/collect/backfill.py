@@ -6,7 +6,8 @@
    at most 10,000 steps (Prometheus refuses more than 11,000 points per series).
 3. Each series' Prometheus ``instance`` label becomes our ``instance``; ``instance`` and ``job`` are
    dropped from the labels (they are Prometheus' target labels, not the engine's) so rows match live
-   scrapes of the same engine. Names are stored in colon form, ``*_created`` skipped.
+   scrapes of the same engine. Names are stored in colon form, ``*_created`` skipped but for
+   ``prom.KEPT_CREATED`` (as the scraper stores them).
 
 ``fetch(url, timeout) -> Response`` is injected (default: the scraper's HTTP GET).
 """
@@ -24,7 +25,7 @@ import pyarrow as pa
 
 from ..errors import InputError
 from ..store.writer import Writer
-from .prom import SAMPLE_SCHEMA, canonical_name, engine_of_metric
+from .prom import SAMPLE_SCHEMA, canonical_name, dropped, engine_of_metric
 from .scraper import FetchError, Response, http_fetch
 
 ENGINE_NAME = re.compile(r"^(vllm|sglang)[:_][a-z]")
@@ -69,7 +70,7 @@ def _get(fetch, url: str, timeout: float) -> dict:
 def engine_metric_names(base: str, fetch=http_fetch, timeout: float = 30.0) -> list[str]:
     doc = _get(fetch, f"{base}/api/v1/label/__name__/values", timeout)
     names = doc.get("data") or []
-    return sorted(n for n in names if isinstance(n, str) and ENGINE_NAME.match(n) and not n.endswith("_created"))
+    return sorted(n for n in names if isinstance(n, str) and ENGINE_NAME.match(n) and not dropped(canonical_name(n)))
 
 
 def backfill(base: str, since_s: float, step_s: float, writer: Writer, end: float,

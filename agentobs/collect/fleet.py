@@ -15,7 +15,7 @@ health listeners, the read snapshot. Unknown keys are errors naming the file and
     kv_events:
       - endpoint: tcp://10.42.7.31:5557
         instance: 10.42.7.31:8000
-        topic: kv-events
+        topic: kv-events                           # the publisher's topic ("" = all); others: counted, warned
         replay_endpoint: tcp://10.42.7.31:5558     # optional: recover missed batches
 
 Values not given fall back to the settings (``scrape_interval_s``, ``receiver_http``, ...).

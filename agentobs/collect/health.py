@@ -37,6 +37,9 @@ class Health:
                                ["instance"], registry=r)
         self.kv_replayed = Counter("agentobs_kv_event_replayed", "KV event batches recovered by replay.",
                                    ["instance"], registry=r)
+        self.kv_topic_mismatch = Counter("agentobs_kv_topic_mismatch", "KV event messages not stored: their topic "
+                                         "is not the fleet file's (kv_events topic), by instance and topic seen.",
+                                         ["instance", "topic"], registry=r)
         self.commit_seconds = Histogram("agentobs_writer_commit_seconds", "Writer batch commit latency.",
                                         buckets=_LAT, registry=r)
         self.rows_committed = Counter("agentobs_writer_rows", "Rows inserted by the writer.", registry=r)

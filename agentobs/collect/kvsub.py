@@ -8,6 +8,12 @@ batches (PUB/SUB drops under load or while disconnected), counted in
 ROUTER socket for the missing range (send the 8-byte start seq, receive ``(seq, payload)`` frames
 until seq −1) and counts what it recovered. A sequence that goes *down* is a publisher restart,
 not a gap. Decoded rows go to the writer in small batches (every ``flush_s`` or 2,000 events).
+
+Topics: the socket subscribes to every topic, so a fleet file whose ``topic`` differs from what the publisher
+sends (vLLM's and SGLang's default is ``""``, the fleet example says ``kv-events``) is seen rather than silently
+receiving nothing. A message whose topic does not start with the configured one (ZMQ's own prefix rule, so what
+a subscription to that topic would have received is unchanged) is not stored: it is counted in
+``agentobs_kv_topic_mismatch_total{instance, topic}`` and warned about once per topic (``warnings``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from .fleet import KVSource
 from .health import Health
 
 END = (-1).to_bytes(8, "big", signed=True)
+MAX_TOPIC_LABELS = 8  # distinct unexpected topics labelled per subscriber; more are counted as "<other>"
 
 
 class KVSubscriber:
@@ -39,8 +46,27 @@ class KVSubscriber:
         self.replayed = 0
         self.restarts = 0
         self.batches = 0
+        self.messages = 0  # every message received, whatever its topic or shape
+        self.unexpected: dict[str, int] = {}  # messages of a topic the fleet file does not subscribe to, by topic
         self.errors: list[str] = []
+        self.warnings: list[str] = []
         self.ready = threading.Event()
+        self._topic = self.src.topic.encode()
+
+    def _unexpected_topic(self, topic: bytes) -> None:
+        """A message whose topic the fleet file's ``topic`` does not match: counted, warned about once per topic."""
+        name = topic[:64].decode("utf-8", "replace")
+        first = name not in self.unexpected
+        if first and len(self.unexpected) >= MAX_TOPIC_LABELS:
+            name, first = "<other>", "<other>" not in self.unexpected
+        self.unexpected[name] = self.unexpected.get(name, 0) + 1
+        self.health.kv_topic_mismatch.labels(self.src.instance, name).inc()
+        if first:
+            self.warnings.append(
+                f"{self.src.endpoint} ({self.src.instance}): the publisher sends topic {name!r} but the fleet file "
+                f"subscribes to {self.src.topic!r}; these batches are not stored — set kv_events topic: {name!r} "
+                "(vLLM/SGLang --kv-events-config \"topic\", default \"\")")
+            del self.warnings[:-100]
 
     def _handle(self, seq: int, payload: bytes, out: kvevents.KVBatch) -> None:
         before_rej = out.rejected
@@ -77,7 +103,7 @@ class KVSubscriber:
         sub = self.ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.RCVHWM, 100_000)
-        sub.setsockopt(zmq.SUBSCRIBE, self.src.topic.encode())
+        sub.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: a mismatch with the fleet file's is seen, not silent
         sub.connect(self.src.endpoint)
         self.ready.set()
         inst = self.src.instance
@@ -91,6 +117,10 @@ class KVSubscriber:
                             frames = sub.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
+                        self.messages += 1
+                        if not frames[0].startswith(self._topic):
+                            self._unexpected_topic(frames[0])
+                            continue
                         if len(frames) != 3 or len(frames[1]) != 8:
                             self.health.kv_rejected.labels(inst).inc()
                             self.errors.append(f"{self.src.endpoint}: message with {len(frames)} frames, "

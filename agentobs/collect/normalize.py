@@ -48,7 +48,16 @@ TTFT_KEYS = (
     "gen_ai.latency.time_to_first_token",
     "gen_ai.server.time_to_first_token",
 )
-ANTHROPIC_STYLE_PROVIDERS = {"anthropic", "aws.bedrock.anthropic"}
+# input tokens that exclude cache reads/writes (Anthropic's own API usage): only where the span says so, never
+# inferred from gen_ai.provider.name (GenAI semconv: gen_ai.usage.input_tokens includes cached tokens, for Anthropic
+# too; docs/span-conventions.md lists what was checked). The flag may sit on the span or its resource.
+INPUT_EXCLUDES_CACHE = "agentobs.usage.input_excludes_cache"
+# whether the call was streamed: on a call that was not, a gateway's "time to first chunk" is the whole latency
+STREAM_KEYS = ("gen_ai.request.stream", "llm.is_streaming", "gen_ai.is_streaming", "litellm.request.streaming")
+# an HTTP error status on the span (stable semconv name, then the pre-1.21 one)
+HTTP_STATUS_KEYS = ("http.response.status_code", "http.status_code")
+# span events that record an exception (OTel's record_exception; the GenAI client exception event)
+EXCEPTION_EVENTS = ("exception", "gen_ai.client.operation.exception")
 # LiteLLM (seen on 1.108.7) writes its call type as gen_ai.operation.name on the litellm_request span
 LITELLM_OPS = {"acompletion": "chat", "completion": "chat", "atext_completion": "text_completion",
                "text_completion": "text_completion", "aresponses": "responses", "responses": "responses"}
@@ -99,11 +108,93 @@ def _litellm_usage(attrs: dict[str, Any]) -> dict[str, Any]:
     return _litellm_dict(attrs, "metadata.usage_object")
 
 
-def _litellm_session(attrs: dict[str, Any]) -> str | None:
-    """LiteLLM's proxy keeps the caller's session (``x-litellm-session-id`` / ``litellm_session_id`` /
-    ``metadata.session_id``) only inside the stringified ``metadata.requester_metadata`` dict."""
-    v = _litellm_dict(attrs, "metadata.requester_metadata").get("session_id")
-    return str(v) if v not in (None, "") else None
+def _dict_value(d: dict[str, Any], key: str) -> str | None:
+    """``key`` of a dict LiteLLM stringified: the key itself, a ``metadata.<k>`` alias as ``<k>`` (the dict is the
+    request's metadata), an ``http.request.header.<h>`` alias as ``headers[<h>]``; a non-empty scalar only."""
+    v = d.get(key)
+    if v is None and key.startswith("metadata."):
+        v = d.get(key[9:])
+    if v is None and key.startswith("http.request.header."):
+        h = d.get("headers")
+        v = h.get(key[20:]) if isinstance(h, dict) else None
+    if isinstance(v, list):
+        v = v[0] if v else None
+    if v is None or v == "" or isinstance(v, (dict, list, tuple, set, bool)):
+        return None
+    return str(v)
+
+
+def _litellm_ids(attrs: dict[str, Any], session_keys: Sequence[str], task_keys: Sequence[str],
+                 usage: dict[str, Any] | None = None) -> tuple[str | None, str | None]:
+    """(session, task) from LiteLLM's stringified ``metadata.requester_metadata`` and ``metadata.usage_object``
+    dicts (in that order): the first of the settings' keys present, then the plain ``session_id`` / ``task_id``.
+    LiteLLM's proxy keeps the caller's session (``x-litellm-session-id`` / ``litellm_session_id`` /
+    ``metadata.session_id``) and metadata only there."""
+    dicts = [_litellm_dict(attrs, "metadata.requester_metadata")]
+    dicts.append(usage if usage is not None else _litellm_dict(attrs, "metadata.usage_object"))
+    out: list[str | None] = []
+    for keys, plain in ((session_keys, "session_id"), (task_keys, "task_id")):
+        found = None
+        for d in dicts:
+            if not d:
+                continue
+            for k in (*keys, plain):
+                found = _dict_value(d, k)
+                if found is not None:
+                    break
+            if found is not None:
+                break
+        out.append(found)
+    return out[0], out[1]
+
+
+def _flag(v: Any) -> bool | None:
+    """A boolean attribute as instrumentations send it: a bool, or the strings true/false (LiteLLM: "True")."""
+    if isinstance(v, list):
+        v = v[0] if v else None
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str):
+        s = v.strip().lower()
+        if s in ("true", "false"):
+            return s == "true"
+    return None
+
+
+def _streamed(attrs: dict[str, Any]) -> bool | None:
+    """Whether the call was streamed, from the first stream attribute present; None when none says."""
+    for k in STREAM_KEYS:
+        if k in attrs:
+            return _flag(attrs[k])
+    return None
+
+
+def _http_error(attrs: dict[str, Any]) -> str | None:
+    """The HTTP status code of the first status attribute present, when it is an error (>= 400)."""
+    for k in HTTP_STATUS_KEYS:
+        if k not in attrs:
+            continue
+        v = attrs[k]
+        if isinstance(v, list):
+            v = v[0] if v else None
+        if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+            return None
+        try:
+            code = float(v)
+        except ValueError:
+            return None
+        return str(int(code)) if 400 <= code < 1000 else None
+    return None
+
+
+def _exception_type(events: list[dict[str, Any]]) -> str | None:
+    """``exception.type`` of the first exception event ('exception' when it names none)."""
+    for e in events:
+        if e.get("name") in EXCEPTION_EVENTS:
+            a = e.get("attributes")
+            t = a.get("exception.type") if isinstance(a, dict) else None
+            return str(t) if t not in (None, "") and not isinstance(t, (dict, list)) else "exception"
+    return None
 
 
 def _litellm_instance(attrs: dict[str, Any]) -> str | None:
@@ -293,9 +384,12 @@ def promote_row(
     get = attrs.get
 
     session_id = _first_str_merged(attrs, res, session_keys) if not g_session.isdisjoint(present_any) else None
-    if session_id is None and "metadata.requester_metadata" in attrs:
-        session_id = _litellm_session(attrs)
     task_id = _first_str_merged(attrs, res, task_keys) if not g_task.isdisjoint(present_any) else None
+    usage = _litellm_usage(attrs) if "metadata.usage_object" in attrs else None
+    if (session_id is None or task_id is None) and ("metadata.requester_metadata" in attrs or usage):
+        s2, t2 = _litellm_ids(attrs, session_keys, task_keys, usage or {})
+        session_id = session_id if session_id is not None else s2
+        task_id = task_id if task_id is not None else t2
     task_type = _first_str_merged(attrs, res, task_type_keys) if not g_task_type.isdisjoint(present_any) else None
     tenant = _first_str_merged(attrs, res, tenant_keys) if not g_tenant.isdisjoint(present_any) else None
     v = get("gen_ai.agent.name")
@@ -318,7 +412,6 @@ def promote_row(
     v = get("gen_ai.request.id")
     request_id = v if v.__class__ is str and v else (None if v is None else _str1(v))
 
-    usage = _litellm_usage(attrs) if "metadata.usage_object" in attrs else None
     p = _num(attrs, INPUT_KEYS, warnings, True) if not g_input.isdisjoint(present) else None
     c = _num(attrs, CACHED_KEYS, warnings, True) if not g_cached.isdisjoint(present) else None
     o = _num(attrs, OUTPUT_KEYS, warnings, True) if not g_output.isdisjoint(present) else None
@@ -334,16 +427,14 @@ def promote_row(
             elif isinstance(usage.get("cache_read_input_tokens"), int):
                 c = usage["cache_read_input_tokens"]
     if p is not None and c is not None:
-        excludes = provider in ANTHROPIC_STYLE_PROVIDERS or attrs.get("agentobs.usage.input_excludes_cache") is True
-        if excludes:
-            # Anthropic reports input_tokens without cache reads/writes: P must include C.
-            w = _num(attrs, CACHE_WRITE_KEYS, warnings, True) or 0
-            p = p + c + w
-        elif c > p:
-            warnings.append(
-                f"cached tokens ({c}) exceed input tokens ({p}); treated as input that excludes cache (P := P + C)"
-            )
-            p = p + c
+        excl = attrs.get(INPUT_EXCLUDES_CACHE, res.get(INPUT_EXCLUDES_CACHE) if res else None)
+        if _flag(excl) is True or c > p:
+            # input_tokens without cache reads/writes (Anthropic's own usage, declared by the flag; or evident: C > P):
+            # P must include C and the cache writes
+            if _flag(excl) is not True:
+                warnings.append(f"cached tokens ({c}) exceed input tokens ({p}); treated as input that excludes "
+                                "cache (P := P + cache reads + cache writes)")
+            p = p + c + (_num(attrs, CACHE_WRITE_KEYS, warnings, True) or 0)
     system_tokens = _num(attrs, ("agentobs.prompt.system_tokens",), warnings, True) \
         if "agentobs.prompt.system_tokens" in attrs else None
     tool_def_tokens = _num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True) \
@@ -353,6 +444,8 @@ def promote_row(
     chunk_times = [e["time_ns"] for e in events if e.get("name") == CHUNK_EVENT and e.get("time_ns")] if events else ()
     if ttft is None and chunk_times:
         ttft = (min(chunk_times) - start_ns) / 1e9
+    if ttft is not None and role != "engine" and _streamed(attrs) is False:
+        ttft = None  # not streamed: the first (only) chunk came at the end, so this is the whole latency, not TTFT
     queue_s = prefill_s = decode_s = None
     if "gen_ai.latency.time_in_queue" in attrs:
         queue_s = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
@@ -364,6 +457,11 @@ def promote_row(
     finish_reason = None if v is None else _finish_reason(v)
     v = get("error.type")
     error_type = v if v.__class__ is str and v else (None if v is None else _str1(v))
+    if error_type is None:
+        error_type = _http_error(attrs) if "http.response.status_code" in attrs or "http.status_code" in attrs \
+            else None
+        if error_type is None and events:
+            error_type = _exception_type(events)
     v = get("gen_ai.tool.name")
     tool_name = v if v.__class__ is str and v else (None if v is None else _str1(v))
 

@@ -3,8 +3,9 @@
 
 Metric names are stored in the engines' colon form: SGLang behind Prometheus 3 exposes
 ``sglang_foo`` for ``sglang:foo`` (and vLLM likewise ``vllm_foo``); both map to the colon name so one
-query works on either. ``*_created`` samples are dropped: counter resets are detected downstream as
-a decrease of a counter (see docs/schema.md, "Counter resets").
+query works on either. ``*_created`` samples are dropped, but for the counters of ``KEPT_CREATED`` (the fleet
+hit rate's): their creation time lets a first scrape's value count from when the counter started, and shows
+a restart that a decrease would miss (docs/collectors.md, "Counter resets").
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ CONFIG_SCHEMA = pa.schema(
     ]
 )
 _ESCAPED = re.compile(r"^(vllm|sglang)_(?=[a-z])")
+# the *_created samples stored (prometheus_client's creation time of a counter series, unix seconds; vLLM with one
+# API server exposes them, SGLang and multi-process vLLM do not: ../shared/reference/vllm.md §1.1-1.2)
+KEPT_CREATED = frozenset({
+    "vllm:prefix_cache_hits_created", "vllm:prefix_cache_queries_created",
+    "vllm:gpu_prefix_cache_hits_created", "vllm:gpu_prefix_cache_queries_created",
+})
 SECRET_RE = re.compile(r"(api_key|apikey|token|secret|password|passwd|credential|auth)", re.I)
 # keys that contain "token" but are not secrets
 NOT_SECRET = re.compile(r"(tokens|tokenizer|token_usage|_token_|token_ids|tokens_buckets)", re.I)
@@ -47,6 +54,11 @@ NOT_SECRET = re.compile(r"(tokens|tokenizer|token_usage|_token_|token_ids|tokens
 
 def canonical_name(name: str) -> str:
     return _ESCAPED.sub(lambda m: m.group(1) + ":", name, count=1)
+
+
+def dropped(name: str) -> bool:
+    """A sample not stored: ``*_created`` but for ``KEPT_CREATED`` (``name`` in colon form)."""
+    return name.endswith("_created") and name not in KEPT_CREATED
 
 
 def engine_of_metric(name: str) -> str | None:
@@ -90,7 +102,7 @@ def parse_text(text: str, instance: str, at: float | dt.datetime, where: str = "
     for fam in families:
         for s in fam.samples:
             name = canonical_name(s.name)
-            if name.endswith("_created"):
+            if dropped(name):
                 continue
             eng = engine_of_metric(name)
             if eng:

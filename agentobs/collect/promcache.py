@@ -19,9 +19,9 @@ import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import InputError
-from .prom import SAMPLE_SCHEMA, canonical_name, engine_of_metric, to_utc
+from .prom import SAMPLE_SCHEMA, canonical_name, dropped, engine_of_metric, to_utc
 
-_SKIP = -1  # a known series that is not stored (``*_created``)
+_SKIP = -1  # a known series that is not stored (``*_created`` but ``prom.KEPT_CREATED``)
 
 
 @dataclass
@@ -56,7 +56,7 @@ class SeriesParser:
         s = fams[0].samples[0]
         series = line.rsplit(" ", 1)[0] if " " in line else line
         name = canonical_name(s.name)
-        if name.endswith("_created"):
+        if dropped(name):
             self._index[series] = _SKIP
             return _SKIP, 0.0
         labels = dict(s.labels)

@@ -92,9 +92,12 @@ class Service:
         err = h.value("agentobs_scrapes_total", {"outcome": "error"})
         kv = sum(m.value for fam in h.kv_events.collect() for m in fam.samples if m.name.endswith("_total"))
         gaps = sum(m.value for fam in h.kv_gaps.collect() for m in fam.samples if m.name.endswith("_total"))
+        wrong = sum(m.value for fam in h.kv_topic_mismatch.collect() for m in fam.samples
+                    if m.name.endswith("_total"))
         st = self.writer.stats
+        topic = f", wrong topic {wrong:,.0f}: see the kv_events topic" if wrong else ""
         return (f"spans {spans:,.0f} ok / {rej:,.0f} rejected · queue {self.ingest.inflight:,} · "
-                f"scrapes {ok:,.0f} ok / {err:,.0f} failed · kv events {kv:,.0f} (gaps {gaps:,.0f}) · "
+                f"scrapes {ok:,.0f} ok / {err:,.0f} failed · kv events {kv:,.0f} (gaps {gaps:,.0f}{topic}) · "
                 f"last commit {st.last_commit_s * 1000:.0f} ms · rows {st.rows_inserted:,}")
 
     def stop(self) -> None:

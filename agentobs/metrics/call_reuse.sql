@@ -11,7 +11,8 @@
 --                    append-only estimate (P(prev) when P(c) ≥ P(prev)); NULL when cold / context reset
 --   reusable_tokens_eff  R_eff = floor(min(R, P−1)/B)·B
 --   reprefill_tokens X = max(0, R_eff − C); NULL when C is unknown
---   miss_cause       cold | routed_away | cache_disabled | evicted_full | evicted_partial | unknown | NULL (no miss)
+--   miss_cause       error (the call failed and measured no re-prefill) | cold | routed_away | cache_disabled |
+--                    evicted_full | evicted_partial | unknown | NULL (no miss)
 --   hit_class        hit (C ≥ R_eff − B) | partial | miss (C = 0) | NULL
 --   window_outcome   the idle window before c: retained | evicted | routed_away | unknown
 --   rent_*           token-seconds of KV at rest K = P(prev)+O(prev) over that window (§4)
@@ -135,7 +136,10 @@ y AS (
 ),
 z AS MATERIALIZED (
     SELECT y.*,
-           CASE WHEN session_id IS NULL THEN NULL
+           -- a failed call (error type, HTTP error, exception, span status ERROR) is its own cause, not a hit or a
+           -- cold start; one that did recompute a prefix (X > 0) keeps the cause of that recompute
+           CASE WHEN status = 'error' AND coalesce(reprefill_tokens, 0) = 0 THEN 'error'
+                WHEN session_id IS NULL THEN NULL
                 WHEN prev_call_id IS NULL THEN 'cold'
                 WHEN reusable_tokens_eff IS NULL THEN NULL
                 WHEN reprefill_tokens IS NULL THEN 'unknown'

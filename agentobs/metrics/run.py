@@ -34,6 +34,7 @@ import polars as pl
 import pyarrow as pa
 
 from ..backends.source import is_clickhouse
+from ..collect.prom import KEPT_CREATED
 from ..config import Settings, load_settings
 from ..errors import QueryError
 from ..store import kvindex
@@ -125,7 +126,7 @@ def names() -> list[str]:
 _ENUM_COLUMNS = {
     "block_size_source": ("engine_config", "default"),
     "mode": ("no_session", "exact", "estimate"),
-    "miss_cause": ("cold", "routed_away", "cache_disabled", "evicted_full", "evicted_partial", "unknown"),
+    "miss_cause": ("error", "cold", "routed_away", "cache_disabled", "evicted_full", "evicted_partial", "unknown"),
     "hit_class": ("hit", "partial", "miss"),
     "window_outcome": ("retained", "evicted", "routed_away", "unknown"),
     "rent_mode": ("kv_events", "estimate"),
@@ -366,19 +367,37 @@ class MetricRun:
         return bool(row and row[0][0])
 
     def _samples(self, since: float | None, until: float | None) -> None:
-        self._timed("m_samples", """
+        # per series, the increase since the previous sample (a decrease: the engine restarted, the increase is the
+        # new value). A series' first sample has no previous one: its value is the increase since the counter was
+        # created, counted when the scrape shows that time (the *_created sample of prom.KEPT_CREATED, vLLM) and it
+        # is in the window (≥ since): calls served before an instance's first scrape are not lost. A creation time
+        # later than the previous sample's is a restart too (one the value had already made up for).
+        created = ", ".join(f"'{m}'" for m in sorted(KEPT_CREATED))
+        self._timed("m_samples", f"""
             CREATE OR REPLACE TEMP TABLE m_samples AS
             SELECT * FROM (
-                SELECT ts, epoch_us(ts) / 1e6 AS ts_s, instance, engine, metric, labels, labels_key, value,
-                       lag(value) OVER w AS prev_value,
-                       CASE WHEN lag(value) OVER w IS NULL THEN NULL
-                            WHEN value >= lag(value) OVER w THEN value - lag(value) OVER w
-                            ELSE value END AS delta,
-                       coalesce(value < lag(value) OVER w, false) AS reset
-                FROM metric_samples
-                WHERE list_contains($metrics, metric) AND ($instances IS NULL OR list_contains($instances, instance))
-                  AND ($until IS NULL OR ts <= make_timestamp(CAST($until * 1e6 AS BIGINT)))
-                WINDOW w AS (PARTITION BY instance, metric, labels_key ORDER BY ts)
+                SELECT s.ts, epoch_us(s.ts) / 1e6 AS ts_s, s.instance, s.engine, s.metric, s.labels, s.labels_key,
+                       s.value, lag(s.value) OVER w AS prev_value, cr.created_s,
+                       CASE WHEN lag(s.value) OVER w IS NULL
+                                THEN CASE WHEN cr.created_s IS NOT NULL AND ($since IS NULL OR cr.created_s >= $since)
+                                          THEN s.value END
+                            WHEN s.value < lag(s.value) OVER w OR cr.created_s > lag(cr.created_s) OVER w THEN s.value
+                            ELSE s.value - lag(s.value) OVER w END AS delta,
+                       coalesce(s.value < lag(s.value) OVER w OR cr.created_s > lag(cr.created_s) OVER w, false)
+                           AS reset
+                FROM metric_samples s
+                LEFT JOIN (SELECT instance, ts, labels_key, replace(metric, '_created', '_total') AS metric,
+                                  value AS created_s
+                           FROM metric_samples
+                           WHERE metric IN ({created})
+                             AND ($instances IS NULL OR list_contains($instances, instance))
+                             AND ($until IS NULL OR ts <= make_timestamp(CAST($until * 1e6 AS BIGINT)))) cr
+                  ON cr.instance = s.instance AND cr.metric = s.metric AND cr.labels_key = s.labels_key
+                 AND cr.ts = s.ts
+                WHERE list_contains($metrics, s.metric)
+                  AND ($instances IS NULL OR list_contains($instances, s.instance))
+                  AND ($until IS NULL OR s.ts <= make_timestamp(CAST($until * 1e6 AS BIGINT)))
+                WINDOW w AS (PARTITION BY s.instance, s.metric, s.labels_key ORDER BY s.ts)
             )
             WHERE $since IS NULL OR ts >= make_timestamp(CAST($since * 1e6 AS BIGINT))
         """, {"metrics": list(SAMPLE_METRICS), "instances": self.filters.get("instance"), "since": since,

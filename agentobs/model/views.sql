@@ -94,15 +94,28 @@ SELECT g.span_id AS call_id, g.trace_id, g.span_id, e.span_id AS engine_span_id,
        coalesce(e.engine, g.engine) AS engine,
        coalesce(g.model, e.model) AS model,
        g.start_ns, g.end_ns,
-       coalesce(g.ttft_s, e.ttft_s) AS ttft_s,
+       -- TTFT: the engine's own (its time to first token; else its queue + prefill) before the gateway's
+       -- (docs/span-conventions.md); ttft_source says which; first_token_us from the start of the span it came from
+       CASE WHEN e.ttft_s IS NOT NULL THEN e.ttft_s
+            WHEN e.queue_s IS NOT NULL AND e.prefill_s IS NOT NULL THEN e.queue_s + e.prefill_s
+            ELSE g.ttft_s END AS ttft_s,
+       CASE WHEN e.ttft_s IS NOT NULL THEN 'engine'
+            WHEN e.queue_s IS NOT NULL AND e.prefill_s IS NOT NULL THEN 'engine_queue_prefill'
+            WHEN g.ttft_s IS NOT NULL THEN 'gateway' END AS ttft_source,
+       CASE WHEN e.ttft_s IS NOT NULL THEN e.start_ns // 1000 + CAST(round(e.ttft_s * 1e6) AS BIGINT)
+            WHEN e.queue_s IS NOT NULL AND e.prefill_s IS NOT NULL
+                THEN e.start_ns // 1000 + CAST(round((e.queue_s + e.prefill_s) * 1e6) AS BIGINT)
+            WHEN g.ttft_s IS NOT NULL THEN g.start_ns // 1000 + CAST(round(g.ttft_s * 1e6) AS BIGINT)
+       END AS first_token_us,
        e.queue_s, e.prefill_s, e.decode_s,
        coalesce(g.input_tokens, e.input_tokens) AS prompt_tokens,
        coalesce(g.cached_tokens, e.cached_tokens) AS cached_tokens,
        coalesce(g.output_tokens, e.output_tokens) AS output_tokens,
        g.system_tokens, g.tool_def_tokens,
-       CASE WHEN g.status_code = 2 OR g.error_type IS NOT NULL OR e.status_code = 2 THEN 'error' ELSE 'ok' END AS status,
+       CASE WHEN g.status_code = 2 OR g.error_type IS NOT NULL OR e.status_code = 2 OR e.error_type IS NOT NULL
+            THEN 'error' ELSE 'ok' END AS status,
        coalesce(g.finish_reason, e.finish_reason) AS finish_reason,
-       g.error_type,
+       coalesce(g.error_type, e.error_type) AS error_type,
        coalesce(g.itl_ms, e.itl_ms) AS itl_ms,
        coalesce(g.block_hashes, e.block_hashes) AS block_hashes,
        g.response_id, e.request_id,
@@ -118,7 +131,12 @@ SELECT e.span_id, e.trace_id, e.span_id, e.span_id,
        coalesce(e.session_id, tc.session_id), coalesce(e.task_id, tc.task_id, e.trace_id),
        coalesce(e.task_type, tc.task_type), coalesce(e.tenant, tc.tenant), coalesce(e.agent_name, tc.agent_name),
        coalesce(e.attempt, 1), coalesce(e.branch, 'main'), e.instance, e.engine, e.model,
-       e.start_ns, e.end_ns, e.ttft_s, e.queue_s, e.prefill_s, e.decode_s,
+       e.start_ns, e.end_ns,
+       coalesce(e.ttft_s, e.queue_s + e.prefill_s),
+       CASE WHEN e.ttft_s IS NOT NULL THEN 'engine'
+            WHEN e.queue_s IS NOT NULL AND e.prefill_s IS NOT NULL THEN 'engine_queue_prefill' END,
+       e.start_ns // 1000 + CAST(round(coalesce(e.ttft_s, e.queue_s + e.prefill_s) * 1e6) AS BIGINT),
+       e.queue_s, e.prefill_s, e.decode_s,
        e.input_tokens, e.cached_tokens, e.output_tokens, e.system_tokens, e.tool_def_tokens,
        CASE WHEN e.status_code = 2 OR e.error_type IS NOT NULL THEN 'error' ELSE 'ok' END,
        e.finish_reason, e.error_type, e.itl_ms, e.block_hashes, e.response_id, e.request_id, 'engine'
@@ -132,11 +150,11 @@ CREATE OR REPLACE VIEW llm_calls AS
 SELECT call_id, trace_id, span_id, engine_span_id, session_id, task_id, task_type, tenant, agent_name,
        attempt, branch, instance, engine, model,
        make_timestamp(start_ns // 1000) AS start_ts,
-       CASE WHEN ttft_s IS NOT NULL THEN make_timestamp(start_ns // 1000 + CAST(round(ttft_s * 1e6) AS BIGINT)) END AS first_token_ts,
+       CASE WHEN first_token_us IS NOT NULL THEN make_timestamp(first_token_us) END AS first_token_ts,
        make_timestamp(end_ns // 1000) AS end_ts,
        start_ns / 1e9 AS start_s,
        end_ns / 1e9 AS end_s,
-       ttft_s,
+       ttft_s, ttft_source,
        (end_ns - start_ns) / 1e9 AS e2e_s,
        queue_s, prefill_s, decode_s,
        prompt_tokens, cached_tokens, output_tokens, system_tokens, tool_def_tokens,

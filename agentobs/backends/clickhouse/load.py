@@ -89,10 +89,14 @@ def _metric_common(name: str, fam, instance: str, labels: dict, t: dt.datetime) 
 
 
 def metrics_rows(text: str, instance: str, at: float) -> dict[str, pa.Table]:
-    """{table: rows} for one Prometheus exposition scraped at ``at`` (epoch seconds)."""
+    """{table: rows} for one Prometheus exposition scraped at ``at`` (epoch seconds). A counter's ``*_created``
+    sample becomes its ``StartTimeUnix`` (as the Collector's Prometheus receiver does; else the scrape time)."""
     t = dt.datetime.fromtimestamp(at, dt.UTC)
+    families = list(text_string_to_metric_families(text))
+    created = {(canonical_name(s.name)[:-len("_created")], tuple(sorted(s.labels.items()))): s.value
+               for fam in families for s in fam.samples if canonical_name(s.name).endswith("_created")}
     gauge, total, hist = [], [], []
-    for fam in text_string_to_metric_families(text):
+    for fam in families:
         if fam.type == "histogram":
             series: dict[tuple, dict] = {}
             for s in fam.samples:
@@ -122,6 +126,9 @@ def metrics_rows(text: str, instance: str, at: float) -> dict[str, pa.Table]:
             row["Value"] = float(s.value)
             if fam.type == "counter":
                 row.update(AggregationTemporality=2, IsMonotonic=True)
+                c = created.get((name.removesuffix("_total"), tuple(sorted(s.labels.items()))))
+                if c is not None:  # nanoseconds, so the time reads back as the float the engine printed
+                    row["StartTimeUnix"] = int(round(c * 1e9))
                 total.append(row)
             else:
                 gauge.append(row)
@@ -132,7 +139,8 @@ def metrics_rows(text: str, instance: str, at: float) -> dict[str, pa.Table]:
             for k in ("ResourceAttributes", "Attributes"):
                 cols[k] = pa.array(cols[k], MAP)
             for k in ("StartTimeUnix", "TimeUnix"):
-                cols[k] = pa.array(cols[k], pa.timestamp("ns", tz="UTC"))
+                ns = [v if isinstance(v, int) else int(v.timestamp()) * 10**9 + v.microsecond * 1000 for v in cols[k]]
+                cols[k] = pa.array(ns, pa.int64()).cast(pa.timestamp("ns", tz="UTC"))
             out[table] = pa.table(cols)
     return out
 

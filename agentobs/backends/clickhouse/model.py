@@ -18,6 +18,7 @@ from __future__ import annotations
 from importlib import resources
 
 from ...collect import normalize as N
+from ...collect.prom import KEPT_CREATED
 from ...config import Settings, load_settings
 from ...model import split_statements, views_sql
 from .conn import ClickHouse
@@ -68,6 +69,12 @@ def _num(keys, as_int: bool) -> str:
     return f"CAST(multiIf({', '.join(parts)}, NULL) AS {typ})"
 
 
+def _first_present(keys, expr: str) -> str:
+    """``expr`` of the first key present on the span (``normalize``'s first-match rule), else NULL."""
+    parts = [f"{_has(k)}, {expr.format(_a(k))}" for k in keys]
+    return f"multiIf({', '.join(parts)}, NULL)"
+
+
 def spans_select_sql(settings: Settings) -> str:
     lit_keys = list(N.LITELLM_OPS)
     lit_vals = [N.LITELLM_OPS[k] for k in lit_keys]
@@ -98,7 +105,10 @@ WITH
     {_merged('server.port')} AS _port,
     {_num(N.INPUT_KEYS, True)} AS _p0,
     {_num(N.CACHED_KEYS, True)} AS _c,
-    ((_provider IN {_arr(sorted(N.ANTHROPIC_STYLE_PROVIDERS))}) OR {_a('agentobs.usage.input_excludes_cache')} = 'true') AS _excl,
+    (lower(trimBoth({_merged(N.INPUT_EXCLUDES_CACHE)})) = 'true') AS _excl,
+    {_first_present(N.STREAM_KEYS, "lower(trimBoth({}))")} = 'false' AS _not_streamed,
+    {_first_present(N.HTTP_STATUS_KEYS, "toFloat64OrNull({})")} AS _http_status,
+    arrayFirstIndex(n -> n IN {_arr(N.EXCEPTION_EVENTS)}, Events.Name) AS _exc_i,
     arraySort(arrayFilter((t, n) -> n = {chunk} AND toUnixTimestamp64Nano(t) != 0, Events.Timestamp, Events.Name)) AS _chunks,
     {_a('gen_ai.response.finish_reasons')} AS _fr,
     {_a('agentobs.itl_ms')} AS _itl,
@@ -128,19 +138,24 @@ SELECT
        concat(_addr, ':', _port), _addr) AS instance,
     {_first_str(('gen_ai.response.id',), merged=False)} AS response_id,
     {_first_str(('gen_ai.request.id',), merged=False)} AS request_id,
-    multiIf(_p0 IS NOT NULL AND _c IS NOT NULL AND _excl, _p0 + _c + coalesce({_num(N.CACHE_WRITE_KEYS, True)}, 0),
-            _p0 IS NOT NULL AND _c IS NOT NULL AND _c > _p0, _p0 + _c, _p0) AS input_tokens,
+    if(_p0 IS NOT NULL AND _c IS NOT NULL AND (_excl OR _c > _p0),
+       _p0 + _c + coalesce({_num(N.CACHE_WRITE_KEYS, True)}, 0), _p0) AS input_tokens,
     _c AS cached_tokens,
     {_num(N.OUTPUT_KEYS, True)} AS output_tokens,
     {_num(('agentobs.prompt.system_tokens',), True)} AS system_tokens,
     {_num(('agentobs.prompt.tool_tokens',), True)} AS tool_def_tokens,
-    coalesce({_num(N.TTFT_KEYS, False)},
-             if(empty(_chunks), NULL, (toUnixTimestamp64Nano(_chunks[1]) - _start_ns) / 1e9)) AS ttft_s,
+    if(_role != 'engine' AND coalesce(_not_streamed, false), CAST(NULL AS Nullable(Float64)),
+       coalesce({_num(N.TTFT_KEYS, False)},
+                if(empty(_chunks), NULL, (toUnixTimestamp64Nano(_chunks[1]) - _start_ns) / 1e9))) AS ttft_s,
     {_num(('gen_ai.latency.time_in_queue',), False)} AS queue_s,
     {_num(('gen_ai.latency.time_in_model_prefill',), False)} AS prefill_s,
     {_num(('gen_ai.latency.time_in_model_decode',), False)} AS decode_s,
     if(startsWith(_fr1, '"'), JSONExtractString(concat('[', _fr1, ']'), 1), _fr1) AS finish_reason,
-    {_first_str(('error.type',), merged=False)} AS error_type,
+    multiIf({_first_str(('error.type',), merged=False)} IS NOT NULL, {_first_str(('error.type',), merged=False)},
+            _http_status >= 400 AND _http_status < 1000, toString(toInt64(_http_status)),
+            _exc_i > 0, if(Events.Attributes[_exc_i]['exception.type'] != '',
+                           Events.Attributes[_exc_i]['exception.type'], 'exception'),
+            NULL) AS error_type,
     {_first_str(('gen_ai.tool.name',), merged=False)} AS tool_name,
     multiIf(_itl != '', JSONExtract(_itl, 'Array(Float64)'),
             length(_chunks) >= 2,
@@ -154,6 +169,9 @@ FROM otel_traces
 """
 
 
+# the counters of prom.KEPT_CREATED as the exporter may name them (as exposed, or with _total stripped)
+_CREATED_COUNTERS = sorted(n for c in KEPT_CREATED for n in (c[:-len("_created")], c[:-len("_created")] + "_total"))
+
 # one SELECT per exporter metric table, each yielding (TimeUnix, ResourceAttributes, metric, attrs, value)
 SAMPLE_SOURCES = {
     "otel_metrics_gauge": "SELECT TimeUnix, ResourceAttributes, MetricName AS metric, Attributes AS attrs, Value AS value "
@@ -161,6 +179,15 @@ SAMPLE_SOURCES = {
     "otel_metrics_sum": "SELECT TimeUnix, ResourceAttributes, "
                         "if(IsMonotonic AND NOT endsWith(MetricName, '_total'), concat(MetricName, '_total'), MetricName) AS metric, "
                         "Attributes AS attrs, Value AS value FROM otel_metrics_sum",
+    # the creation time of the counters whose *_created the scraper keeps (prom.KEPT_CREATED): the receiver puts
+    # it in StartTimeUnix; a start no earlier than the point itself is no creation time (the receiver's own)
+    "otel_metrics_sum_created": "SELECT TimeUnix, ResourceAttributes, "
+                                "concat(if(endsWith(MetricName, '_total'), substring(MetricName, 1, "
+                                "length(MetricName) - 6), MetricName), '_created') AS metric, "
+                                "Attributes AS attrs, toUnixTimestamp64Nano(StartTimeUnix) / 1e9 AS value "
+                                "FROM otel_metrics_sum "
+                                f"WHERE MetricName IN {_arr(_CREATED_COUNTERS)} "
+                                "AND StartTimeUnix < TimeUnix",
     # OTLP buckets are per bucket; Prometheus' _bucket series are cumulative up to le. Plus _count and _sum.
     "otel_metrics_histogram": """
     SELECT TimeUnix, ResourceAttributes, concat(MetricName, x.1) AS metric,

@@ -4,8 +4,9 @@
 -- definition: Prefix-cache hit rate from engine counters over [since, until]: vLLM Δprefix_cache_hits ÷
 --   Δprefix_cache_queries (older gpu_prefix_cache_*), SGLang Δcached_tokens_total ÷ Δprompt_tokens_total (all
 --   cache_source / is_streaming series summed; sglang:cache_hit_rate is never used: it is the last batch only).
---   Increases are per series between consecutive scrapes; a decrease means the engine restarted and the
---   increase is the new value. Shown next to the span-based ΣC ÷ ΣP of the same instance and window.
+--   Increases are per series between consecutive scrapes; a decrease (or a later *_created time) means the engine
+--   restarted and the increase is the new value; a first scrape counts from the counter's *_created time when that
+--   is in the window (vLLM; SGLang has none). Shown next to the span-based ΣC ÷ ΣP of the same instance and window.
 -- unit: ratio 0–1; tokens
 -- grain: one row per instance
 -- sources: metric_samples (vllm:prefix_cache_*_total, sglang:cached_tokens_total, sglang:prompt_tokens_total), llm_calls

@@ -3,8 +3,9 @@
 -- section: METRICS.md §1, §3
 -- definition: Re-prefill X = max(0, R_eff − C): prompt tokens computed again although the session had computed
 --   them before; shares ΣX / (ΣX + ΣC) (of cache-related tokens) and ΣX / Σ(P − C) (of computed prefill), and
---   cost share cost(X) / total cost with the §8 cost model. By miss cause (cold, routed_away, cache_disabled,
---   evicted_full, evicted_partial, unknown; context_reset and none = no miss shown separately).
+--   cost share cost(X) / total cost with the §8 cost model. By miss cause (error, cold, routed_away, cache_disabled,
+--   evicted_full, evicted_partial, unknown; context_reset and none = no miss shown separately; error = failed calls
+--   without re-prefill).
 -- unit: tokens; ratio 0–1 (shares); USD (costs, basis in cost_basis)
 -- grain: one row per group (default: one per miss cause)
 -- sources: call_reuse (llm_calls, instance_config, kv_events), cost model ([cost] settings, instance_config)
