@@ -134,8 +134,8 @@ z AS MATERIALIZED (
                 WHEN reusable_tokens_eff IS NULL THEN NULL
                 WHEN reprefill_tokens IS NULL THEN 'unknown'
                 WHEN reprefill_tokens = 0 THEN NULL
-                WHEN instance <> prev_instance THEN 'routed_away'
                 WHEN prefix_caching = false THEN 'cache_disabled'
+                WHEN instance <> prev_instance THEN 'routed_away'
                 WHEN cached_tokens = 0 THEN 'evicted_full'
                 ELSE 'evicted_partial' END AS miss_cause,
            CASE WHEN prev_call_id IS NULL THEN NULL
