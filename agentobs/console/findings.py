@@ -25,6 +25,7 @@ CAUSE_COLORS = {
     "evicted_full": "#8e24aa",
     "evicted_partial": "#fdd835",
     "unknown": "#b0bec5",
+    "error": "#6a1b9a",
 }
 
 
