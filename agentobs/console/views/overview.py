@@ -45,10 +45,13 @@ def kpi(col, label, now, before, fmt, help_text, inverse=False):
 
 def render() -> None:
     # the first screen: the weekly recompute tax, the top fixes, the tax over time — drawn first without the
-    # simulator replay, then again with it (the "recovers" figures) once the rest of the page is drawn
-    slot = findings.answer(ctx, simulate=False)
+    # simulator replay, then again with it (the "recovers" figures) once the rest of the page is drawn. The slot
+    # comes first on the page; the ledger is computed after the current period's suite so that it reads the run
+    # that suite prepared (one preparation for the page: agentobs.metrics.prepare shares an open run)
+    slot = st.empty()
     st.divider()
     cur = metrics.suite(ctx, WANT)
+    findings.answer(ctx, simulate=False, slot=slot)
     prev = metrics.suite(ctx, WANT, period="previous")
     models = cur["reuse"]["model"].to_list() if cur and "reuse" in cur and "model" in cur["reuse"].columns else []
     if not models:
