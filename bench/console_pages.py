@@ -160,8 +160,25 @@ DRAWN = """() => !document.querySelector("[data-testid='stStatusWidget']")
     && [...document.querySelectorAll("[data-testid='stVegaLiteChart']")].every(c => c.querySelector("canvas, svg"))"""
 
 
-def measure_browser(db: Path, session_id: str | None, chromium: str) -> list[tuple[str, float, float]]:
-    """Each page cold (first visit after the server started) then warm, in chromium; seconds per visit."""
+def _drawn(pg, title: str, t0: float) -> float:
+    """Seconds from ``t0`` until page ``title`` is drawn (DRAWN holds, and still holds 300 ms later)."""
+    pg.get_by_role("heading", name=title, level=1).wait_for()
+    while True:
+        pg.wait_for_function(DRAWN)
+        done = time.perf_counter() - t0
+        pg.wait_for_timeout(300)
+        if pg.evaluate(DRAWN):
+            break
+    if pg.locator("[data-testid='stException']").count():
+        raise SystemExit(f"{title}: {pg.locator('[data-testid=stException]').first.inner_text()}")
+    return done
+
+
+def measure_browser(db: Path, session_id: str | None, chromium: str) -> list[tuple[str, float, float, float]]:
+    """Per page, in chromium against a fresh ``agentobs console``: cold (the first visit since the server started:
+    the Overview opened by its URL in a new browser, the other pages by their sidebar link, as a user moves), warm
+    (the sidebar link again: the server's cache is warm) and load (the page's URL opened in a new browser context,
+    server cache warm: a reload or a shared link; the session timeline with ?session=). Seconds."""
     import signal
     import subprocess
     import urllib.request
@@ -184,38 +201,43 @@ def measure_browser(db: Path, session_id: str | None, chromium: str) -> list[tup
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit("agentobs console did not start")
             time.sleep(0.2)
-        rows = []
+        times: dict[str, list[float]] = {title: [] for _f, title, *_ in PAGES}
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
-            for _file, title, url, _icon, _section in PAGES:
-                path = url + (f"?session={session_id}" if url == "session" and session_id else "")
-                times = []
-                for _ in range(2):  # cold, then warm
-                    ctx = b.new_context(viewport={"width": 1440, "height": 900})
-                    pg = ctx.new_page()
-                    pg.set_default_timeout(120_000)
+            ctx = b.new_context(viewport={"width": 1440, "height": 900})
+            pg = ctx.new_page()
+            pg.set_default_timeout(120_000)
+            for _round in range(2):  # cold, then warm: every page through the sidebar, as a user moves
+                for _file, title, url, _icon, _section in PAGES:
                     t = time.perf_counter()
-                    pg.goto(f"{base}/{path}")
-                    pg.get_by_role("heading", name=title, level=1).wait_for()
-                    while True:  # drawn: the condition holds, and still holds a moment later (not between runs)
-                        pg.wait_for_function(DRAWN)
-                        done = time.perf_counter() - t
-                        pg.wait_for_timeout(300)
-                        if pg.evaluate(DRAWN):
-                            break
-                    times.append(done)
-                    if pg.locator("[data-testid='stException']").count():
-                        raise SystemExit(f"{title}: {pg.locator('[data-testid=stException]').first.inner_text()}")
-                    ctx.close()
-                rows.append((title, times[0], times[1]))
+                    if url == "overview" and not _round:
+                        pg.goto(base + "/")  # the first visit: the default page, by its URL
+                    else:
+                        pg.locator("[data-testid='stSidebarNav'] a", has_text=title).first.click()
+                    times[title].append(_drawn(pg, title, t))
+            ctx.close()
+            for _file, title, url, _icon, _section in PAGES:  # load: a new browser on the page's URL
+                path = "" if url == "overview" else url + (f"?session={session_id}" if url == "session" and session_id
+                                                           else "")
+                ctx = b.new_context(viewport={"width": 1440, "height": 900})
+                pg = ctx.new_page()
+                pg.set_default_timeout(120_000)
+                t = time.perf_counter()
+                pg.goto(f"{base}/{path}")
+                times[title].append(_drawn(pg, title, t))
+                ctx.close()
             b.close()
-        return rows
+        return [(title, *v) for title, v in times.items()]
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(15)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
 
 
 def main() -> None:
@@ -245,16 +267,22 @@ def main() -> None:
     print(f"store: {db} — {n_calls:,} calls")
     if args.browser:
         rows = measure_browser(db, sid[0] if sid else None, args.chromium)
-        print("in chromium: navigation → page drawn, script run over (a new browser context per visit)")
+        print("in chromium, seconds until the page is drawn: cold = first visit since the server started (Overview by "
+              "URL in a new browser, the rest by sidebar link), warm = by sidebar link again, load = the URL in a new "
+              "browser context (warm server)")
+        print(f"{'page':<22}{'cold (s)':>10}{'warm (s)':>10}{'load (s)':>10}")
+        for title, cold, warm, load in rows:
+            print(f"{title:<22}{cold:>10.2f}{warm:>10.2f}{load:>10.2f}")
+        print(f"first Overview: {rows[0][1]:.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s; slowest "
+              f"load: {max(r[3] for r in rows):.2f} s")
     else:
         rows = measure(db, sid[0] if sid else None, preload=not args.no_preload)
-    print(f"{'page':<22}{'cold (s)':>10}{'warm (s)':>10}{'cold/warm':>11}")
-    for title, cold, warm in rows:
-        print(f"{title:<22}{cold:>10.2f}{warm:>10.2f}{cold / warm if warm else float('inf'):>10.1f}x")
-    print(f"slowest cold page: {max(r[1] for r in rows):.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s")
+        print(f"{'page':<22}{'cold (s)':>10}{'warm (s)':>10}{'cold/warm':>11}")
+        for title, cold, warm in rows:
+            print(f"{title:<22}{cold:>10.2f}{warm:>10.2f}{cold / warm if warm else float('inf'):>10.1f}x")
+        print(f"slowest cold page: {max(r[1] for r in rows):.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s")
     if tmp:
         tmp.cleanup()
-
 
 if __name__ == "__main__":
     main()
