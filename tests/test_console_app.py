@@ -505,3 +505,30 @@ def test_bad_page_state_in_url_warns(app):
     warned = " | ".join(w.value for w in app.warning)
     assert "ignored by='tenant'" in warned and "ignored stat='p42'" in warned
     assert app.selectbox(key="by_turn_resume_ttft").value == "instance"
+
+
+# -- the server warms the default Overview at start (agentobs.console.serve) ------------------------------------
+def test_warm_default_view_makes_the_first_overview_a_cache_hit(db, monkeypatch, tmp_path):
+    import streamlit as st
+
+    import agentobs.findings
+    from agentobs.console import serve
+    from agentobs.metrics.run import MetricRun
+
+    st.cache_data.clear()
+    assert serve.warm_default_view(str(db)) == []
+    prepared, evaluated = [], []
+    real_prepare, real_run = MetricRun._prepare, agentobs.findings.run
+    monkeypatch.setattr(MetricRun, "_prepare", lambda self: (prepared.append(1), real_prepare(self)))
+    monkeypatch.setattr(agentobs.findings, "run", lambda *a, **k: (evaluated.append(1), real_run(*a, **k))[1])
+    monkeypatch.setenv("AGENTOBS_DB", str(db))
+    monkeypatch.setenv("AGENTOBS_CONSOLE_QUERIES", str(tmp_path / "queries.json"))
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.run()   # the default page (Overview) of the default view
+    assert not at.exception, [e.value for e in at.exception]
+    assert app_title(at) == "Overview" and at.metric
+    assert prepared == [] and evaluated == []   # every metric and the findings came from the warmed cache
+
+
+def app_title(at) -> str:
+    return at.title[0].value

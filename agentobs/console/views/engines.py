@@ -21,7 +21,10 @@ def series_chart(df: pl.DataFrame, title: str, fraction: bool = False) -> alt.Ch
         return alt.Chart(df).mark_bar().encode(
             x=alt.X("value:Q", title=title, axis=alt.Axis(format=fmt)), y=alt.Y("instance:N"),
             color=charts.instance_color(), tooltip=tooltip)
-    return alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=12)).encode(
+    # a dot per scrape only while they can be told apart: thousands of dots cost the browser seconds to draw
+    line = alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=12)) if scrapes["k"].max() <= 60 \
+        else alt.Chart(df).mark_line(strokeWidth=1.2)
+    return line.encode(
         x=alt.X("ts:T", title="time (UTC)"), y=alt.Y("value:Q", title=title, axis=alt.Axis(format=fmt)),
         color=charts.instance_color(), strokeDash=alt.StrokeDash("metric:N", title="metric"), tooltip=tooltip)
 
