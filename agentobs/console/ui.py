@@ -32,14 +32,16 @@ def md(text: str) -> str:
     return str(text).replace("\\$", "$").replace("$", "\\$")
 
 
-def page(title: str, basis: str) -> Context:
-    """Title (what the numbers are based on in its help tooltip, said once) and the view window under it;
+def page(title: str, basis: str = "", note: str = "") -> Context:
+    """Title (what the numbers are based on in its help tooltip, said once) and the view window under it, then
+    ``note`` (what a user must know to use the page, e.g. the SQL page's dialect and limits) when given;
     returns the shared context."""
     ctx = context()
-    st.title(title, help=md(basis))
+    st.title(title, help=md(basis) if basis else None)
     f = ctx.filters
     scope = [f"{k}: {', '.join(v)}" for k, v in f.lists().items()]
-    st.caption(md(f"View: {ctx.window_label()}" + (" · " + " · ".join(scope) if scope else "")))
+    st.caption(md(f"View: {ctx.window_label()}" + (" · " + " · ".join(scope) if scope else "")
+                  + (f"  \n{note}" if note else "")))
     return ctx
 
 

@@ -9,8 +9,9 @@ import streamlit as st
 from agentobs.console import charts, data, metrics, ui
 
 ctx = ui.page("Engines", "Raw samples scraped from each engine's /metrics (vLLM `vllm:*`, SGLang `sglang:*`), "
-              "per instance, in the view's time window; instance filter applies, model/task filters do not. "
-              "model: the served model name (vLLM: the model_name label of its series; SGLang: /server_info).")
+              "per instance, in the view's time window. model: the served model name (vLLM: the model_name label "
+              "of its series; SGLang: /server_info).",
+              note="The instance filter applies here; the model and task type filters do not.")
 
 
 def series_chart(df: pl.DataFrame, title: str, fraction: bool = False) -> alt.Chart:

@@ -12,7 +12,7 @@ from agentobs.output import render
 from agentobs.sql import run_query
 
 CLICKHOUSE = data.is_clickhouse(ui.stamp())
-ctx = ui.page("SQL", (
+ctx = ui.page("SQL", note=(
     "ClickHouse SQL over the same views (llm_calls, sessions, turn_gaps, …). Read-only: one SELECT at a time "
     "(run with readonly = 1); writes, DDL, SETTINGS and functions that reach files, the network, other databases "
     "or processes (file, url, s3, remote, mysql, executable, …) are refused." if CLICKHOUSE else
