@@ -4,6 +4,7 @@
     .venv/bin/python bench/console_pages.py --calls 20000       # smaller synthetic store
     .venv/bin/python bench/console_pages.py --db sample.duckdb  # an existing store (e.g. agentobs demo)
     .venv/bin/python bench/console_pages.py --db sample.duckdb --browser   # the real server, in chromium
+    .venv/bin/python bench/console_pages.py --db sample.duckdb --browser --first-visit 3   # the first Overview
 
 For each page: the first render (cold: nothing cached for this db stamp + filters) and a second render
 (warm: st.cache_data hits), in seconds, plus the ratio cold/warm. Before the first render the console's modules
@@ -179,28 +180,10 @@ def measure_browser(db: Path, session_id: str | None, chromium: str) -> list[tup
     the Overview opened by its URL in a new browser, the other pages by their sidebar link, as a user moves), warm
     (the sidebar link again: the server's cache is warm) and load (the page's URL opened in a new browser context,
     server cache warm: a reload or a shared link; the session timeline with ?session=). Seconds."""
-    import signal
-    import subprocess
-    import urllib.request
-
     from playwright.sync_api import sync_playwright
 
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "agentobs.cli", "console", "--db", str(db), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    proc, base = _start_console(db)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("agentobs console did not start")
-            time.sleep(0.2)
         times: dict[str, list[float]] = {title: [] for _f, title, *_ in PAGES}
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
@@ -229,15 +212,70 @@ def measure_browser(db: Path, session_id: str | None, chromium: str) -> list[tup
             b.close()
         return [(title, *v) for title, v in times.items()]
     finally:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        _stop(proc)
+
+
+def _start_console(db: Path):
+    """``agentobs console`` on a free loopback port, in its own process group; (process, base URL) once healthy."""
+    import subprocess
+    import urllib.request
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentobs.cli", "console", "--db", str(db), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, base
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            raise SystemExit("agentobs console did not start")
+        time.sleep(0.2)
+
+
+def _stop(proc) -> None:
+    import signal
+    import subprocess
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(15)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def measure_first_visit(db: Path, chromium: str, arrive_after: float, repeat: int) -> list[float]:
+    """The Overview's first render after a fresh start, the visitor arriving ``arrive_after`` s after the server
+    answers (a person opening the printed URL), in a new chromium; once per fresh server, ``repeat`` times."""
+    from playwright.sync_api import sync_playwright
+
+    out = []
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        for _ in range(repeat):
+            proc, base = _start_console(db)
             try:
-                os.killpg(proc.pid, sig)
-                proc.wait(15)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
+                time.sleep(arrive_after)
+                ctx = b.new_context(viewport={"width": 1440, "height": 900})
+                pg = ctx.new_page()
+                pg.set_default_timeout(120_000)
+                t = time.perf_counter()
+                pg.goto(base + "/")
+                out.append(_drawn(pg, "Overview", t))
+                ctx.close()
+            finally:
+                _stop(proc)
+        b.close()
+    return out
 
 
 def main() -> None:
@@ -249,6 +287,10 @@ def main() -> None:
     ap.add_argument("--browser", action="store_true",
                     help="time the real server in chromium (Playwright) instead of AppTest")
     ap.add_argument("--chromium", default="/usr/bin/chromium", help="the chromium --browser drives")
+    ap.add_argument("--first-visit", type=int, metavar="N", default=0,
+                    help="with --browser: only the first Overview after a fresh start, N times")
+    ap.add_argument("--arrive-after", type=float, default=5.0, metavar="S",
+                    help="with --first-visit: open the Overview S seconds after the server answers (default 5)")
     args = ap.parse_args()
     tmp = None
     if args.db:
@@ -265,7 +307,11 @@ def main() -> None:
     sid = con.execute("SELECT session_id FROM sessions ORDER BY calls DESC, session_id LIMIT 1").fetchone()
     con.close()
     print(f"store: {db} — {n_calls:,} calls")
-    if args.browser:
+    if args.browser and args.first_visit:
+        t = measure_first_visit(db, args.chromium, args.arrive_after, args.first_visit)
+        print(f"first Overview after a fresh start, opened {args.arrive_after:g} s after the server answered, in "
+              f"chromium: {', '.join(f'{x:.2f}' for x in t)} s")
+    elif args.browser:
         rows = measure_browser(db, sid[0] if sid else None, args.chromium)
         print("in chromium, seconds until the page is drawn: cold = first visit since the server started (Overview by "
               "URL in a new browser, the rest by sidebar link), warm = by sidebar link again, load = the URL in a new "
