@@ -532,3 +532,22 @@ def test_warm_default_view_makes_the_first_overview_a_cache_hit(db, monkeypatch,
 
 def app_title(at) -> str:
     return at.title[0].value
+
+
+def test_number_formats_and_markdown_dollars():
+    # 3 significant digits with thousands separators and units; counts exact
+    assert [ui.sig(v) for v in (0.0321095, 3.3946, 566.3, 1234.5, 0.0)] == ["0.0321", "3.39", "566", "1,230", "0"]
+    assert ui.sig(40224576) == "40,224,576"
+    assert [ui.usd(v) for v in (1.7528, 0.26312, 99.37, -0.5)] == ["$1.75", "$0.263", "$99.4", "-$0.500"]
+    assert [ui.secs(v) for v in (0.0321095, 0.566, 3.3946)] == ["32.1 ms", "566 ms", "3.39 s"]
+    assert ui.delta(ui.pct)(0.0123) == "+1.2 pp"
+    # table column formats from the column's name and type
+    assert ui.number_format("reprefill_cost_usd", pl.Float64) == "$%,.3g"
+    assert ui.number_format("ttft_p99_s", pl.Float64) == "%,.3g s"
+    assert ui.number_format("rent_paid_token_s", pl.Float64) == "%,.3g token-s"
+    assert ui.number_format("share_of_cache_tokens", pl.Float64) == "percent"
+    assert ui.number_format("hit_tokens", pl.Float64) == "%,.0f"
+    assert ui.number_format("calls", pl.Int64) == "%,d" and ui.number_format("instance", pl.String) is None
+    # two $ on a line would be typeset as LaTeX by Streamlit's Markdown: escaped once, never twice
+    assert ui.md("× $/s (METRICS.md §8) … $0.26") == "× \\$/s (METRICS.md §8) … \\$0.26"
+    assert ui.md(ui.md("a $ b")) == "a \\$ b"
