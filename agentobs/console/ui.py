@@ -115,8 +115,9 @@ def delta(fmt):
 # -- tables --------------------------------------------------------------------------------------------
 # Numbers in console tables: integers with thousands separators; floats to 3 significant digits (with thousands
 # separators) and the unit their column name states (``*_usd`` $, ``*_s`` s, ``*_ms`` ms, ``*_token_s`` token-s,
-# ``*_share`` / ``*hit_rate*`` %); token counts held as floats in whole tokens. Formats are Streamlit's (sprintf-js: ``%,.3g``), so a column still sorts by value
-# and the underlying numbers are those of the metric (a test reads them back).
+# ``*_share`` / ``*hit_rate*`` %); token counts held as floats in whole tokens. Formats are Streamlit's
+# (sprintf-js: ``%,.3g``), so a column still sorts by value and the underlying numbers are those of the metric
+# (a test reads them back).
 def number_format(name: str, dtype: pl.DataType) -> str | None:
     n = name.lower()
     if dtype.is_integer():

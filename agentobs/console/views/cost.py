@@ -18,7 +18,8 @@ if df is not None and not ui.empty(df, "tasks"):
     key = {"task": "task_id", "session": "session_id"}.get(by, by)
     if usd and key in cols and by != "task":
         st.altair_chart(alt.Chart(df).mark_bar(color="#1565c0").encode(
-            y=alt.Y(f"{key}:N", sort="-x", title=by), x=alt.X(f"{usd}:Q", title="cost ($)", axis=alt.Axis(format="$,.3~g")),
+            y=alt.Y(f"{key}:N", sort="-x", title=by),
+            x=alt.X(f"{usd}:Q", title="cost ($)", axis=alt.Axis(format="$,.3~g")),
             tooltip=[key, alt.Tooltip(f"{usd}:Q", format="$,.3~g")]), width="stretch")
     if by == "task" and usd:
         st.altair_chart(alt.Chart(df).mark_bar(color="#1565c0").encode(
