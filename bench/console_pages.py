@@ -3,12 +3,19 @@
     .venv/bin/python bench/console_pages.py                     # synthetic 1,000,000-call store
     .venv/bin/python bench/console_pages.py --calls 20000       # smaller synthetic store
     .venv/bin/python bench/console_pages.py --db sample.duckdb  # an existing store (e.g. agentobs demo)
+    .venv/bin/python bench/console_pages.py --db sample.duckdb --browser   # the real server, in chromium
+    .venv/bin/python bench/console_pages.py --db sample.duckdb --browser --first-visit 3   # the first Overview
 
 For each page: the first render (cold: nothing cached for this db stamp + filters) and a second render
 (warm: st.cache_data hits), in seconds, plus the ratio cold/warm. Before the first render the console's modules
 are imported, as the server does at start (agentobs.console.serve, which ``agentobs console`` runs), so the
 figures are page renders, not the process's one-time imports; ``--no-preload`` leaves that to the first page.
-Targets (docs/console.md): < 2 s on sample_data, < 5 s on 1M calls. The synthetic store is written through the one Writer as gateway spans:
+``--browser`` measures what a user waits for instead: the real ``agentobs console`` (a fresh server, so the first
+visit of each page is cold) driven by Debian's chromium through Playwright (the dev extra), each visit in a new
+browser context (no cached assets, a new Streamlit session): from navigation until the page's title is drawn, the
+script run is over (no status widget, no stale element) and its charts have drawn.
+Targets (docs/console.md): < 2 s on sample_data, < 5 s on 1M calls; in chromium on sample_data the first
+Overview < 4 s and every page warm < 2 s. The synthetic store is written through the one Writer as gateway spans:
 sessions of 10 calls on 8 instances, 2 models, 4 task types, prompts growing by ~1,500 tokens a turn.
 """
 
@@ -139,12 +146,151 @@ def measure(db: Path, session_id: str | None, preload: bool = True) -> list[tupl
     return rows
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# a page is drawn when its script run is over (no status widget, no stale or skeleton element) and every chart drew
+DRAWN = """() => !document.querySelector("[data-testid='stStatusWidget']")
+    && !document.querySelector("[data-stale='true'], [data-testid='stSkeleton'], [data-testid='stAppSkeleton']")
+    && document.querySelector("[data-testid='stApp']")?.getAttribute("data-test-script-state") === "notRunning"
+    && [...document.querySelectorAll("[data-testid='stVegaLiteChart']")].every(c => c.querySelector("canvas, svg"))"""
+
+
+def _drawn(pg, title: str, t0: float) -> float:
+    """Seconds from ``t0`` until page ``title`` is drawn (DRAWN holds, and still holds 300 ms later)."""
+    pg.get_by_role("heading", name=title, level=1).wait_for()
+    while True:
+        pg.wait_for_function(DRAWN)
+        done = time.perf_counter() - t0
+        pg.wait_for_timeout(300)
+        if pg.evaluate(DRAWN):
+            break
+    if pg.locator("[data-testid='stException']").count():
+        raise SystemExit(f"{title}: {pg.locator('[data-testid=stException]').first.inner_text()}")
+    return done
+
+
+def measure_browser(db: Path, session_id: str | None, chromium: str) -> list[tuple[str, float, float, float]]:
+    """Per page, in chromium against a fresh ``agentobs console``: cold (the first visit since the server started:
+    the Overview opened by its URL in a new browser, the other pages by their sidebar link, as a user moves), warm
+    (the sidebar link again: the server's cache is warm) and load (the page's URL opened in a new browser context,
+    server cache warm: a reload or a shared link; the session timeline with ?session=). Seconds."""
+    from playwright.sync_api import sync_playwright
+
+    proc, base = _start_console(db)
+    try:
+        times: dict[str, list[float]] = {title: [] for _f, title, *_ in PAGES}
+        with sync_playwright() as p:
+            b = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+            ctx = b.new_context(viewport={"width": 1440, "height": 900})
+            pg = ctx.new_page()
+            pg.set_default_timeout(120_000)
+            for _round in range(2):  # cold, then warm: every page through the sidebar, as a user moves
+                for _file, title, url, _icon, _section in PAGES:
+                    t = time.perf_counter()
+                    if url == "overview" and not _round:
+                        pg.goto(base + "/")  # the first visit: the default page, by its URL
+                    else:
+                        pg.locator("[data-testid='stSidebarNav'] a", has_text=title).first.click()
+                    times[title].append(_drawn(pg, title, t))
+            ctx.close()
+            for _file, title, url, _icon, _section in PAGES:  # load: a new browser on the page's URL
+                path = "" if url == "overview" else url + (f"?session={session_id}" if url == "session" and session_id
+                                                           else "")
+                ctx = b.new_context(viewport={"width": 1440, "height": 900})
+                pg = ctx.new_page()
+                pg.set_default_timeout(120_000)
+                t = time.perf_counter()
+                pg.goto(f"{base}/{path}")
+                times[title].append(_drawn(pg, title, t))
+                ctx.close()
+            b.close()
+        return [(title, *v) for title, v in times.items()]
+    finally:
+        _stop(proc)
+
+
+def _start_console(db: Path):
+    """``agentobs console`` on a free loopback port, in its own process group; (process, base URL) once healthy."""
+    import subprocess
+    import urllib.request
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "agentobs.cli", "console", "--db", str(db), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, base
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc)
+            raise SystemExit("agentobs console did not start")
+        time.sleep(0.2)
+
+
+def _stop(proc) -> None:
+    import signal
+    import subprocess
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+            proc.wait(15)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def measure_first_visit(db: Path, chromium: str, arrive_after: float, repeat: int) -> list[float]:
+    """The Overview's first render after a fresh start, the visitor arriving ``arrive_after`` s after the server
+    answers (a person opening the printed URL), in a new chromium; once per fresh server, ``repeat`` times."""
+    from playwright.sync_api import sync_playwright
+
+    out = []
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        for _ in range(repeat):
+            proc, base = _start_console(db)
+            try:
+                time.sleep(arrive_after)
+                ctx = b.new_context(viewport={"width": 1440, "height": 900})
+                pg = ctx.new_page()
+                pg.set_default_timeout(120_000)
+                t = time.perf_counter()
+                pg.goto(base + "/")
+                out.append(_drawn(pg, "Overview", t))
+                ctx.close()
+            finally:
+                _stop(proc)
+        b.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", type=Path, help="measure an existing store instead of a synthetic one")
     ap.add_argument("--calls", type=int, default=1_000_000)
     ap.add_argument("--no-preload", action="store_true",
                     help="do not import the console's modules first (the first page pays for them)")
+    ap.add_argument("--browser", action="store_true",
+                    help="time the real server in chromium (Playwright) instead of AppTest")
+    ap.add_argument("--chromium", default="/usr/bin/chromium", help="the chromium --browser drives")
+    ap.add_argument("--first-visit", type=int, metavar="N", default=0,
+                    help="with --browser: only the first Overview after a fresh start, N times")
+    ap.add_argument("--arrive-after", type=float, default=5.0, metavar="S",
+                    help="with --first-visit: open the Overview S seconds after the server answers (default 5)")
     args = ap.parse_args()
     tmp = None
     if args.db:
@@ -161,14 +307,28 @@ def main() -> None:
     sid = con.execute("SELECT session_id FROM sessions ORDER BY calls DESC, session_id LIMIT 1").fetchone()
     con.close()
     print(f"store: {db} — {n_calls:,} calls")
-    rows = measure(db, sid[0] if sid else None, preload=not args.no_preload)
-    print(f"{'page':<22}{'cold (s)':>10}{'warm (s)':>10}{'cold/warm':>11}")
-    for title, cold, warm in rows:
-        print(f"{title:<22}{cold:>10.2f}{warm:>10.2f}{cold / warm if warm else float('inf'):>10.1f}x")
-    print(f"slowest cold page: {max(r[1] for r in rows):.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s")
+    if args.browser and args.first_visit:
+        t = measure_first_visit(db, args.chromium, args.arrive_after, args.first_visit)
+        print(f"first Overview after a fresh start, opened {args.arrive_after:g} s after the server answered, in "
+              f"chromium: {', '.join(f'{x:.2f}' for x in t)} s")
+    elif args.browser:
+        rows = measure_browser(db, sid[0] if sid else None, args.chromium)
+        print("in chromium, seconds until the page is drawn: cold = first visit since the server started (Overview by "
+              "URL in a new browser, the rest by sidebar link), warm = by sidebar link again, load = the URL in a new "
+              "browser context (warm server)")
+        print(f"{'page':<22}{'cold (s)':>10}{'warm (s)':>10}{'load (s)':>10}")
+        for title, cold, warm, load in rows:
+            print(f"{title:<22}{cold:>10.2f}{warm:>10.2f}{load:>10.2f}")
+        print(f"first Overview: {rows[0][1]:.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s; slowest "
+              f"load: {max(r[3] for r in rows):.2f} s")
+    else:
+        rows = measure(db, sid[0] if sid else None, preload=not args.no_preload)
+        print(f"{'page':<22}{'cold (s)':>10}{'warm (s)':>10}{'cold/warm':>11}")
+        for title, cold, warm in rows:
+            print(f"{title:<22}{cold:>10.2f}{warm:>10.2f}{cold / warm if warm else float('inf'):>10.1f}x")
+        print(f"slowest cold page: {max(r[1] for r in rows):.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s")
     if tmp:
         tmp.cleanup()
-
 
 if __name__ == "__main__":
     main()

@@ -3,7 +3,10 @@ ClickHouse (test_console_clickhouse.py): the same store (test_console_store.py),
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
+import pyarrow as pa
 from streamlit.testing.v1 import AppTest
 from test_console_store import WORKED_SESSION
 
@@ -58,3 +61,27 @@ def check_instance_change(app: AppTest) -> pl.DataFrame:
     assert calls["reprefill_tokens"].to_list() == [None, 1488, 0]
     assert "moved to instance" in app.get("vega_lite_chart")[0].proto.spec  # the instance-change rule layer
     return calls
+
+
+def charts_of(at: AppTest) -> list[tuple[dict, pl.DataFrame]]:
+    """Every Altair chart on the page: (its Vega-Lite spec, the data Streamlit sent with it)."""
+    out = []
+    for el in at.get("vega_lite_chart"):
+        spec = json.loads(el.proto.spec)
+        frames = [pl.from_arrow(pa.ipc.open_stream(d.data.data).read_all()) for d in el.proto.datasets]
+        out.append((spec, frames[0] if frames else pl.DataFrame()))
+    return out
+
+
+def reload(at: AppTest, file: str, timeout: float = 60) -> AppTest:
+    """A new browser session opening the page with the URL ``at`` shows now (a reload, a shared link)."""
+    fresh = AppTest.from_file(at._script_path, default_timeout=timeout)
+    url = dict(at.query_params)
+    fresh.query_params.update(url)
+    fresh.run()  # AppTest needs a first run before it can switch pages (st.navigation registers them)
+    fresh.query_params.clear()
+    fresh.query_params.update(url)  # the URL as it was, whatever that first run wrote
+    fresh.switch_page(f"views/{file}")
+    fresh.run()
+    assert not fresh.exception, [e.value for e in fresh.exception]
+    return fresh

@@ -88,8 +88,13 @@ def _norm(rows):
 def test_series_parser_equals_prometheus_client_parse(path):
     text = (FIX / path).read_text()
     sp = SeriesParser("h:1")
-    want = _norm(parse_text(text, "h:1", 100.0).samples.to_pylist())
-    assert _norm(sp.parse(text, 100.0).samples.to_pylist()) == want  # first scrape: every line learnt
+    full = parse_text(text, "h:1", 100.0)
+    want = _norm(full.samples.to_pylist())
+    first = sp.parse(text, 100.0)
+    assert _norm(first.samples.to_pylist()) == want  # first scrape: every line learnt
+    # the same engine config (vLLM: cache_config_info labels + served_model_name from the model_name label)
+    assert sorted(first.config or []) == sorted(zip(full.config.column("key").to_pylist(),
+                                                    full.config.column("value").to_pylist(), strict=True))
     # second scrape from the cache, values changed: only the value column differs
     bumped = "\n".join(ln if ln.startswith("#") or not ln else ln.rsplit(" ", 1)[0] + " 7" for ln in text.split("\n"))
     got = sp.parse(bumped, 100.0).samples.to_pylist()

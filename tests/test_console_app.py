@@ -7,11 +7,19 @@ import math
 
 import polars as pl
 import pytest
-from console_checks import check_instance_change, check_sql_refused, check_worked_timeline, df_of, goto
+from console_checks import (
+    charts_of,
+    check_instance_change,
+    check_sql_refused,
+    check_worked_timeline,
+    df_of,
+    goto,
+    reload,
+)
 from streamlit.testing.v1 import AppTest
 from test_console_store import LLAMA, QWEN, WORKED_SESSION, build_store
 
-from agentobs.console import APP, saved
+from agentobs.console import APP, charts, saved, ui
 from agentobs.console.filters import Filters, from_query_params, to_query_params
 from agentobs.console.shell import PAGES
 from agentobs.errors import InputError
@@ -120,10 +128,35 @@ def test_overview_kpis_equal_metrics_api(app, db):
     for i, model in enumerate(reuse["model"]):
         p99 = itl.filter(pl.col("model") == model)["p99_ms"]
         assert p99.to_list() == tail.filter(pl.col("model") == model)["p99_ms"].to_list()
-        assert shown[i] == (f"{p99[0]:,.0f} ms" if p99.len() else "–")
+        assert shown[i] == (ui.ms(p99[0]) if p99.len() else "–")
     assert any(v != "–" for v in shown)  # the fixture store streams: at least one model has gaps
     # `all` has no previous period: no deltas
     assert all(m.delta in (None, "") for m in app.metric)
+
+
+def test_overview_ttft_p99_is_the_metrics_overall_p99(app, db):
+    # "Turn-resume TTFT p99" per model = `agentobs metrics turn_resume_ttft --by model`'s overall row (gap bucket
+    # and hit class `all`: the p99 over all the model's calls 2…n), not a gap bucket's row
+    import json
+
+    from click.testing import CliRunner
+
+    from agentobs.cli import cli
+
+    res = CliRunner().invoke(cli, ["metrics", "turn_resume_ttft", "--by", "model", "--format", "json", "--db", str(db)])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    overall = {r["model"]: r for r in rows if r["gap_bucket"] == "all" and r["hit_class"] == "all"}
+    goto(app, "overview.py")
+    models = [s.value for s in app.subheader if s.value in overall]
+    shown = [m.value for m in app.metric if m.label == "Turn-resume TTFT p99"]
+    assert models and len(shown) == len(models)
+    for model, value in zip(models, shown, strict=True):
+        p99 = overall[model]["ttft_p99_s"]
+        assert value == ui.secs(p99)
+        # the overall row covers every bucket row's calls (it is the model's, not one bucket's)
+        buckets = [r for r in rows if r["model"] == model and r["gap_bucket"] != "all"]
+        assert len(buckets) > 1 and overall[model]["calls"] == sum(r["calls"] for r in buckets)
 
 
 def test_overview_with_window_shows_change_vs_previous(app):
@@ -153,7 +186,7 @@ def test_overview_change_vs_previous_equals_metrics_api_of_both_periods(app, db,
     u_now = now.filter(pl.col("model") == QWEN)["reuse_hit_rate"][0]
     assert before["reuse_hit_rate"][0] == pytest.approx(6480 / 8288)   # the worked example: U = 6480/8288
     assert q.value == f"{100 * u_now:.1f} %"
-    assert q.delta == f"{100 * (u_now - 6480 / 8288):.1f} %"
+    assert q.delta == f"{100 * (u_now - 6480 / 8288):+.1f} pp"   # a change of a share: percentage points
     # Llama had no calls the period before: no delta
     assert u[models.index(LLAMA)].delta in (None, "")
 
@@ -362,3 +395,162 @@ def test_finding_renders_evidence_money_and_copyable_fix():
     assert "vllm serve ... --enable-prefix-caching" in [c.value for c in at.code]  # st.code has a copy button
     assert at.table[0].value.to_dict("list") == {"number": ["reprefill_tokens"], "value": ["1,808"]}
     assert [m.value for m in at.metric][:2] == ["$345.60", "$345.60"]  # tax and recoverable, per week
+
+
+# -- charts: their data is the metric's output ----------------------------------------------------------------
+def test_turn_resume_chart_data_is_the_metric_output(app, db):
+    goto(app, "turn_resume.py")
+    api = compute("turn_resume_ttft", db=str(db), by="instance")
+    shown = charts_of(app)
+    assert len(shown) == api["instance"].n_unique() > 1   # one small chart per instance, none summing them
+    for spec, data in shown:
+        inst = spec["title"].removeprefix("instance: ")
+        want = api.filter((pl.col("instance") == inst) & (pl.col("gap_bucket") != "all")).drop("instance")
+        assert data.columns == want.columns
+        assert data.sort("gap_bucket", "hit_class").to_dicts() == want.sort("gap_bucket", "hit_class").to_dicts()
+        # one bar per gap bucket × hit class: nothing to stack or add up
+        assert data.select("gap_bucket", "hit_class").is_unique().all()
+        assert spec["encoding"]["y"]["field"] == "ttft_p50_s" and "stack" not in spec["encoding"]["y"]
+        # miss red, partial amber, hit green: the colours of every chart (charts.CLASS_COLORS)
+        scale = spec["encoding"]["color"]["scale"]
+        assert dict(zip(scale["domain"], scale["range"], strict=True)) == {
+            c: charts.CLASS_COLORS[c] for c in ("hit", "partial", "miss")}
+        assert charts.CLASS_COLORS["miss"] == "#c62828"
+
+
+def test_itl_chart_data_is_the_metric_output(app, db):
+    goto(app, "itl.py")
+    api = compute("itl_tail", db=str(db), by="instance").filter(pl.col("method") == "per_chunk")
+    shown = charts_of(app)
+    assert shown and len(shown) == api.height
+    for spec, data in shown:
+        inst = spec["title"].removeprefix("instance: ")
+        row = api.filter(pl.col("instance") == inst).row(0, named=True)
+        got = {(r["series"], r["percentile"]): r["ms"] for r in data.to_dicts()}
+        want = {(series, pctl): row[col] for series, cols in charts.ITL_SERIES.items()
+                for pctl, col in zip(("p50", "p99"), cols, strict=True) if row[col] is not None}
+        assert got == pytest.approx(want)
+        assert ("a long prefill overlapping", "p99") in got or row["p99_with_long_prefill_ms"] is None
+
+
+def test_overview_chart_per_model_is_the_metric_output(app, db):
+    goto(app, "overview.py")
+    api = compute("turn_resume_ttft", db=str(db), by="model")
+    shown = charts_of(app)
+    models = [s.value for s in app.subheader if s.value in set(api["model"])]
+    assert len(shown) == len(models) > 0
+    for model, (_spec, data) in zip(models, shown, strict=True):
+        want = api.filter((pl.col("model") == model) & (pl.col("gap_bucket") != "all")).drop("model")
+        assert data.sort("gap_bucket", "hit_class").to_dicts() == want.sort("gap_bucket", "hit_class").to_dicts()
+
+
+# -- every view's state in the URL: a reload (a new session on the same URL) restores it ------------------------
+def test_turn_resume_state_in_url(app):
+    goto(app, "turn_resume.py")
+    app.selectbox(key="by_turn_resume_ttft").set_value("model").run()
+    app.radio(key="trt_stat").set_value("p99").run()
+    assert (app.query_params["by"], app.query_params["stat"]) == ("model", "p99")
+    again = reload(app, "turn_resume.py")
+    assert again.selectbox(key="by_turn_resume_ttft").value == "model"
+    assert again.radio(key="trt_stat").value == "p99"
+    assert all(spec["encoding"]["y"]["field"] == "ttft_p99_s" for spec, _ in charts_of(again))
+    assert {spec["title"] for spec, _ in charts_of(again)} == {f"model: {QWEN}", f"model: {LLAMA}"}
+
+
+def test_sessions_state_in_url(app):
+    goto(app, "sessions.py", model=LLAMA)
+    app.text_input(key="sess_search").input("gen-0").run()
+    app.selectbox(key="sess_sort").set_value("most calls").run()
+    app.number_input(key="sess_limit").set_value(20).run()
+    assert {k: app.query_params[k] for k in ("q", "sort", "limit", "model")} == {
+        "q": "gen-0", "sort": "most calls", "limit": "20", "model": LLAMA}
+    again = reload(app, "sessions.py")
+    assert again.text_input(key="sess_search").value == "gen-0"
+    assert again.selectbox(key="sess_sort").value == "most calls"
+    assert again.number_input(key="sess_limit").value == 20
+    assert again.sidebar.multiselect(key="f_model").value == [LLAMA]
+    assert df_of(again)["session_id"].to_list() == df_of(app)["session_id"].to_list()
+
+
+def test_cost_engines_and_kv_rent_state_in_url(app):
+    goto(app, "cost.py", by="task_type")
+    app.selectbox(key="cost_task").set_value("task-sess-gen-03").run()
+    assert app.query_params["task"] == "task-sess-gen-03"
+    again = reload(app, "cost.py")
+    assert again.selectbox(key="cost_task").value == "task-sess-gen-03"
+    assert df_of(again, len(again.dataframe) - 1)["attempt"].to_list() == [1, 2, 1]
+    goto(app, "engines.py")
+    app.selectbox(key="eng_metric").set_value("vllm:num_requests_running").run()
+    assert app.query_params["metric"] == "vllm:num_requests_running"
+    assert reload(app, "engines.py").selectbox(key="eng_metric").value == "vllm:num_requests_running"
+    goto(app, "kv_rent.py")
+    app.selectbox(key="by_rent").set_value("model").run()
+    assert app.query_params["by_rent"] == "model"
+    assert reload(app, "kv_rent.py").selectbox(key="by_rent").value == "model"
+
+
+def test_sql_text_in_url_and_run_again_on_reload(app):
+    goto(app, "sql.py")
+    sql = "SELECT session_id, calls FROM sessions ORDER BY calls DESC, session_id"
+    app.text_area(key="sql_text").input(sql)
+    app.number_input(key="sql_cap").set_value(3)
+    app.button(key="FormSubmitter:sql_form-Run query").click().run()
+    assert (app.query_params["q"], app.query_params["rows"]) == (sql, "3")
+    again = reload(app, "sql.py")
+    assert again.text_area(key="sql_text").value == sql
+    assert again.number_input(key="sql_cap").value == 3
+    assert df_of(again)["session_id"].to_list() == df_of(app)["session_id"].to_list()  # the result is back
+    assert len(df_of(again)) == 3
+
+
+def test_bad_page_state_in_url_warns(app):
+    goto(app, "turn_resume.py", by="tenant", stat="p42")
+    warned = " | ".join(w.value for w in app.warning)
+    assert "ignored by='tenant'" in warned and "ignored stat='p42'" in warned
+    assert app.selectbox(key="by_turn_resume_ttft").value == "instance"
+
+
+# -- the server warms the default Overview at start (agentobs.console.serve) ------------------------------------
+def test_warm_default_view_makes_the_first_overview_a_cache_hit(db, monkeypatch, tmp_path):
+    import streamlit as st
+
+    import agentobs.findings
+    from agentobs.console import serve
+    from agentobs.metrics.run import MetricRun
+
+    st.cache_data.clear()
+    assert serve.warm_default_view(str(db)) == []
+    prepared, evaluated = [], []
+    real_prepare, real_run = MetricRun._prepare, agentobs.findings.run
+    monkeypatch.setattr(MetricRun, "_prepare", lambda self: (prepared.append(1), real_prepare(self)))
+    monkeypatch.setattr(agentobs.findings, "run", lambda *a, **k: (evaluated.append(1), real_run(*a, **k))[1])
+    monkeypatch.setenv("AGENTOBS_DB", str(db))
+    monkeypatch.setenv("AGENTOBS_CONSOLE_QUERIES", str(tmp_path / "queries.json"))
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
+    at.run()   # the default page (Overview) of the default view
+    assert not at.exception, [e.value for e in at.exception]
+    assert app_title(at) == "Overview" and at.metric
+    assert prepared == [] and evaluated == []   # every metric and the findings came from the warmed cache
+
+
+def app_title(at) -> str:
+    return at.title[0].value
+
+
+def test_number_formats_and_markdown_dollars():
+    # 3 significant digits with thousands separators and units; counts exact
+    assert [ui.sig(v) for v in (0.0321095, 3.3946, 566.3, 1234.5, 0.0)] == ["0.0321", "3.39", "566", "1,230", "0"]
+    assert ui.sig(40224576) == "40,224,576"
+    assert [ui.usd(v) for v in (1.7528, 0.26312, 99.37, -0.5)] == ["$1.75", "$0.263", "$99.4", "-$0.500"]
+    assert [ui.secs(v) for v in (0.0321095, 0.566, 3.3946)] == ["32.1 ms", "566 ms", "3.39 s"]
+    assert ui.delta(ui.pct)(0.0123) == "+1.2 pp"
+    # table column formats from the column's name and type
+    assert ui.number_format("reprefill_cost_usd", pl.Float64) == "$%,.3g"
+    assert ui.number_format("ttft_p99_s", pl.Float64) == "%,.3g s"
+    assert ui.number_format("rent_paid_token_s", pl.Float64) == "%,.3g token-s"
+    assert ui.number_format("share_of_cache_tokens", pl.Float64) == "percent"
+    assert ui.number_format("hit_tokens", pl.Float64) == "%,.0f"
+    assert ui.number_format("calls", pl.Int64) == "%,d" and ui.number_format("instance", pl.String) is None
+    # two $ on a line would be typeset as LaTeX by Streamlit's Markdown: escaped once, never twice
+    assert ui.md("× $/s (METRICS.md §8) … $0.26") == "× \\$/s (METRICS.md §8) … \\$0.26"
+    assert ui.md(ui.md("a $ b")) == "a \\$ b"

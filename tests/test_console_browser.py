@@ -250,3 +250,34 @@ def test_overview_tax_equals_the_cli_ledger(sample_console, sample_db, page):
     assert "finding=" in page.url
     page.get_by_text(f"{top['sessions']:,} sessions affected").first.wait_for()
     shot(page, "sessions-of-a-finding")
+
+
+def test_page_state_survives_a_reload(console, page):
+    # a page's own choices go into its URL; reloading that URL (a new Streamlit session) shows the same view
+    page.goto(f"{console}/turn-resume")
+    page.get_by_role("heading", name="Turn-resume TTFT", level=1).wait_for()
+    settle(page)
+    page.get_by_text("p99", exact=True).click()  # the percentile radio
+    settle(page)
+    page.wait_for_url(re.compile(r".*stat=p99"))
+    page.reload()
+    page.get_by_role("heading", name="Turn-resume TTFT", level=1).wait_for()
+    settle(page)
+    assert "stat=p99" in page.url
+    expect(page.locator("[data-testid='stRadio'] input[type='radio']:checked")).to_have_count(1)
+    assert page.locator("[data-testid='stRadio'] label:has(input:checked)").inner_text().strip() == "p99"
+    no_exception(page)
+    # the SQL page: the query run is in the URL; a reload shows it and its result again
+    page.goto(f"{console}/sql")
+    page.get_by_role("heading", name="SQL", level=1).wait_for()
+    settle(page)
+    _run_sql(page, "SELECT session_id, calls FROM sessions ORDER BY calls DESC, session_id")
+    page.get_by_text(re.compile(r"^5 rows in \d+ ms$")).wait_for()
+    page.wait_for_url(re.compile(r".*[?&]q=SELECT.*"))
+    page.reload()
+    page.get_by_role("heading", name="SQL", level=1).wait_for()
+    settle(page)
+    page.get_by_text(re.compile(r"^5 rows in \d+ ms$")).wait_for()
+    assert "ORDER BY calls DESC" in page.locator("[data-testid='stTextArea'] textarea").input_value()
+    no_exception(page)
+    shot(page, "sql-after-reload")

@@ -36,7 +36,7 @@ from agentobs.backends.clickhouse import load, model  # noqa: E402
 from agentobs.backends.clickhouse.conn import ClickHouse  # noqa: E402
 from agentobs.backends.clickhouse.sql import run_query as ch_run_query  # noqa: E402
 from agentobs.config import load_settings  # noqa: E402
-from agentobs.console import APP, data  # noqa: E402
+from agentobs.console import APP, data, ui  # noqa: E402
 from agentobs.console.shell import PAGES  # noqa: E402
 from agentobs.errors import QueryError, StoreError  # noqa: E402
 from agentobs.metrics import compute  # noqa: E402
@@ -193,8 +193,7 @@ def test_overview_kpis_equal_duckdb(app, stores):
         x = rep.filter(pl.col("model") == model_name).row(0, named=True)
         assert u[i] == f"{100 * r['reuse_hit_rate']:.1f} %"
         assert share[i] == f"{100 * x['share_of_cache_tokens']:.1f} %"
-        assert cost[i] == (f"${x['reprefill_cost_usd']:,.2f}" if abs(x["reprefill_cost_usd"]) >= 0.01
-                           or x["reprefill_cost_usd"] == 0 else f"${x['reprefill_cost_usd']:,.4f}")
+        assert cost[i] == ui.usd(x["reprefill_cost_usd"])   # 3 significant digits: $0.000334
 
 
 def test_engines_page_equals_duckdb(app, stores):

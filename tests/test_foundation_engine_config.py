@@ -25,6 +25,8 @@ def test_vllm_cache_config_info(store, fixtures):
     assert c["prefix_caching"] is True
     # kv_offloading_size="None" and num_cpu_blocks="None": no offloading
     assert c["kv_offloading"] is False
+    # cache_config_info names no model: the served model comes from the model_name label of the vLLM series
+    assert c["model"] == "Qwen/Qwen3-32B"
     # counters keep their names; *_created samples are dropped but the fleet hit rate's (prom.KEPT_CREATED)
     hits = con.execute("""SELECT value FROM metric_samples WHERE metric = 'vllm:prefix_cache_hits_total'""").fetchall()
     assert len(hits) == 1 and hits[0][0] > 0

@@ -339,9 +339,15 @@ def test_turn_resume_ttft_buckets_and_miss_penalty(tmp_path):
     ])
     df = compute("turn_resume_ttft", db=path, settings=Settings())
     r = {(x["gap_bucket"], x["hit_class"]): x for x in df.to_dicts()}
-    assert set(r) == {("[0,1)", "hit"), ("[5,30)", "hit"), ("[5,30)", "miss")}
+    assert set(r) == {("all", "all"), ("[0,1)", "hit"), ("[5,30)", "hit"), ("[5,30)", "miss")}
     assert r[("[5,30)", "miss")]["miss_penalty"] == pytest.approx(5.0)   # 1.0 / 0.2
     assert r[("[0,1)", "hit")]["miss_penalty"] is None
+    # the overall row (first): percentiles over the three calls 2…n themselves, not over the bucket rows
+    assert df.row(0, named=True)["gap_bucket"] == "all"
+    allr = r[("all", "all")]
+    assert allr["calls"] == 3 and allr["miss_penalty"] is None
+    assert allr["ttft_p50_s"] == pytest.approx(0.2)                     # median of 0.1, 0.2, 1.0
+    assert allr["ttft_p99_s"] == pytest.approx(0.2 + 0.98 * (1.0 - 0.2))  # linear interpolation
 
 
 # -- §6 ---------------------------------------------------------------------------------------------

@@ -95,6 +95,7 @@ def parse_text(text: str, instance: str, at: float | dt.datetime, where: str = "
     cols: dict[str, list] = {n: [] for n in SAMPLE_SCHEMA.names}
     engines: dict[str, int] = {}
     cfg_rows: list[tuple[str, str]] = []
+    served: str | None = None  # the model_name label of the vLLM series (served_model_config below)
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as e:
@@ -110,6 +111,8 @@ def parse_text(text: str, instance: str, at: float | dt.datetime, where: str = "
             labels = dict(s.labels)
             if name == "vllm:cache_config_info":
                 cfg_rows.extend((k, v) for k, v in labels.items())
+            elif served is None and eng == "vllm" and labels.get("model_name"):
+                served = labels["model_name"]
             key = ",".join(f"{k}={labels[k]}" for k in sorted(labels))
             cols["ts"].append(ts)
             cols["instance"].append(instance)
@@ -120,8 +123,18 @@ def parse_text(text: str, instance: str, at: float | dt.datetime, where: str = "
             cols["engine"].append(eng)
     engine = max(engines, key=engines.get) if engines else None
     samples = pa.table(cols, schema=SAMPLE_SCHEMA)
+    cfg_rows = served_model_config(cfg_rows, served)
     config = config_table(instance, ts, engine or "vllm", cfg_rows, source) if cfg_rows else empty_config()
     return Scrape(samples=samples, config=config, engine=engine, n_samples=samples.num_rows)
+
+
+def served_model_config(config: list[tuple[str, str]], model_name: str | None) -> list[tuple[str, str]]:
+    """``vllm:cache_config_info`` names no model, but vLLM labels its other series with ``model_name`` (the
+    served model name): it is kept with the config as ``served_model_name`` (``instance_config.model``), unless
+    the config names one already. Only a scrape that carries the cache config gets it."""
+    if not config or not model_name or any(k == "served_model_name" for k, _ in config):
+        return config
+    return [*config, ("served_model_name", model_name)]
 
 
 def _locate(text: str, err: Exception) -> str:

@@ -19,7 +19,7 @@ import pyarrow as pa
 from prometheus_client.parser import text_string_to_metric_families
 
 from ..errors import InputError
-from .prom import SAMPLE_SCHEMA, canonical_name, dropped, engine_of_metric, to_utc
+from .prom import SAMPLE_SCHEMA, canonical_name, dropped, engine_of_metric, served_model_config, to_utc
 
 _SKIP = -1  # a known series that is not stored (``*_created`` but ``prom.KEPT_CREATED``)
 
@@ -28,7 +28,7 @@ _SKIP = -1  # a known series that is not stored (``*_created`` but ``prom.KEPT_C
 class Parsed:
     samples: pa.Table
     engine: str | None
-    config: list[tuple[str, str]] | None  # vllm:cache_config_info labels, when present
+    config: list[tuple[str, str]] | None  # vllm:cache_config_info labels (+ served_model_name), when present
 
 
 class SeriesParser:
@@ -121,14 +121,19 @@ class SeriesParser:
         return Parsed(samples=table, engine=engine_name, config=config)
 
     def _meta(self, rows: list[int]) -> tuple[str | None, list[tuple[str, str]] | None]:
-        """(majority engine of the metric names, vllm:cache_config_info labels) of a layout."""
+        """(majority engine of the metric names, vllm:cache_config_info labels and the served model name from
+        the vLLM series' model_name label — prom.served_model_config) of a layout."""
         counts: dict[str, int] = {}
         config = None
+        served = None
         for idx in rows:
             e = self._engine[idx]
             if e:
                 counts[e] = counts.get(e, 0) + 1
             if self._metric[idx] == "vllm:cache_config_info":
                 config = [kv for kv in self._labels[idx] if kv[0] not in self.extra]
-        return (max(counts, key=counts.get) if counts else None), config
+            elif served is None and e == "vllm":
+                served = dict(self._labels[idx]).get("model_name") or None
+        return (max(counts, key=counts.get) if counts else None), (
+            served_model_config(config, served) if config is not None else None)
 

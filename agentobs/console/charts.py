@@ -76,3 +76,90 @@ def timeline(calls: pl.DataFrame, tools: pl.DataFrame) -> alt.Chart:
         layers.append(alt.Chart(changes).mark_rule(color="#d32f2f", strokeDash=[4, 3], strokeWidth=2).encode(
             x="start_ts:T", tooltip=[alt.Tooltip("lane:N", title="moved to instance")]))
     return alt.layer(*layers).properties(height=60 + 42 * len(order))
+
+
+# -- metric charts: the data is the metric's output rows (tests compare them), the chart only draws them ------
+HIT_CLASSES = ("hit", "partial", "miss")
+GAP_BUCKETS = ("[0,1)", "[1,5)", "[5,30)", "[30,120)", "[120,600)", "[600,inf)")
+# categories that are not a hit class (instances, series) never take the hit/partial/miss colours
+INSTANCE_PALETTE = ["#1565c0", "#00838f", "#6a1b9a", "#5d4037", "#546e7a", "#3949ab", "#ad1457", "#827717"]
+TTFT_STATS = {"p50": "ttft_p50_s", "p90": "ttft_p90_s", "p99": "ttft_p99_s"}
+
+
+def class_color(title: str = "hit class") -> alt.Color:
+    return alt.Color("hit_class:N", title=title, sort=list(HIT_CLASSES),
+                     scale=alt.Scale(domain=list(HIT_CLASSES), range=[CLASS_COLORS[c] for c in HIT_CLASSES]))
+
+
+def ttft_by_gap_data(df: pl.DataFrame) -> pl.DataFrame:
+    """The turn_resume_ttft rows a chart draws: every group × gap bucket × hit class row as the metric gave it
+    (percentiles over the calls of that cell); the overall rows (gap_bucket 'all') are not bars."""
+    return df.filter(pl.col("gap_bucket") != "all")
+
+
+def ttft_by_gap(rows: pl.DataFrame, stat: str = "p50", height: int = 220, y_max: float | None = None,
+                title: str | None = None) -> alt.Chart:
+    """TTFT ``stat`` (p50/p90/p99) by idle-gap bucket, one bar per hit class (the metric's own percentile of
+    the cell's calls: bars are never stacked or summed). ``rows``: ttft_by_gap_data of ONE group."""
+    col = TTFT_STATS[stat]
+    keep = [c for c in ("gap_bucket", "hit_class", "calls", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "miss_penalty")
+            if c in rows.columns]
+    y_scale = alt.Scale(domain=[0, y_max]) if y_max else alt.Undefined
+    return alt.Chart(rows.select(keep)).mark_bar().encode(
+        x=alt.X("gap_bucket:N", title="idle gap before the call (s)", sort=list(GAP_BUCKETS),
+                axis=alt.Axis(labelAngle=0)),
+        xOffset=alt.XOffset("hit_class:N", sort=list(HIT_CLASSES), scale=alt.Scale(domain=list(HIT_CLASSES))),
+        y=alt.Y(f"{col}:Q", title=f"TTFT {stat} (s)", scale=y_scale, axis=alt.Axis(format=",.3~g")),
+        color=class_color(),
+        tooltip=[alt.Tooltip("gap_bucket:N", title="idle gap (s)"), alt.Tooltip("hit_class:N", title="hit class"),
+                 alt.Tooltip("calls:Q", format=","),
+                 *[alt.Tooltip(f"{c}:Q", title=c.replace("ttft_", "TTFT ").replace("_s", " (s)"), format=",.3~g")
+                   for c in ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s") if c in keep],
+                 *([alt.Tooltip("miss_penalty:Q", title="miss penalty (×)", format=",.3~g")]
+                   if "miss_penalty" in keep else [])],
+    ).properties(height=height, **({"title": title} if title else {}))
+
+
+ITL_SERIES = {  # series → (p50 column, p99 column) of itl_tail's per-chunk rows
+    "all gaps": ("p50_ms", "p99_ms"),
+    "no long prefill overlapping": ("p50_without_long_prefill_ms", "p99_without_long_prefill_ms"),
+    "a long prefill overlapping": ("p50_with_long_prefill_ms", "p99_with_long_prefill_ms"),
+}
+ITL_COLORS = {"all gaps": "#78909c", "no long prefill overlapping": "#1565c0", "a long prefill overlapping": "#d84315"}
+
+
+def itl_long_prefill_data(df: pl.DataFrame, group: str) -> pl.DataFrame:
+    """itl_tail's per-chunk rows as (group, series, percentile, ms): each value one of the metric's columns
+    (ITL_SERIES), unchanged; coarse_histogram rows (no per-gap percentiles) and empty values are left out."""
+    if "method" in df.columns:
+        df = df.filter(pl.col("method") == "per_chunk")
+    parts = []
+    for series, (c50, c99) in ITL_SERIES.items():
+        for pctl, col in (("p50", c50), ("p99", c99)):
+            if col in df.columns:
+                parts.append(df.select(pl.col(group).cast(pl.String).alias("group"), pl.lit(series).alias("series"),
+                                       pl.lit(pctl).alias("percentile"), pl.col(col).cast(pl.Float64).alias("ms")))
+    if not parts:
+        return pl.DataFrame(schema={"group": pl.String, "series": pl.String, "percentile": pl.String, "ms": pl.Float64})
+    return pl.concat(parts).filter(pl.col("ms").is_not_null() & ~pl.col("ms").is_nan())
+
+
+def itl_long_prefill(rows: pl.DataFrame, height: int = 220, title: str | None = None) -> alt.Chart:
+    """p50 and p99 inter-token gap, all gaps vs gaps with / without an overlapping long prefill (log scale: the
+    p50 barely moves, the tail does). ``rows``: itl_long_prefill_data of ONE group."""
+    order = list(ITL_SERIES)
+    return alt.Chart(rows).mark_bar().encode(
+        x=alt.X("percentile:N", title=None, sort=["p50", "p99"], axis=alt.Axis(labelAngle=0)),
+        xOffset=alt.XOffset("series:N", sort=order, scale=alt.Scale(domain=order)),
+        # bars from 1 ms on a log scale (a log axis has no 0; unstacked: each bar is one of the metric's values)
+        y=alt.Y("ms:Q", title="ITL (ms, log)", stack=None, scale=alt.Scale(type="log"),
+                axis=alt.Axis(format=",.3~g", values=[1, 3, 10, 30, 100, 300, 1000, 3000, 10000])),
+        y2=alt.datum(1),
+        color=alt.Color("series:N", title="gaps", sort=order,
+                        scale=alt.Scale(domain=order, range=[ITL_COLORS[s] for s in order])),
+        tooltip=["group:N", "series:N", "percentile:N", alt.Tooltip("ms:Q", format=",.3~g")],
+    ).properties(height=height, **({"title": title} if title else {}))
+
+
+def instance_color(field: str = "instance:N", title: str = "instance") -> alt.Color:
+    return alt.Color(field, title=title, scale=alt.Scale(range=INSTANCE_PALETTE))

@@ -163,6 +163,14 @@ def suite(ctx: Context, wanted: dict[str, str | None], period: str = "current") 
     return {p[0]: out[p] for p in pairs if p in out}
 
 
+def warm(stamp, page: str) -> None:
+    """Compute ``page``'s default pairs for the default view (all data, no filters) into the cache, as ``suite``
+    would for the page's first metric section (agentobs.console.serve warms the Overview at start)."""
+    batch = tuple(dict.fromkeys(_pair(n, b) for n, b in PAGE_PAIRS[page] if known([n])))
+    if batch:
+        _suite(stamp, batch, None, None, ())
+
+
 def compute(ctx: Context, name: str, by: str | None = None, period: str = "current") -> pl.DataFrame | None:
     """One metric for the view (see ``suite``); None when unavailable."""
     res = suite(ctx, {name: by}, period)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
+import threading
 
 # what the pages import (directly or through Streamlit's charts and dataframes)
 PRELOAD = (
@@ -69,11 +71,77 @@ def _skip_direct_run_check() -> None:
         delta_generator._use_warning_has_been_displayed = True
 
 
+def warm_default_view(db: str) -> list[str]:
+    """Compute what the Overview of the default view (all data, no filters) reads, into the console's caches
+    (st.cache_data: the same functions with the same arguments as the page, so its first render is a cache hit):
+    the sidebar's bounds and filter options, the Overview's metrics (one preparation) and the findings, sharing
+    that preparation as the page does. Returns the parts that failed (the page computes and reports those)."""
+    from . import data, findings, metrics, shell
+
+    failed = []
+    stamp = data.db_stamp(db)
+    for name, fn in (("bounds", shell.bounds), ("options", shell.options)):
+        try:
+            fn(stamp)
+        except Exception:  # noqa: BLE001 - the page reports it
+            failed.append(name)
+    with metrics.one_preparation():
+        try:
+            metrics.warm(stamp, "overview")
+        except Exception:  # noqa: BLE001
+            failed.append("metrics")
+        # the Overview's tax ledger (agentobs/console/findings.py), without and with the simulator replay: the
+        # page's two draws of its first screen
+        for simulate in (False, True):
+            try:
+                findings._ledger(stamp, None, None, (), simulate)
+            except Exception:  # noqa: BLE001
+                failed.append("findings")
+                break
+    return failed
+
+
+def _warm_when_serving(timeout_s: float = 60.0) -> None:
+    """Once Streamlit's runtime is up (its cache storage is then the one the pages use), warm the default view
+    of a DuckDB store (``AGENTOBS_DB``; ClickHouse is not warmed). A visitor arriving meanwhile waits on the same
+    computation (st.cache_data's per-key compute lock) rather than repeating it. Without a store it does nothing."""
+    import os
+    import time
+
+    db = os.environ.get("AGENTOBS_DB")
+    if not db or os.environ.get("AGENTOBS_BACKEND", "duckdb") != "duckdb" or not os.path.exists(db):
+        return
+    from streamlit.runtime import Runtime
+
+    deadline = time.monotonic() + timeout_s
+    while not Runtime.exists():
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
+    # the warm-up runs outside a page: Streamlit would warn that there is no page context for each cached call
+    quiet = logging.getLogger("streamlit.runtime.scriptrunner_utils.script_run_context")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        t = time.perf_counter()
+        failed = warm_default_view(db)
+        logging.getLogger("agentobs.console").info(
+            "warmed the default Overview in %.2f s%s", time.perf_counter() - t,
+            f" (failed: {', '.join(failed)})" if failed else "")
+    except Exception:  # noqa: BLE001 - a warm-up must never take the server down
+        pass
+    finally:
+        quiet.setLevel(level)
+
+
 def main(argv: list[str] | None = None) -> None:
     preload()
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["run"] and os.environ.get("AGENTOBS_CONSOLE_WARM", "1") != "0":
+        threading.Thread(target=_warm_when_serving, name="agentobs-warm", daemon=True).start()
     from streamlit.web import cli
 
-    cli.main(args=list(sys.argv[1:] if argv is None else argv), prog_name="streamlit")
+    cli.main(args=args, prog_name="streamlit")
 
 
 if __name__ == "__main__":

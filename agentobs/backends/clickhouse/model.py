@@ -220,6 +220,13 @@ SELECT instance, ts, 'vllm', kv.1, kv.2, 'vllm:cache_config_info'
 FROM (SELECT instance, ts, any(labels) AS labels FROM metric_samples
       WHERE metric = 'vllm:cache_config_info' GROUP BY instance, ts)
 ARRAY JOIN CAST(labels AS Array(Tuple(String, String))) AS kv
+UNION ALL
+SELECT instance, ts, 'vllm', 'served_model_name', model, 'vllm:cache_config_info'
+FROM (SELECT instance, ts, any(labels['model_name']) AS model FROM metric_samples
+      WHERE metric = 'vllm:num_requests_running' AND labels['model_name'] <> ''
+        AND (instance, ts) IN (SELECT instance, ts FROM metric_samples WHERE metric = 'vllm:cache_config_info'
+                               AND NOT mapContains(labels, 'served_model_name'))
+      GROUP BY instance, ts)
 """
 
 KV_EVENTS_SQL = "CREATE OR REPLACE VIEW kv_events AS SELECT * FROM agentobs_kv_events"

@@ -17,19 +17,23 @@ if df is not None and not ui.empty(df, "tasks"):
     usd = next((c for c in ("cost_usd", "gpu_cost_usd") if c in cols), None)
     key = {"task": "task_id", "session": "session_id"}.get(by, by)
     if usd and key in cols and by != "task":
-        st.altair_chart(alt.Chart(df).mark_bar().encode(
-            y=alt.Y(f"{key}:N", sort="-x", title=by), x=alt.X(f"{usd}:Q", title="cost ($)"),
-            tooltip=list(df.columns)), width="stretch")
+        st.altair_chart(alt.Chart(df).mark_bar(color="#1565c0").encode(
+            y=alt.Y(f"{key}:N", sort="-x", title=by),
+            x=alt.X(f"{usd}:Q", title="cost ($)", axis=alt.Axis(format="$,.3~g")),
+            tooltip=[key, alt.Tooltip(f"{usd}:Q", format="$,.3~g")]), width="stretch")
     if by == "task" and usd:
-        st.altair_chart(alt.Chart(df).mark_bar().encode(
-            x=alt.X(f"{usd}:Q", bin=alt.Bin(maxbins=40), title="cost per task ($)"),
+        st.altair_chart(alt.Chart(df).mark_bar(color="#1565c0").encode(
+            x=alt.X(f"{usd}:Q", bin=alt.Bin(maxbins=40), title="cost per task ($)", axis=alt.Axis(format="$,.3~g")),
             y=alt.Y("count():Q", title="tasks")), width="stretch")
-    st.dataframe(df, hide_index=True, width="stretch")
+    ui.table(df)
 
 st.subheader("Drill to a task")
 tasks_df, _ = ui.metric_section(ctx, "task_cost", by="task", key="drill") if df is not None else (None, None)
 if tasks_df is not None and "task_id" in tasks_df.columns and tasks_df.height:
-    pick = st.selectbox("Task", tasks_df["task_id"].to_list(), index=None, key="cost_task", placeholder="choose a task")
+    ids = tasks_df["task_id"].to_list()
+    ui.from_url("cost_task", "task", options=ids)
+    pick = st.selectbox("Task", ids, index=None, key="cost_task", placeholder="choose a task")
+    ui.to_url("task", pick)
     if pick:
-        st.dataframe(tasks_df.filter(tasks_df["task_id"] == pick), hide_index=True, width="stretch")
-        st.dataframe(ui.task_calls(ctx.stamp, pick), hide_index=True, width="stretch")
+        ui.table(tasks_df.filter(tasks_df["task_id"] == pick))
+        ui.table(ui.task_calls(ctx.stamp, pick))

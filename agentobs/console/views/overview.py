@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 import streamlit as st
 
-from agentobs.console import findings, metrics, shell, ui
+from agentobs.console import charts, findings, metrics, shell, ui
 
 ctx = ui.page("Overview", "Which sessions pay the recompute tax, why, and what to change. Every number comes from "
               "the metrics API (METRICS.md); $ use the cost model named under each figure. Shown per model — "
@@ -18,14 +18,18 @@ WANT = {"reuse": "model", "reprefill": "model", "idle_kv_rent": "model", "turn_r
         "itl": "model"}
 
 
-def row(res, name, model) -> dict:
+def row(res, name, model, **where) -> dict:
+    """The metric's row for ``model`` (and the columns ``where`` names, e.g. turn_resume_ttft's overall row);
+    {} when there is none. Never a first row of several: the row must be the only one."""
     if not res or name not in res:
         return {}
     df = res[name]
-    if "model" not in df.columns:
+    if "model" not in df.columns or any(c not in df.columns for c in where):
         return {}
     hit = df.filter(pl.col("model") == model) if model is not None else df.filter(pl.col("model").is_null())
-    return hit.row(0, named=True) if hit.height else {}
+    for c, v in where.items():
+        hit = hit.filter(pl.col(c) == v)
+    return hit.row(0, named=True) if hit.height == 1 else {}
 
 
 def first(r: dict, *cols):
@@ -38,9 +42,64 @@ def first(r: dict, *cols):
 def kpi(col, label, now, before, fmt, help_text, inverse=False):
     delta = None
     if now is not None and before is not None:
-        delta = fmt(now - before)
-    col.metric(label, fmt(now) if now is not None else "–", delta=delta, help=help_text,
+        delta = ui.delta(fmt)(now - before)
+    col.metric(label, fmt(now) if now is not None else "–", delta=delta, help=ui.md(help_text),
                delta_color="inverse" if inverse else "normal")
+
+
+# turn_resume_ttft's overall row of a model: p50/p90/p99 over all its calls 2…n (not a gap bucket's row)
+OVERALL = {"gap_bucket": "all", "hit_class": "all"}
+
+
+def model_tiles(cur, prev, model) -> None:
+    """One model's KPI tiles (with the change vs the previous period), a small TTFT chart, token sums."""
+    st.subheader(f"{model or '(unknown model)'}")
+    r_now, r_prev = row(cur, "reuse", model), row(prev, "reuse", model)
+    x_now, x_prev = row(cur, "reprefill", model), row(prev, "reprefill", model)
+    k_now, k_prev = row(cur, "idle_kv_rent", model), row(prev, "idle_kv_rent", model)
+    t_now, t_prev = row(cur, "turn_resume_ttft", model, **OVERALL), row(prev, "turn_resume_ttft", model, **OVERALL)
+    i_now, i_prev = row(cur, "itl", model), row(prev, "itl", model)
+    basis = str(first(x_now, "cost_basis") or "–")
+    c = st.columns(4)
+    kpi(c[0], "Session reuse hit rate U", first(r_now, "reuse_hit_rate"), first(r_prev, "reuse_hit_rate"), ui.pct,
+        "U = ΣC / ΣR_eff over calls 2…n (METRICS.md §2): the share of what could have been reused that was. "
+        "Metric `reuse` by model.")
+    kpi(c[1], "Re-prefill share (tokens)", first(x_now, "share_of_cache_tokens"),
+        first(x_prev, "share_of_cache_tokens"), ui.pct,
+        "ΣX / (ΣX + ΣC): the share of cache-related tokens computed again (METRICS.md §3). Metric `reprefill`.",
+        inverse=True)
+    kpi(c[2], "Re-prefill cost ($)", first(x_now, "reprefill_cost_usd"), first(x_prev, "reprefill_cost_usd"),
+        ui.usd, f"cost(X) in the view's window, §8 cost model. Metric `reprefill`. Basis: {basis}", inverse=True)
+    kpi(c[3], "Re-prefill cost share", first(x_now, "cost_share"), first(x_prev, "cost_share"), ui.pct,
+        "cost(X) / total cost of the model's calls (METRICS.md §3). Metric `reprefill`.", inverse=True)
+    c = st.columns(4)
+    rent_basis = str(first(k_now, "rent_basis") or "–")
+    kpi(c[0], "Idle KV rent paid ($)", first(k_now, "rent_paid_usd"), first(k_prev, "rent_paid_usd"), ui.usd,
+        "Retained idle windows: K × g token-seconds × $/token-s, $/token-s = instance $/s ÷ KV capacity "
+        f"(METRICS.md §4). Metric `idle_kv_rent`. Basis: {rent_basis}", inverse=True)
+    kpi(c[1], "Idle KV rent wasted ($)", first(k_now, "rent_wasted_usd"), first(k_prev, "rent_wasted_usd"), ui.usd,
+        "KV held by idle sessions and then evicted before they came back: K × (t_evict − t2(prev)), only where KV "
+        f"events give t_evict (METRICS.md §4). Metric `idle_kv_rent`. Basis: {rent_basis}", inverse=True)
+    kpi(c[2], "Turn-resume TTFT p99", first(t_now, "ttft_p99_s"), first(t_prev, "ttft_p99_s"), ui.secs,
+        "p99 of TTFT over all calls 2…n of the model, every idle gap and hit class (METRICS.md §5): metric "
+        "`turn_resume_ttft`, its overall row (gap bucket `all`). By gap and hit class on the Turn-resume TTFT page.",
+        inverse=True)
+    kpi(c[3], "ITL p99", first(i_now, "p99_ms"), first(i_prev, "p99_ms"), ui.ms,
+        "p99 of the inter-token gaps of streamed calls (METRICS.md §6; metric `itl`).", inverse=True)
+    left, right = st.columns([3, 2])
+    ttft = cur.get("turn_resume_ttft") if cur else None
+    if ttft is not None and "model" in ttft.columns:
+        rows = charts.ttft_by_gap_data(ttft.filter(pl.col("model") == model if model is not None
+                                                   else pl.col("model").is_null()))
+        if rows.height:
+            left.caption("Turn-resume TTFT p50 by idle gap and hit class (metric `turn_resume_ttft`)")
+            left.altair_chart(charts.ttft_by_gap(rows, "p50", height=180), width="stretch")
+    right.caption(ui.md(
+        f"tokens: ΣP {ui.n(first(r_now, 'prompt_tokens'))} · ΣC {ui.n(first(r_now, 'cached_tokens'))} · "
+        f"ΣR_eff {ui.n(first(r_now, 'reusable_tokens_eff'))} · ΣX {ui.n(first(x_now, 'reprefill_tokens'))} · "
+        f"sessions {ui.n(first(r_now, 'sessions'))} · H = ΣC/ΣP {ui.pct(first(r_now, 'hit_rate'))}"))
+    with right.expander("Cost basis of the $ figures"):
+        st.caption(ui.md(basis))
 
 
 def render() -> None:
@@ -57,38 +116,7 @@ def render() -> None:
     if not models:
         st.info("No model calls in this view. Widen the time window or clear filters.")
     for model in models:
-        st.subheader(f"{model or '(unknown model)'}")
-        r_now, r_prev = row(cur, "reuse", model), row(prev, "reuse", model)
-        x_now, x_prev = row(cur, "reprefill", model), row(prev, "reprefill", model)
-        k_now, k_prev = row(cur, "idle_kv_rent", model), row(prev, "idle_kv_rent", model)
-        t_now, t_prev = row(cur, "turn_resume_ttft", model), row(prev, "turn_resume_ttft", model)
-        i_now, i_prev = row(cur, "itl", model), row(prev, "itl", model)
-        c = st.columns(4)
-        kpi(c[0], "Session reuse hit rate U", first(r_now, "reuse_hit_rate"), first(r_prev, "reuse_hit_rate"), ui.pct,
-            "U = ΣC / ΣR_eff over calls 2…n (METRICS.md §2): share of what could have been reused that was.")
-        kpi(c[1], "Re-prefill share (tokens)", first(x_now, "share_of_cache_tokens"),
-            first(x_prev, "share_of_cache_tokens"), ui.pct,
-            "ΣX / (ΣX + ΣC): share of cache-related tokens computed again (METRICS.md §3).", inverse=True)
-        kpi(c[2], "Re-prefill cost ($)", first(x_now, "reprefill_cost_usd"), first(x_prev, "reprefill_cost_usd"),
-            ui.usd, "cost(X) with the §8 cost model; basis: " + str(first(x_now, "cost_basis") or "–"), inverse=True)
-        kpi(c[3], "Re-prefill cost share", first(x_now, "cost_share"), first(x_prev, "cost_share"), ui.pct,
-            "cost(X) / total cost (METRICS.md §3).", inverse=True)
-        c = st.columns(4)
-        kpi(c[0], "Idle KV rent ($)", first(k_now, "rent_paid_usd", "rent_usd"), first(k_prev, "rent_paid_usd", "rent_usd"),
-            ui.usd, "K × g token-seconds × $/token-s, $/token-s = instance $/s ÷ KV capacity (METRICS.md §4).", inverse=True)
-        kpi(c[1], "Recompute tax ($)", first(x_now, "recompute_tax_usd", "reprefill_cost_usd"),
-            first(x_prev, "recompute_tax_usd", "reprefill_cost_usd"), ui.usd,
-            "$ spent computing again what the session had computed (re-prefill GPU time, §3/§8).", inverse=True)
-        kpi(c[2], "Turn-resume TTFT p99", first(t_now, "ttft_p99_s", "p99_s"), first(t_prev, "ttft_p99_s", "p99_s"),
-            ui.secs, "TTFT of calls 2…n, p99 (METRICS.md §5).", inverse=True)
-        kpi(c[3], "ITL p99", first(i_now, "itl_p99_ms", "p99_ms"), first(i_prev, "itl_p99_ms", "p99_ms"),
-            lambda v: "–" if ui.is_missing(v) else f"{v:,.0f} ms",
-            "inter-token gap p99 of streamed calls (METRICS.md §6; metric `itl`).", inverse=True)
-        st.caption(f"tokens: ΣP {ui.n(first(r_now, 'prompt_tokens'))} · ΣC {ui.n(first(r_now, 'cached_tokens'))} · "
-                   f"ΣR_eff {ui.n(first(r_now, 'reusable_tokens_eff'))} · ΣX {ui.n(first(x_now, 'reprefill_tokens'))} · "
-                   f"sessions {ui.n(first(r_now, 'sessions'))} · H = ΣC/ΣP {ui.pct(first(r_now, 'hit_rate'))}")
-        with st.expander("Cost basis of the $ figures"):
-            st.write(first(x_now, "cost_basis") or "–")
+        model_tiles(cur, prev, model)
 
     findings.answer(ctx, simulate=True, slot=slot)
     st.divider()

@@ -50,17 +50,17 @@ st.subheader("Calls")
 cols = [c for c in ("call_id", "start_ts", "attempt", "branch", "instance", "model", "ttft_s", "e2e_s", "gap_before_s",
                     "prompt_tokens", "cached_tokens", "r_eff", "reprefill_tokens", "hit_class", "miss_cause",
                     "output_tokens", "status", "finish_reason", "source") if c in table.columns]
-st.dataframe(table.select(cols), hide_index=True, width="stretch", column_config={
+ui.table(table.select(cols), column_config={
     "start_ts": st.column_config.DatetimeColumn("start (UTC)", format="HH:mm:ss.SSS"),
-    "ttft_s": st.column_config.NumberColumn("TTFT (s)", format="%.3f"),
-    "e2e_s": st.column_config.NumberColumn("e2e (s)", format="%.3f"),
-    "gap_before_s": st.column_config.NumberColumn("idle gap before (s)", format="%.3f"),
-    "prompt_tokens": st.column_config.NumberColumn("P", format="localized"),
-    "cached_tokens": st.column_config.NumberColumn("C", format="localized"),
-    "r_eff": st.column_config.NumberColumn("R_eff", format="localized"),
-    "reprefill_tokens": st.column_config.NumberColumn("X re-prefill", format="localized"),
-    "output_tokens": st.column_config.NumberColumn("O", format="localized"),
+    "ttft_s": st.column_config.NumberColumn("TTFT", format="%,.3g s"),
+    "e2e_s": st.column_config.NumberColumn("e2e", format="%,.3g s"),
+    "gap_before_s": st.column_config.NumberColumn("idle gap before", format="%,.3g s"),
+    "prompt_tokens": st.column_config.NumberColumn("P", format="%,d"),
+    "cached_tokens": st.column_config.NumberColumn("C", format="%,d"),
+    "r_eff": st.column_config.NumberColumn("R_eff", format="%,d"),
+    "reprefill_tokens": st.column_config.NumberColumn("X re-prefill", format="%,d"),
+    "output_tokens": st.column_config.NumberColumn("O", format="%,d"),
 })
 if tools.height:
     with st.expander(f"Tool calls ({tools.height})"):
-        st.dataframe(tools.drop("start_s", "end_s"), hide_index=True, width="stretch")
+        ui.table(tools.drop("start_s", "end_s"))

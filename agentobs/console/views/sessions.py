@@ -12,9 +12,16 @@ ctx = ui.page("Sessions", "Sessions with at least one model call in the view; to
               "(METRICS.md §1–2).")
 
 c1, c2, c3 = st.columns([2, 1, 1])
+# the search, sort and row limit live in the URL (q, sort, limit), as the filters do
+ui.from_url("sess_search", "q", default="")
+ui.from_url("sess_sort", "sort", options=list(data.SORTS), default="newest")
+ui.from_url("sess_limit", "limit", cast=lambda v: int(v) if 10 <= int(v) <= 100_000 else None, default=500)
 search = c1.text_input("Session id contains", key="sess_search", placeholder="e.g. sess-0199")
 sort = c2.selectbox("Sort by", list(data.SORTS), key="sess_sort")
-limit = c3.number_input("Show at most", min_value=10, max_value=100_000, value=500, step=100, key="sess_limit")
+limit = c3.number_input("Show at most", min_value=10, max_value=100_000, step=100, key="sess_limit")
+ui.to_url("q", search.strip())
+ui.to_url("sort", sort, default="newest")
+ui.to_url("limit", int(limit), default=500)
 
 finding_id = st.query_params.get("finding")
 owned = None
@@ -52,23 +59,23 @@ if not ui.empty(df, "sessions"):
                 df = df.join(m.select("session_id", *[c for c in cols if c in m.columns]), on="session_id", how="left")
     df = df.with_columns(pl.col("session_id").map_elements(lambda s: ui.link("session", ctx, session=s),
                                                            return_dtype=pl.String).alias("open"))
-    st.dataframe(
-        df, hide_index=True, width="stretch", key="sessions_table",
+    ui.table(
+        df, key="sessions_table",
         column_order=["open", *[c for c in df.columns if c != "open"]],
         column_config={
             "open": st.column_config.LinkColumn("timeline", display_text="open ↗", width="small"),
             "first_start": st.column_config.DatetimeColumn("first start (UTC)", format="YYYY-MM-DD HH:mm:ss"),
-            "span_s": st.column_config.NumberColumn("span (s)", format="%.1f"),
+            "span_s": st.column_config.NumberColumn("span (s)", format="%,.3g s"),
             "hit_rate": st.column_config.NumberColumn("H = ΣC/ΣP", format="percent"),
             "reuse_hit_rate": st.column_config.NumberColumn("U = ΣC/ΣR_eff", format="percent"),
-            "reprefill_tokens": st.column_config.NumberColumn("re-prefill X (tokens)", format="localized"),
-            "reprefill_cost_usd": st.column_config.NumberColumn("re-prefill ($)", format="%.4f $"),
-            "prompt_tokens": st.column_config.NumberColumn("ΣP (tokens)", format="localized"),
-            "cached_tokens": st.column_config.NumberColumn("ΣC (tokens)", format="localized"),
-            "output_tokens": st.column_config.NumberColumn("ΣO (tokens)", format="localized"),
-            "owned_calls": st.column_config.NumberColumn("calls the finding owns", format="localized"),
-            "owned_tokens": st.column_config.NumberColumn("their re-prefill (tokens)", format="localized"),
-            "owned_usd_week": st.column_config.NumberColumn("their tax ($/week)", format="$%.2f"),
+            "reprefill_tokens": st.column_config.NumberColumn("re-prefill X (tokens)", format="%,d"),
+            "reprefill_cost_usd": st.column_config.NumberColumn("re-prefill ($)", format="$%,.3g"),
+            "prompt_tokens": st.column_config.NumberColumn("ΣP (tokens)", format="%,d"),
+            "cached_tokens": st.column_config.NumberColumn("ΣC (tokens)", format="%,d"),
+            "output_tokens": st.column_config.NumberColumn("ΣO (tokens)", format="%,d"),
+            "owned_calls": st.column_config.NumberColumn("calls the finding owns", format="%,d"),
+            "owned_tokens": st.column_config.NumberColumn("their re-prefill (tokens)", format="%,.0f"),
+            "owned_usd_week": st.column_config.NumberColumn("their tax ($/week)", format="$%,.3g"),
         })
     st.caption(f"{df.height:,} sessions shown (sorted by " + (f"{sort})." if owned is None else
                                                            "the finding's tax in each, most first)."))

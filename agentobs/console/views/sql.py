@@ -12,7 +12,7 @@ from agentobs.output import render
 from agentobs.sql import run_query
 
 CLICKHOUSE = data.is_clickhouse(ui.stamp())
-ctx = ui.page("SQL", (
+ctx = ui.page("SQL", note=(
     "ClickHouse SQL over the same views (llm_calls, sessions, turn_gaps, …). Read-only: one SELECT at a time "
     "(run with readonly = 1); writes, DDL, SETTINGS and functions that reach files, the network, other databases "
     "or processes (file, url, s3, remote, mysql, executable, …) are refused." if CLICKHOUSE else
@@ -20,8 +20,17 @@ ctx = ui.page("SQL", (
     "access are refused.") + " Results are capped in rows and time.")
 settings = load_settings()
 
+# The URL holds the last query run (q) and its row cap / time limit when not the defaults: opening the link (or
+# reloading) shows that query and runs it again (read-only, capped in rows and time like any run).
+DEFAULT_CAP, DEFAULT_TIMEOUT = int(settings.sql_row_cap), float(settings.sql_timeout_s)
+url_q = st.query_params.get("q")
+cap0 = ui.from_url("sql_cap", "rows", cast=lambda v: int(v) if 1 <= int(v) <= 1_000_000 else None, default=DEFAULT_CAP)
+timeout0 = ui.from_url("sql_timeout", "timeout", cast=lambda v: float(v) if 1 <= float(v) <= 600 else None,
+                       default=DEFAULT_TIMEOUT)
 if "sql_text" not in st.session_state:
-    st.session_state["sql_text"] = st.query_params.get("q") or saved.EXAMPLES[0][1]
+    st.session_state["sql_text"] = url_q or saved.EXAMPLES[0][1]
+    if url_q and "sql_last" not in st.session_state:
+        st.session_state["sql_last"] = (url_q, int(cap0), float(timeout0))
 
 editor, side = st.columns([3, 1])
 
@@ -46,10 +55,8 @@ with editor:
     with st.form("sql_form", border=False):
         st.text_area("Query", key="sql_text", height=220, label_visibility="collapsed")
         c1, c2, c3 = st.columns([1, 1, 2])
-        row_cap = c1.number_input("Row cap", min_value=1, max_value=1_000_000, value=int(settings.sql_row_cap),
-                                  step=1000)
-        timeout = c2.number_input("Time limit (s)", min_value=1.0, max_value=600.0,
-                                  value=float(settings.sql_timeout_s))
+        row_cap = c1.number_input("Row cap", min_value=1, max_value=1_000_000, step=1000, key="sql_cap")
+        timeout = c2.number_input("Time limit (s)", min_value=1.0, max_value=600.0, key="sql_timeout")
         run = c3.form_submit_button("Run query", type="primary")
         s1, s2 = st.columns([3, 1])
         name = s1.text_input("Save the query as", placeholder="name", key="sql_save_name")
@@ -67,6 +74,9 @@ with editor:
     last = st.session_state.get("sql_last")
     if last:
         sql_text, cap, limit = last
+        ui.to_url("q", sql_text)
+        ui.to_url("rows", cap, default=DEFAULT_CAP)
+        ui.to_url("timeout", limit, default=DEFAULT_TIMEOUT)
         try:
             if CLICKHOUSE:
                 from agentobs.backends.clickhouse.sql import run_query as ch_run_query
@@ -80,7 +90,7 @@ with editor:
             note = res.notice()
             msg = f"{res.table.num_rows:,} rows in {res.elapsed_s * 1000:.0f} ms"
             (st.warning if note else st.success)(msg + (f" — {note}" if note else ""))
-            st.dataframe(res.table, width="stretch", hide_index=True)
+            st.dataframe(res.table, width="stretch", hide_index=True)  # the query's own values, unformatted
             d1, d2, _ = st.columns([1, 1, 3])
             d1.download_button("Download CSV", render(res.table, "csv"), "agentobs-query.csv", "text/csv",
                                on_click="ignore")

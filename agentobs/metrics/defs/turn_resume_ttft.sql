@@ -3,9 +3,11 @@
 -- section: METRICS.md §5
 -- definition: TTFT (t1 − t0) of calls 2…n by the idle gap before them ([0,1) [1,5) [5,30) [30,120) [120,600)
 --   [600,∞) s) and hit class (hit: C ≥ R_eff − B; partial; miss: C = 0): count, p50, p90, p99; the miss
---   penalty is miss p50 ÷ hit p50 in the same group and gap bucket.
+--   penalty is miss p50 ÷ hit p50 in the same group and gap bucket. Each group also has one overall row
+--   (gap_bucket = hit_class = 'all', first in the group): the same statistics over all its calls 2…n, every
+--   gap and class (percentiles over the calls, never combined from the bucket rows), miss_penalty empty.
 -- unit: seconds (TTFT), ratio (miss_penalty)
--- grain: one row per group × gap bucket × hit class (default group: instance)
+-- grain: one row per group × gap bucket × hit class, plus one overall row per group (default group: instance)
 -- sources: call_reuse (llm_calls: ttft_s, gap_before_s, hit_class)
 -- by: instance, model, task_type
 WITH base AS (
@@ -23,13 +25,30 @@ agg AS (
            quantile_cont(ttft_s, 0.99) AS ttft_p99_s
     FROM base
     GROUP BY grp, gap_lo, hit_class
+),
+-- the overall row of each group: its own aggregate over the calls (a percentile of percentiles is none)
+overall AS (
+    SELECT grp, count(*) AS calls,
+           quantile_cont(ttft_s, 0.5) AS ttft_p50_s,
+           quantile_cont(ttft_s, 0.9) AS ttft_p90_s,
+           quantile_cont(ttft_s, 0.99) AS ttft_p99_s
+    FROM base
+    GROUP BY grp
+),
+rows_ AS (
+    SELECT grp, gap_lo, hit_class, calls, ttft_p50_s, ttft_p90_s, ttft_p99_s,
+           max(ttft_p50_s) FILTER (WHERE hit_class = 'miss') OVER b
+               / nullif(max(ttft_p50_s) FILTER (WHERE hit_class = 'hit') OVER b, 0) AS miss_penalty
+    FROM agg
+    WINDOW b AS (PARTITION BY grp, gap_lo)
+    UNION ALL
+    SELECT grp, -1 AS gap_lo, 'all' AS hit_class, calls, ttft_p50_s, ttft_p90_s, ttft_p99_s,
+           CAST(NULL AS DOUBLE) AS miss_penalty
+    FROM overall
 )
 SELECT grp,
-       CASE gap_lo WHEN 0 THEN '[0,1)' WHEN 1 THEN '[1,5)' WHEN 5 THEN '[5,30)' WHEN 30 THEN '[30,120)'
-                   WHEN 120 THEN '[120,600)' ELSE '[600,inf)' END AS gap_bucket,
-       hit_class, calls, ttft_p50_s, ttft_p90_s, ttft_p99_s,
-       max(ttft_p50_s) FILTER (WHERE hit_class = 'miss') OVER b
-           / nullif(max(ttft_p50_s) FILTER (WHERE hit_class = 'hit') OVER b, 0) AS miss_penalty
-FROM agg
-WINDOW b AS (PARTITION BY grp, gap_lo)
-ORDER BY grp, gap_lo, CASE hit_class WHEN 'hit' THEN 0 WHEN 'partial' THEN 1 ELSE 2 END
+       CASE gap_lo WHEN -1 THEN 'all' WHEN 0 THEN '[0,1)' WHEN 1 THEN '[1,5)' WHEN 5 THEN '[5,30)'
+                   WHEN 30 THEN '[30,120)' WHEN 120 THEN '[120,600)' ELSE '[600,inf)' END AS gap_bucket,
+       hit_class, calls, ttft_p50_s, ttft_p90_s, ttft_p99_s, miss_penalty
+FROM rows_
+ORDER BY grp, gap_lo, CASE hit_class WHEN 'all' THEN -1 WHEN 'hit' THEN 0 WHEN 'partial' THEN 1 ELSE 2 END
