@@ -210,3 +210,19 @@ def test_cli_lists_a_findings_sessions(sample_ledger, sample_db):
     assert sum(r["usd_window"] for r in rows) == pytest.approx(f.tax.usd_window)
     bad = CliRunner().invoke(cli, ["findings", "sessions", "nope/fleet", "--db", str(sample_db)])
     assert bad.exit_code != 0 and "no finding 'nope/fleet' in this window" in str(bad.exception)
+
+
+def test_report_week_before_is_the_ledger_of_the_week_before(store, tmp_path):
+    # calls in the hour [T0, T0+1h) and in the hour before: the report's change against the period before reads
+    # the report's own run moved back a period; it must equal a ledger prepared on that period alone
+    from agentobs.report import build as report_build
+    from agentobs.report.period import Period
+
+    calls = two_turn_sessions(SG) + two_turn_sessions(SG, n=4, start=-3000.0)
+    build(store, tmp_path, Fleet(calls, sglang={SG: {}}))
+    rep = report_build(store[0], Period("hour", *WINDOW), settings())
+    before = ledger_of(store[0], since=WINDOW[0] - 3600, until=WINDOW[0], settings=settings(), simulate=False)
+    now = ledger_of(store[0], since=WINDOW[0], until=WINDOW[1], settings=settings())
+    fig = rep.figure("recompute_tax_usd_week")
+    assert before.tokens_window == 40_000 and now.tokens_window == 100_000  # 4 and 10 evicted follow-ups
+    assert fig.value == pytest.approx(now.usd_week) and fig.previous == pytest.approx(before.usd_week)

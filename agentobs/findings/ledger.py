@@ -285,19 +285,25 @@ def _coverage_text(ctx: Context, since_given: bool) -> str:
 
 
 def build(db, since=None, until=None, filters: dict | None = None, settings: Settings | None = None, *,
-          include_acked: bool = False, simulate: bool = True, clock: Callable[[], float] = time.time) -> Ledger:
+          include_acked: bool = False, simulate: bool = True, clock: Callable[[], float] = time.time,
+          run=None) -> Ledger:
     """The ledger of calls starting in ``[since, until)`` under the attribute ``filters`` (as agentobs.metrics
     takes them). Without ``since`` the window is ``findings_default_window_s`` (7 days) ending at ``until`` or at
     the newest call. ``db``: a path, an open DuckDB connection or a ClickHouse connection. Acknowledged findings
     are left out unless ``include_acked``. ``simulate``: recoverable tax by replaying the observed sessions through
-    the simulator (agentobs.findings.estimate), else the analytical estimate."""
+    the simulator (agentobs.findings.estimate), else the analytical estimate. ``run``: a prepared
+    agentobs.metrics MetricRun already on this window (and these filters) to read instead of preparing one — the
+    weekly report's run moved to the week before; it stays open."""
     from ..metrics import prepare
     from .estimate import refine
     from .rules import RULES
 
     t0 = time.perf_counter()
     settings = settings if settings is not None else load_settings()
-    mrun, close = prepare(db, since, until, filters=filters, settings=settings, clock=clock)
+    if run is not None:
+        mrun, close = run, (lambda: None)
+    else:
+        mrun, close = prepare(db, since, until, filters=filters, settings=settings, clock=clock)
     try:
         given = mrun.since is not None
         start = mrun.since if given else default_since(mrun, mrun.until,

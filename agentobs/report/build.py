@@ -499,17 +499,27 @@ class _Builder:
 
     def ledger(self, period: Period, simulate: bool = True):
         """The tax ledger of ``period`` (agentobs.findings.build: the same result `agentobs findings --since
-        START --until END` prints); None when findings are left out or failed (the failure is kept for the notes)."""
+        START --until END` prints); None when findings are left out or failed (the failure is kept for the notes).
+        The week before is read from the report's own run moved to that week (its working set holds it), not
+        from a second preparation."""
         if self.findings_fn is None:
             return None
         t0 = time.perf_counter()
+        own = (self.run.since, self.run.until)
+        moved = (period.since, period.until) != own
         try:
+            if moved:
+                self.run.set_window(period.since, period.until)
+                return self.findings_fn(self.db, since=period.since, until=period.until, settings=self.settings,
+                                        simulate=simulate, run=self.run)
             return self.findings_fn(self.db, since=period.since, until=period.until, settings=self.settings,
                                     simulate=simulate)
         except Exception as e:  # noqa: BLE001 - another module's failure must not lose the report
             self.failures.append(f"findings for {period.label} failed: {type(e).__name__}: {e}")
             return None
         finally:
+            if moved:
+                self.run.set_window(*own)
             self.timings[f"ledger {period.label}"] = time.perf_counter() - t0
 
     def answer(self, ledger, before) -> Section:
