@@ -453,6 +453,13 @@ class _Builder:
             sec.tables.append(Table("turn_resume_ttft_by_instance", "Turn-resume TTFT by instance", sec.basis,
                                     df.to_arrow(), show=["instance", "gap_bucket", "hit_class", "calls", "ttft_p50_s",
                                                          "ttft_p90_s", "ttft_p99_s", "miss_penalty"], show_rows=40))
+            overall = df.filter(pl.col("gap_bucket") == "all") if "gap_bucket" in df.columns else df.head(0)
+            if overall.height:
+                sec.tables.append(Table("turn_resume_ttft_overall", "Turn-resume TTFT p99 by instance", sec.basis,
+                                        overall.to_arrow(), show=["instance", "calls", "ttft_p50_s", "ttft_p90_s",
+                                                                  "ttft_p99_s"],
+                                        chart=Chart("bars", "Turn-resume TTFT p99 by instance (s)", "instance",
+                                                    "ttft_p99_s", "seconds")))
             pen = df["miss_penalty"].drop_nulls().drop_nans() if df.height else df["miss_penalty"]
             if pen.len():
                 sec.figures.append(Figure("miss_penalty_max", "Largest miss penalty (miss p50 ÷ hit p50 TTFT)",
@@ -461,13 +468,18 @@ class _Builder:
         if itl is None:
             sec.notes.append(self.missing("itl_tail"))
         else:
-            sec.tables.append(Table("itl_tail", "ITL tail attribution", sec.basis, itl.to_arrow()))
+            sec.tables.append(Table("itl_tail", "ITL tail attribution", sec.basis, itl.to_arrow(),
+                                    chart=Chart("bars", "Share of tail gaps next to a long prefill", "instance",
+                                                "tail_long_prefill_share", "ratio")
+                                    if "instance" in itl.columns else None))
         fleet = self.metric("fleet_hit_rate")
         if fleet is not None and fleet.height:
             sec.tables.append(Table("fleet_hit_rate", "Engine-counter hit rate vs spans (cross-check)",
                                     "fleet_hit_rate (§2): engine counter deltas over the window, next to span ΣC/ΣP",
                                     fleet.to_arrow(), show=["instance", "engine", "hit_rate", "span_hit_rate", "basis",
-                                                            "scrapes", "restarts"]))
+                                                            "scrapes", "restarts"],
+                                    chart=Chart("bars", "Engine-counter prefix-cache hit rate", "instance", "hit_rate",
+                                                "ratio")))
         return sec
 
     def top(self) -> Section:
