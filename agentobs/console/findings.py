@@ -42,6 +42,13 @@ def ledger(ctx: Context, simulate: bool = True):
     return _ledger(ctx.stamp, ctx.since, ctx.until, flt, simulate)
 
 
+def num(v) -> str:
+    """An evidence value as the Markdown rendering of a finding writes it (agentobs.findings.render)."""
+    from agentobs.findings.render import _num
+
+    return _num(v)
+
+
 def _fix_text(f) -> str:
     from agentobs.findings.render import short_fix
 
@@ -151,18 +158,10 @@ def render(f, ctx: Context | None = None, expanded: bool = False) -> None:
         ev = f.evidence
         if ev.numbers:
             st.markdown("**Evidence**")
-            st.table({"number": [k for k, _ in ev.numbers], "value": [_num(v) for _, v in ev.numbers]})
+            st.table({"number": [k for k, _ in ev.numbers], "value": [num(v) for _, v in ev.numbers]})
             if ev.sql:
                 with st.popover("Evidence SQL"):
                     st.code(ev.sql, language="sql")
-
-
-def _num(v) -> str:
-    if isinstance(v, float):
-        return f"{v:,.3g}" if abs(v) < 1000 else f"{v:,.0f}"
-    if isinstance(v, int) and not isinstance(v, bool):
-        return f"{v:,}"
-    return str(v)
 
 
 def top(ctx: Context, n: int = 5, simulate: bool = True) -> None:
