@@ -83,6 +83,17 @@ def _is_ch(src) -> bool:
 # --- end backend choice ----------------------------------------------------------------------------
 
 
+def _filters(filters) -> dict[str, list[str]]:
+    """Repeated ``--filter KEY=VALUE`` options as {key: [values]} (what the metrics and findings APIs take)."""
+    flt: dict[str, list[str]] = {}
+    for f in filters:
+        key, sep, value = f.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
+        flt.setdefault(key.strip(), []).append(value)
+    return flt
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.option("--db", default=None, envvar="AGENTOBS_DB", help="DuckDB file (default ./agentobs.duckdb).")
 @click.option("--config", default=None, envvar="AGENTOBS_CONFIG", help="Settings file (TOML).")
@@ -740,12 +751,7 @@ def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, backend, clickho
     if not name:
         _emit(catalogue_table(), fmt, "metrics (agentobs metrics NAME --by ...; formulas in docs/metrics.md)")
         return
-    flt: dict[str, list[str]] = {}
-    for f in filters:
-        key, sep, value = f.partition("=")
-        if not sep or not key.strip():
-            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
-        flt.setdefault(key.strip(), []).append(value)
+    flt = _filters(filters)
     with _source(ctx, backend, clickhouse_url) as src:
         df = compute(name, db=src, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
     _emit(df.to_arrow(), fmt, f"{name}" + (f" by {by}" if by else "") + (" (ClickHouse)" if _is_ch(src) else ""))
@@ -821,16 +827,6 @@ def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s, backend, clickhouse_
 
 
 # --- findings --------------------------------------------------------------------------------------
-def _filters(filters) -> dict[str, list[str]]:
-    flt: dict[str, list[str]] = {}
-    for f in filters:
-        key, sep, value = f.partition("=")
-        if not sep or not key.strip():
-            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
-        flt.setdefault(key.strip(), []).append(value)
-    return flt
-
-
 def _ledger(ctx: Ctx, since, until, filters, backend=None, clickhouse_url=None, include_acked=False,
             simulate=True):
     from .findings import build
@@ -1039,12 +1035,7 @@ def ch_metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, url):
     from .backends.clickhouse import metrics as chm
     from .backends.clickhouse.conn import ClickHouse
 
-    flt: dict[str, list[str]] = {}
-    for f in filters:
-        key, sep, value = f.partition("=")
-        if not sep or not key.strip():
-            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
-        flt.setdefault(key.strip(), []).append(value)
+    flt = _filters(filters)
     ch = ClickHouse(url or ctx.settings.clickhouse_url)
     try:
         df = chm.compute(name, ch, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)

@@ -23,6 +23,7 @@ from urllib.parse import urlencode
 
 import pyarrow as pa
 
+from .. import times
 from ..errors import InputError
 from ..store.writer import Writer
 from .prom import SAMPLE_SCHEMA, canonical_name, dropped, engine_of_metric
@@ -30,15 +31,12 @@ from .scraper import FetchError, Response, http_fetch
 
 ENGINE_NAME = re.compile(r"^(vllm|sglang)[:_][a-z]")
 MAX_STEPS = 10_000
-_DUR = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
-_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(s: str, what: str) -> float:
-    m = _DUR.match(s.strip())
-    if not m:
+    v = times.span_s(s, ms=True)
+    if v is None:
         raise InputError(f"{s!r} is not a duration like 15s, 5m, 7d", what)
-    v = float(m.group(1)) * _UNIT[m.group(2)]
     if v <= 0:
         raise InputError(f"{s!r} must be positive", what)
     return v

@@ -18,11 +18,9 @@ Temp tables work on read-only connections.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,10 +31,11 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
+from .. import times
 from ..backends.source import is_clickhouse
 from ..collect.prom import KEPT_CREATED
 from ..config import Settings, load_settings
-from ..errors import QueryError
+from ..errors import QueryError, did_you_mean
 from ..store import kvindex
 from . import reuse
 from .catalog import BY_COLUMNS, Metric, catalogue
@@ -67,51 +66,27 @@ SAMPLE_METRICS = (
 _ROW_GROUP = 122_880
 _RANGE_ROWS = 4 * _ROW_GROUP
 
-_REL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
 
 def parse_time(value, clock: Callable[[], float] = time.time, name: str = "time") -> float | None:
     """Epoch seconds from a datetime, a number (epoch seconds), an ISO-8601 string (UTC unless it
-    says otherwise) or a relative span before now (``90m``, ``24h``, ``7d``)."""
-    if value is None or value == "":
+    says otherwise) or a relative span before now (``90m``, ``24h``, ``7d``): agentobs.times.parse_time."""
+    if value == "":
         return None
-    if isinstance(value, dt.datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
-    if isinstance(value, dt.date):
-        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC).timestamp()
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        s = value.strip()
-        m = _REL.match(s)
-        if m:
-            return clock() - float(m.group(1)) * _UNIT_S[m.group(2)]
-        try:
-            return float(s)
-        except ValueError:
-            pass
-        try:
-            d = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-        except ValueError:
-            raise QueryError(
-                f"{name} {value!r} is not a time: use ISO-8601 (2026-10-14T09:00), epoch seconds, or a span before now (24h, 7d)"
-            ) from None
-        return (d if d.tzinfo else d.replace(tzinfo=dt.UTC)).timestamp()
-    raise QueryError(f"{name} {value!r} is not a time")
-
-
-def _did_you_mean(word: str, options: Iterable[str]) -> str:
-    import difflib
-
-    m = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean {m[0]!r}?)" if m else f" (choose one of {', '.join(options)})"
+    try:
+        return times.parse_time(value, clock, spans=-1)
+    except TypeError:
+        raise QueryError(f"{name} {value!r} is not a time") from None
+    except ValueError:
+        raise QueryError(
+            f"{name} {value!r} is not a time: use ISO-8601 (2026-10-14T09:00), epoch seconds, or a span before now "
+            "(24h, 7d)"
+        ) from None
 
 
 def get_metric(name: str) -> Metric:
     cat = catalogue()
     if name not in cat:
-        raise QueryError(f"unknown metric {name!r}{_did_you_mean(name, cat)}")
+        raise QueryError(f"unknown metric {name!r}{did_you_mean(name, cat, 'choose one of')}")
     return cat[name]
 
 
@@ -551,7 +526,7 @@ def _normalize_filters(filters: dict | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for k, v in (filters or {}).items():
         if k not in FILTER_COLUMNS:
-            raise QueryError(f"cannot filter on {k!r}{_did_you_mean(k, FILTER_COLUMNS)}")
+            raise QueryError(f"cannot filter on {k!r}{did_you_mean(k, FILTER_COLUMNS, 'choose one of')}")
         vals = [v] if isinstance(v, str) else list(v)
         if not vals or not all(isinstance(x, str) for x in vals):
             raise QueryError(f"filter {k!r} needs a string or a list of strings, got {v!r}")
