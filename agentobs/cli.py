@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from . import __version__
 from .config import Settings, load_settings, settings_markdown
@@ -1078,14 +1079,15 @@ def main(argv: list[str] | None = None) -> None:
     except AgentobsError as e:
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {e}", highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)  # "[cost]" is text, not markup
         raise SystemExit(e.exit_code) from None
     except SystemExit:
         raise
     except Exception as e:  # noqa: BLE001 - one line unless --debug
         if debug:
             raise
-        err_console.print(f"[red]internal error:[/red] {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+        err_console.print(f"[red]internal error:[/red] {type(e).__name__}: {escape(str(e))} (rerun with --debug for "
+                          "the traceback)",
                           highlight=False)
         raise SystemExit(70) from None
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from agentobs.collect import files
-from agentobs.config import SETTINGS, load_settings
+from agentobs.config import SETTINGS, Settings, load_settings
 from agentobs.errors import ConfigError, QueryError
 from agentobs.sql import run_query
 from agentobs.store.db import connect
@@ -103,7 +103,7 @@ def test_settings_file_env_and_errors(tmp_path):
     p.write_text('default_block_size = 32\nsession_keys = ["x.sid"]\n[cost]\nusd_per_hour = 4.0\n')
     s = load_settings(p, env={"AGENTOBS_SQL_ROW_CAP": "7"})
     assert (s.default_block_size, s.session_keys, s.sql_row_cap) == (32, ["x.sid"], 7)
-    assert s.section("cost") == {"usd_per_hour": 4.0}
+    assert s.cost == {"usd_per_hour": 4.0} and Settings().cost == {}
     p.write_text("default_blok_size = 32\n")
     with pytest.raises(ConfigError, match="unknown setting 'default_blok_size' \\(did you mean 'default_block_size'\\?\\)"):
         load_settings(p, env={})

@@ -27,7 +27,7 @@ BUNDLE = Path(__file__).parent.parent / "sample_data" / "fleet"
 
 def _v1_sql(calls: str, select: str, tail: str, settings: Settings) -> str:
     """reuse.reuse_sql as it was: the body numbered the calls itself (row_number in a materialized wide copy)."""
-    ab = reuse.seconds_literal(settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S))
+    ab = reuse.seconds_literal(settings.abandoned_after_s)
     return (
         f"WITH calls_src AS (SELECT {reuse.CALL_COLUMNS} FROM {calls}),\n"
         "cfg_src AS (SELECT * FROM instance_config),\n"

@@ -260,7 +260,7 @@ class MetricRun:
         cost_cols = ",\n".join(_cost_columns(lambda c: f"k.{c}", "r")) + ",\n"
         window = "($since IS NULL OR r.start_s >= $since) AND ($until IS NULL OR r.start_s < $until)"
         cost_join = "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')"
-        abandoned_after_s = self.settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S)
+        abandoned_after_s = self.settings.abandoned_after_s
         if rowid:
             # DuckDB: store only the computed columns (m_x: the narrow body, one row per m_src row, in m_src's row
             # order), and present m_calls as a view that puts m_src's call columns beside them (POSITIONAL JOIN:
@@ -463,9 +463,9 @@ class MetricRun:
         allp = {
             "since": self.since, "until": self.until, "by": by,
             "instances": self.filters.get("instance"),
-            "bucket_s": float(s.get("metrics_bucket_s", 60.0)),
+            "bucket_s": float(s.metrics_bucket_s),
             **itl_gap_params(s),  # itl_tail_mode (checked), itl_slo_ms, long_prefill_tokens
-            "ttft_slo_s": float(s.get("ttft_slo_s", 2.0)),
+            "ttft_slo_s": float(s.ttft_slo_s),
         }
         return {k: v for k, v in allp.items() if k in metric.params}
 
@@ -507,11 +507,11 @@ class MetricRun:
 
 def itl_gap_params(s: Settings) -> dict:
     """The parameters of m_itl_gap (agentobs/metrics/itl_gaps.sql) from settings."""
-    mode = str(s.get("itl_tail_threshold", "slo"))
+    mode = str(s.itl_tail_threshold)
     if mode not in ("slo", "p99"):
         raise QueryError(f"setting itl_tail_threshold must be 'slo' or 'p99', got {mode!r}")
-    return {"itl_tail_mode": mode, "itl_slo_ms": float(s.get("itl_slo_ms", 100.0)),
-            "long_prefill_tokens": int(s.get("long_prefill_tokens", 8192))}
+    return {"itl_tail_mode": mode, "itl_slo_ms": float(s.itl_slo_ms),
+            "long_prefill_tokens": int(s.long_prefill_tokens)}
 
 
 def itl_gaps_sql() -> str:
@@ -623,7 +623,7 @@ def prepare(db=None, since=None, until=None, filters: dict | None = None, settin
             clock: Callable[[], float] = time.time) -> tuple[MetricRun, Callable[[], None]]:
     """A MetricRun and the function that closes what this call opened (or releases a shared run, above)."""
     settings = settings if settings is not None else load_settings()
-    cost = parse_cost(settings.section("cost"))
+    cost = parse_cost(settings.cost)
     t_since, t_until = parse_time(since, clock, "since"), parse_time(until, clock, "until")
     flt = _normalize_filters(filters)
     given = db if isinstance(db, duckdb.DuckDBPyConnection) else None

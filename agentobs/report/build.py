@@ -263,7 +263,7 @@ class _Builder:
         self.available = set(metric_names())
         self.timings: dict[str, float] = {}
         self.cache: dict[tuple[str, str | None], pl.DataFrame] = {}
-        self.base_url = str(settings.get("console_url", "http://127.0.0.1:8501"))
+        self.base_url = str(settings.console_url)
         self.failures: list[str] = []
 
     def sql(self, q: str, params: dict | None = None) -> pl.DataFrame:
