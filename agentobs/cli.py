@@ -984,7 +984,7 @@ def ch_init_cmd(ctx: Ctx, url):
         n = ch.arrow("SELECT count() AS n FROM spans").column(0)[0].as_py()
     finally:
         ch.close()
-    err_console.print(f"ClickHouse model ready at {url} ({n:,} spans resolved)")
+    err_console.print(f"ClickHouse model ready at {ch} ({n:,} spans resolved)", highlight=False)
 
 
 @clickhouse_grp.command("load")

@@ -122,3 +122,73 @@ def test_filter_parser():
         with pytest.raises(click.UsageError, match=rf"^--filter '{bad}': expected KEY=VALUE, e\.g\. --filter "
                                                     r"instance=10\.0\.0\.1:8000$"):
             _filters([bad])
+
+
+# -- secrets never echoed -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, want", [
+    ("http://default:s3cret@localhost:8123/agentobs", "http://default:***@localhost:8123/agentobs"),
+    ("https://u:p@ss@ch.example:8443/otel", "https://u:***@ch.example:8443/otel"),   # a raw "@" in the password
+    ("http://:pw@h/x", "http://:***@h/x"),
+    ("cannot reach http://a:b@h:1/db nor https://c:d@e/f", "cannot reach http://a:***@h:1/db nor https://c:***@e/f"),
+    ("http://user@h:8123/db", "http://user@h:8123/db"),                             # no password: unchanged
+    ("http://h:8123/db", "http://h:8123/db"),
+    ("chdb:///var/lib/agentobs.chdb", "chdb:///var/lib/agentobs.chdb"),
+    ("/var/lib/agentobs/fleet.duckdb", "/var/lib/agentobs/fleet.duckdb"),
+])
+def test_mask_url(text, want):
+    from agentobs.redact import mask_url
+
+    assert mask_url(text) == want
+
+
+def test_clickhouse_urls_are_masked_in_errors_and_labels():
+    pytest.importorskip("chdb")
+    from agentobs.backends.clickhouse.conn import ClickHouse
+    from agentobs.console.data import label
+    from agentobs.errors import StoreError
+
+    with pytest.raises(ConfigError) as e:
+        ClickHouse("clickhouse://u:s3cret@h:9000/db")
+    assert "s3cret" not in str(e.value) and "clickhouse://u:***@h:9000/db" in str(e.value)
+    with pytest.raises(StoreError) as e:
+        ClickHouse("http://u:s3cret@127.0.0.1:1/db")  # nothing listens on port 1
+    assert "s3cret" not in str(e.value)
+    assert label(("clickhouse", "http://u:s3cret@h:8123/db", ())) == "http://u:***@h:8123/db"  # the console caption
+
+
+class _FakeClient:
+    """clickhouse-connect's client as `agentobs clickhouse init` uses it: statements, one count."""
+
+    def __init__(self, **kw):
+        self.kw = kw
+
+    def command(self, sql, parameters=None):
+        pass
+
+    def query_arrow(self, sql, parameters=None):
+        import pyarrow as pa
+
+        return pa.table({"n": [0]})
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("flag", [True, False])
+def test_clickhouse_init_echoes_the_url_without_its_password(monkeypatch, capsys, flag):
+    clickhouse_connect = pytest.importorskip("clickhouse_connect")
+    from agentobs.cli import main
+
+    seen = []
+    monkeypatch.setattr(clickhouse_connect, "get_client", lambda **kw: seen.append(kw) or _FakeClient(**kw))
+    url = "http://default:s3cret@ch.example:8123/otel"
+    if flag:
+        main(["clickhouse", "init", "--clickhouse-url", url])
+    else:  # the default: setting clickhouse_url (here from the environment); it printed "None" before
+        monkeypatch.setenv("AGENTOBS_CLICKHOUSE_URL", url)
+        main(["clickhouse", "init"])
+    out = capsys.readouterr()
+    assert seen[0]["password"] == "s3cret"  # the password is used ...
+    assert "s3cret" not in out.out + out.err  # ... and never printed
+    want = "ClickHouse model ready at http://default:***@ch.example:8123/otel (0 spans resolved)"
+    assert " ".join(out.err.split()) == want

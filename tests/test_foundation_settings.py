@@ -52,7 +52,8 @@ def test_wrong_type(tmp_path, text, message):
     ("[cost]\nusd_per_hour = -1\n", "[cost]: usd_per_hour must be > 0, got -1"),
     ("[cost]\nusd_per_hr = 2\n", "[cost]: unknown key 'usd_per_hr' (did you mean 'usd_per_hour'?)"),
     ('[cost]\nusd_per_hour = "2.5"\n', "[cost]: usd_per_hour must be a number, got '2.5'"),
-    ('[cost.instances."10.0.0.1:8000"]\nmodel = 3\n', '[cost.instances."10.0.0.1:8000"]: model must be a model name, got 3'),
+    ('[cost.instances."10.0.0.1:8000"]\nmodel = 3\n',
+     '[cost.instances."10.0.0.1:8000"]: model must be a model name, got 3'),
     ("[cost.list_price]\ninput = 0.4\n", "[cost.list_price]: needs input and output ($ per million tokens); "
                                          "cached_input is optional"),
     ("cost = 5\n", "[cost] must be a table"),

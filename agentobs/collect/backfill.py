@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from .. import times
 from ..errors import InputError
+from ..redact import mask_url
 from ..store.writer import Writer
 from .prom import SAMPLE_SCHEMA, canonical_name, dropped, engine_of_metric
 from .scraper import FetchError, Response, http_fetch
@@ -55,13 +56,14 @@ def _get(fetch, url: str, timeout: float) -> dict:
     try:
         r = fetch(url, timeout)
     except FetchError as e:
-        raise InputError(f"{e.reason}: {e}", url) from None
+        raise InputError(f"{e.reason}: {e}", mask_url(url)) from None
     try:
         doc = json.loads(r.body)
     except ValueError:
-        raise InputError(f"HTTP {r.status}, not a Prometheus API JSON answer: {r.body[:120]!r}", url) from None
+        raise InputError(f"HTTP {r.status}, not a Prometheus API JSON answer: {r.body[:120]!r}",
+                         mask_url(url)) from None
     if r.status != 200 or doc.get("status") != "success":
-        raise InputError(f"HTTP {r.status}: {doc.get('errorType', '')} {doc.get('error', '')}".strip(), url)
+        raise InputError(f"HTTP {r.status}: {doc.get('errorType', '')} {doc.get('error', '')}".strip(), mask_url(url))
     return doc
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from ..redact import mask_url
 from ..store.db import connect
 from .filters import Filters
 
@@ -91,7 +92,7 @@ def source(stamp: Stamp):
 
 def label(stamp: Stamp) -> str:
     """The source as shown to users (a ClickHouse URL without its password)."""
-    return str(clickhouse(stamp[1])) if is_clickhouse(stamp) else stamp[1]
+    return mask_url(stamp[1])
 
 
 def open_ro(stamp: Stamp) -> duckdb.DuckDBPyConnection:

@@ -24,6 +24,7 @@ from ..config import Settings, load_settings
 from ..metrics import names as metric_names
 from ..metrics import prepare
 from ..metrics.usual import usual_cte
+from ..redact import mask_url
 from .period import Period
 
 TOP_N = 20
@@ -675,7 +676,7 @@ def build(db, period: Period, settings: Settings | None = None, clock: Callable[
     run, close = prepare(db, since=period.since, until=period.until, settings=settings, clock=clock)
     timings = {"prepare": time.perf_counter() - t0, **{f"prepare {k}": v for k, v in run.timings.items()}}
     try:
-        b = _Builder(run, period, settings, str(db), fn, db)
+        b = _Builder(run, period, settings, mask_url(db), fn, db)
         cur, before = b.totals(period), b.totals(prev)
         calls = int(cur.get("calls") or 0)
         basis, cost_tbl = b.cost_basis()
@@ -696,4 +697,4 @@ def build(db, period: Period, settings: Settings | None = None, clock: Callable[
         timings.update(b.timings)
     finally:
         close()
-    return Report(period, prev, clock(), str(db), calls, sections, timings)
+    return Report(period, prev, clock(), mask_url(db), calls, sections, timings)
