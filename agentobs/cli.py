@@ -615,18 +615,29 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
 
 # --- collectors ------------------------------------------------------------------------------------
 @cli.command("collect")
-@click.option("--config", "fleet_path", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--fleet", "fleet_path", type=click.Path(exists=True, dir_okay=False),
               help="Fleet file (YAML): receivers, scrape targets, KV-event publishers (see collectors/fleet.yaml).")
+@click.option("--config", "old_fleet_path", type=click.Path(exists=True, dir_okay=False),
+              help="Deprecated alias of --fleet (for one release; then --config is the settings file, as on every "
+                   "other command).")
 @click.option("--db", "db", envvar="AGENTOBS_DB", default=None, help="DuckDB file (default ./agentobs.duckdb).")
 @click.option("--settings", "settings_path", envvar="AGENTOBS_CONFIG", default=None, help="Settings file (TOML).")
 @click.option("--debug", is_flag=True, default=False, help="Show tracebacks.")
 @click.pass_context
-def collect_cmd(click_ctx, fleet_path, db, settings_path, debug):
+def collect_cmd(click_ctx, fleet_path, old_fleet_path, db, settings_path, debug):
     """Run the collectors until SIGTERM/SIGINT: OTLP gRPC+HTTP receivers, the fleet scraper, KV-event
     subscribers, the health /metrics endpoint and the read snapshot readers use (--db of readers)."""
     from .collect.fleet import load_fleet
     from .collect.service import Service, run_forever
 
+    if old_fleet_path is not None:
+        if fleet_path is not None:
+            raise click.UsageError("give the fleet file once: --fleet FLEET.yaml (--config is its deprecated alias)")
+        fleet_path = old_fleet_path
+        err_console.print("warning: `agentobs collect --config FLEET.yaml` is deprecated; use --fleet FLEET.yaml "
+                          "(--config will be the settings file, as on every other command)", highlight=False)
+    if fleet_path is None:
+        raise click.UsageError("Missing option '--fleet' (the fleet file, e.g. collectors/fleet.yaml).")
     parent = click_ctx.find_object(Ctx)
     ctx = Ctx(db or (parent._db if parent else None), settings_path or (parent.config if parent else None), debug)
     fleet = load_fleet(fleet_path, ctx.settings)
