@@ -151,10 +151,9 @@ def test_findings_from_the_findings_module(store):
     assert [x["fix"] for x in rows] == [short_fix(f) for f in expected]
 
 
-def test_findings_module_missing_is_said_plainly(report):
+def test_findings_left_out_is_said_plainly(report):
     sec = next(s for s in report.sections if s.key == "findings")
-    assert sec.notes == ["findings module not available (agentobs.findings is not in this build); "
-                         "no findings were evaluated."]
+    assert sec.notes == ["findings were left out of this report (findings=None); no findings were evaluated."]
 
 
 def test_week_without_data(store):
