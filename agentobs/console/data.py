@@ -137,7 +137,7 @@ OPTIONS_SQL = {
 
 def options(stamp: Stamp) -> dict[str, list[str]]:
     """Values offered by the instance / model / task type filters (read from the raw tables: cheap). On DuckDB the
-    three lists are read on one connection (each open costs ~20 ms, and this runs on every page's first render)."""
+    three lists are read on one connection (an open is not free, and this runs on every page's first render)."""
     if is_clickhouse(stamp):
         frames = {k: query(stamp, sql) for k, sql in OPTIONS_SQL.items()}
     else:

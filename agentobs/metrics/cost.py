@@ -202,7 +202,7 @@ def cost_table(con: duckdb.DuckDBPyConnection, model: CostModel) -> pa.Table:
             f"KV slot opportunity cost = $/s ÷ KV capacity ({basis[0]}; {basis[3]})"
             + (f"; g* = capacity ÷ prefill = {g_star:,.1f} s" if g_star else "")
         )
-    # built through polars: pyarrow's own list conversion imports pandas (~0.4 s, once per process) to check
-    # the values' types
+    # built through polars: pyarrow's own list conversion imports pandas to check the values' types (a cost
+    # paid once per process; docs/metrics.md, "Round 7")
     return pl.DataFrame(rows, schema={f.name: pl.String if f.type == pa.string() else pl.Float64
                                       for f in COST_SCHEMA}, strict=False).to_arrow().cast(COST_SCHEMA)

@@ -199,8 +199,8 @@ class MetricRun:
     def _unordered(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` with DuckDB's ``preserve_insertion_order`` off, then put the setting back. The preparation's
         tables need no row order but the one ``m_x`` gets from its ORDER BY (which the setting keeps, and which is
-        checked after): without the ordered sinks, preparing 10M calls took about 12% less (docs/metrics.md, round
-        9). The setting is the database's, so it is only off while the preparation runs; a connection whose
+        checked after), and without the ordered sinks the preparation is faster (docs/metrics.md, "Round 9"). The
+        setting is the database's, so it is only off while the preparation runs; a connection whose
         configuration is locked (the SQL console's sandbox) prepares with it as it is."""
         before = self.cur.sql("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
         if not before:
@@ -226,8 +226,8 @@ class MetricRun:
         cols = reuse.CALL_COLUMNS
         src = "m_src"
         # the row number rid that call_reuse keys its narrow steps by: on DuckDB the temp table's own rowid (no
-        # numbering pass: row_number() OVER () made the copy single-threaded, ~40% of m_src); on a translated
-        # backend (ClickHouse, which has no rowid) a numbered column as before
+        # numbering pass: row_number() OVER () makes the copy single-threaded); on a translated backend
+        # (ClickHouse, which has no rowid) a numbered column
         rowid = isinstance(self.cur, duckdb.DuckDBPyConnection)
         number = "" if rowid else "row_number() OVER () AS rid, "
         if (self.since is None and self.until is None) or not self.prune or self._nothing_to_prune():
@@ -264,11 +264,11 @@ class MetricRun:
         if rowid:
             # DuckDB: store only the computed columns (m_x: the narrow body, one row per m_src row, in m_src's row
             # order), and present m_calls as a view that puts m_src's call columns beside them (POSITIONAL JOIN:
-            # no join, no second copy of the wide rows). Writing the wide table was ~40% of m_calls and its peak
-            # memory (docs/metrics.md, round 5). The attribute filters read the wide columns: a semi-join by rowid.
-            # m_x is compact (round 6): the labels are ENUMs (1 byte, not a 16-byte string), the instance of the
-            # previous call an index into the instance list, and the cost columns — functions of the instance and
-            # the call's tokens — are not stored: the view computes them from the instance's index (_view_columns).
+            # no join, no second copy of the wide rows: writing them dominated m_calls' time and peak memory; see
+            # docs/metrics.md). The attribute filters read the wide columns: a semi-join by rowid.
+            # m_x is compact: the labels are ENUMs (1 byte, not a 16-byte string), the instance of the previous
+            # call an index into the instance list, and the cost columns — functions of the instance and the
+            # call's tokens — are not stored: the view computes them from the instance's index (_view_columns).
             in_filter = ("r.rid IN (SELECT rowid FROM m_src s WHERE " + " AND ".join(p.format(t="s") for p in preds)
                          + ")") if preds else "true"
             self.cur.execute("CREATE OR REPLACE TEMP TABLE m_inst AS SELECT instance, "

@@ -146,8 +146,8 @@ WHERE m.in_filter AND m.start_s >= $lo AND m.start_s < $hi
 # idle KV rent: token-seconds summed per pricing instance (the previous call's, where the KV sat; else the
 # call's own), then priced — as the idle_kv_rent metric does; joining m_cost to every call built the join's
 # hash table on the calls (a positional view is estimated at 0 rows). The distinct sessions and tasks are
-# counted from their distinct pairs, apart from the sums (DISTINCT aggregates among the sums slowed all of
-# them: 10M calls, 2.3 s → 1.6 s)
+# counted from their distinct pairs, apart from the sums (DISTINCT aggregates among the sums slow all of them;
+# docs/metrics.md, "Round 9")
 TOTALS_SQL = """
 WITH st AS MATERIALIZED (
     SELECT DISTINCT session_id, task_id FROM m_calls WHERE in_filter AND start_s >= $lo AND start_s < $hi
@@ -167,8 +167,8 @@ rent AS (
 # every dimension of SPEND_DIMENSIONS from ONE scan of the calls: the calls are first summed per (dimensions,
 # session, task) — far fewer rows than calls (a session rarely changes instance or model), and enough to count
 # distinct sessions and tasks — then GROUPING SETS gives one group per value of each dimension. The spend share
-# divides by the sum of the dimension's groups (a window over the few groups). 10M calls: 10.7 s as five
-# queries (one per dimension, each counting distinct sessions and tasks over every call) → 2.3 s.
+# divides by the sum of the dimension's groups (a window over the few groups). One query, not five each counting
+# distinct sessions and tasks over every call (docs/report.md has the figures).
 SPEND_SQL = """
 WITH pre AS (
     SELECT {cols}, session_id, task_id, count(*) AS n,
@@ -366,7 +366,7 @@ class _Builder:
                    _num(per_task["amplification"].quantile(0.9, "linear")), "ratio_x", "task_cost by task"),
         ]
         # a task's type: the type of most of its calls (a tie: the least, the same every run); from the
-        # (task, type) pairs, not mode() over every call per task (10M calls: 1.2-1.4 s → 0.6 s)
+        # (task, type) pairs, not mode() over every call per task (cheaper; docs/metrics.md, "Round 9")
         dist = self.sql("""
             SELECT task_type, count(*) AS tasks, quantile_cont(cost_usd, 0.5) AS cost_p50_usd,
                    quantile_cont(cost_usd, 0.9) AS cost_p90_usd, quantile_cont(cost_usd, 0.99) AS cost_p99_usd,
