@@ -63,6 +63,7 @@ def _post(conn, body):
     return r.status
 
 
+@pytest.mark.slow  # end to end: a real `agentobs collect` process, killed
 def test_acknowledged_spans_survive_sigkill(tmp_path):
     db = tmp_path / "d.duckdb"
     proc, port, _ = _start(tmp_path, db)
@@ -86,6 +87,7 @@ def test_acknowledged_spans_survive_sigkill(tmp_path):
     assert n == 12 * 64  # every acknowledged span (12 exports x 64) is there
 
 
+@pytest.mark.slow  # end to end: a real `agentobs collect` process, stopped
 def test_sigterm_flushes_and_publishes_a_readable_snapshot(tmp_path):
     sys.path.insert(0, str(ROOT / "tests"))
     from test_collect_scraper import VLLM, Site
