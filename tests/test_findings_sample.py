@@ -1,10 +1,10 @@
 """Findings on sample_data/fleet (the simulator bundle `agentobs demo` loads): the planted problems are found,
 with $ in the range the simulator's ground truth (truth/calls.parquet) implies.
 
-The store is the session's shared import of the bundle (conftest.sample_db, read only). Expected tax of a finding = the true
-re-prefill tokens of its cause on its instances (truth ``cause``, ``reprefill_tokens``) × the same cost basis
-the findings use (the metric run's ``m_cost``: $/s ÷ prefill tokens/s per instance) × 604,800 ÷ the true
-window (first call start to last call end).
+The store is the session's shared import of the bundle (conftest.sample_db, read only). Expected tax of a
+finding = the true re-prefill tokens of its cause on its instances (truth ``cause``, ``reprefill_tokens``) × the
+same cost basis the findings use (the metric run's ``m_cost``: $/s ÷ prefill tokens/s per instance) × 604,800 ÷
+the true window (first call start to last call end).
 """
 
 from __future__ import annotations
