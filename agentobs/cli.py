@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from . import __version__
 from .config import Settings, load_settings, settings_markdown
@@ -81,6 +82,17 @@ def _is_ch(src) -> bool:
 
     return is_clickhouse(src)
 # --- end backend choice ----------------------------------------------------------------------------
+
+
+def _filters(filters) -> dict[str, list[str]]:
+    """Repeated ``--filter KEY=VALUE`` options as {key: [values]} (what the metrics and findings APIs take)."""
+    flt: dict[str, list[str]] = {}
+    for f in filters:
+        key, sep, value = f.partition("=")
+        if not sep or not key.strip():
+            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
+        flt.setdefault(key.strip(), []).append(value)
+    return flt
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -603,18 +615,29 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
 
 # --- collectors ------------------------------------------------------------------------------------
 @cli.command("collect")
-@click.option("--config", "fleet_path", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--fleet", "fleet_path", type=click.Path(exists=True, dir_okay=False),
               help="Fleet file (YAML): receivers, scrape targets, KV-event publishers (see collectors/fleet.yaml).")
+@click.option("--config", "old_fleet_path", type=click.Path(exists=True, dir_okay=False),
+              help="Deprecated alias of --fleet (for one release; then --config is the settings file, as on every "
+                   "other command).")
 @click.option("--db", "db", envvar="AGENTOBS_DB", default=None, help="DuckDB file (default ./agentobs.duckdb).")
 @click.option("--settings", "settings_path", envvar="AGENTOBS_CONFIG", default=None, help="Settings file (TOML).")
 @click.option("--debug", is_flag=True, default=False, help="Show tracebacks.")
 @click.pass_context
-def collect_cmd(click_ctx, fleet_path, db, settings_path, debug):
+def collect_cmd(click_ctx, fleet_path, old_fleet_path, db, settings_path, debug):
     """Run the collectors until SIGTERM/SIGINT: OTLP gRPC+HTTP receivers, the fleet scraper, KV-event
     subscribers, the health /metrics endpoint and the read snapshot readers use (--db of readers)."""
     from .collect.fleet import load_fleet
     from .collect.service import Service, run_forever
 
+    if old_fleet_path is not None:
+        if fleet_path is not None:
+            raise click.UsageError("give the fleet file once: --fleet FLEET.yaml (--config is its deprecated alias)")
+        fleet_path = old_fleet_path
+        err_console.print("warning: `agentobs collect --config FLEET.yaml` is deprecated; use --fleet FLEET.yaml "
+                          "(--config will be the settings file, as on every other command)", highlight=False)
+    if fleet_path is None:
+        raise click.UsageError("Missing option '--fleet' (the fleet file, e.g. collectors/fleet.yaml).")
     parent = click_ctx.find_object(Ctx)
     ctx = Ctx(db or (parent._db if parent else None), settings_path or (parent.config if parent else None), debug)
     fleet = load_fleet(fleet_path, ctx.settings)
@@ -740,12 +763,7 @@ def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, backend, clickho
     if not name:
         _emit(catalogue_table(), fmt, "metrics (agentobs metrics NAME --by ...; formulas in docs/metrics.md)")
         return
-    flt: dict[str, list[str]] = {}
-    for f in filters:
-        key, sep, value = f.partition("=")
-        if not sep or not key.strip():
-            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
-        flt.setdefault(key.strip(), []).append(value)
+    flt = _filters(filters)
     with _source(ctx, backend, clickhouse_url) as src:
         df = compute(name, db=src, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
     _emit(df.to_arrow(), fmt, f"{name}" + (f" by {by}" if by else "") + (" (ClickHouse)" if _is_ch(src) else ""))
@@ -821,16 +839,6 @@ def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s, backend, clickhouse_
 
 
 # --- findings --------------------------------------------------------------------------------------
-def _filters(filters) -> dict[str, list[str]]:
-    flt: dict[str, list[str]] = {}
-    for f in filters:
-        key, sep, value = f.partition("=")
-        if not sep or not key.strip():
-            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
-        flt.setdefault(key.strip(), []).append(value)
-    return flt
-
-
 def _ledger(ctx: Ctx, since, until, filters, backend=None, clickhouse_url=None, include_acked=False,
             simulate=True):
     from .findings import build
@@ -987,7 +995,7 @@ def ch_init_cmd(ctx: Ctx, url):
         n = ch.arrow("SELECT count() AS n FROM spans").column(0)[0].as_py()
     finally:
         ch.close()
-    err_console.print(f"ClickHouse model ready at {url} ({n:,} spans resolved)")
+    err_console.print(f"ClickHouse model ready at {ch} ({n:,} spans resolved)", highlight=False)
 
 
 @clickhouse_grp.command("load")
@@ -1039,12 +1047,7 @@ def ch_metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, url):
     from .backends.clickhouse import metrics as chm
     from .backends.clickhouse.conn import ClickHouse
 
-    flt: dict[str, list[str]] = {}
-    for f in filters:
-        key, sep, value = f.partition("=")
-        if not sep or not key.strip():
-            raise click.UsageError(f"--filter {f!r}: expected KEY=VALUE, e.g. --filter instance=10.0.0.1:8000")
-        flt.setdefault(key.strip(), []).append(value)
+    flt = _filters(filters)
     ch = ClickHouse(url or ctx.settings.clickhouse_url)
     try:
         df = chm.compute(name, ch, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
@@ -1087,14 +1090,15 @@ def main(argv: list[str] | None = None) -> None:
     except AgentobsError as e:
         if debug:
             raise
-        err_console.print(f"[red]error:[/red] {e}", highlight=False)
+        err_console.print(f"[red]error:[/red] {escape(str(e))}", highlight=False)  # "[cost]" is text, not markup
         raise SystemExit(e.exit_code) from None
     except SystemExit:
         raise
     except Exception as e:  # noqa: BLE001 - one line unless --debug
         if debug:
             raise
-        err_console.print(f"[red]internal error:[/red] {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+        err_console.print(f"[red]internal error:[/red] {type(e).__name__}: {escape(str(e))} (rerun with --debug for "
+                          "the traceback)",
                           highlight=False)
         raise SystemExit(70) from None
 

@@ -5,6 +5,11 @@ loader, ``agentobs settings`` and docs/settings.md (a test fails when the docs m
 
 Precedence (last wins): defaults < settings file < environment (``AGENTOBS_<NAME>``) < CLI flags.
 The settings file is ``--config PATH``, else ``$AGENTOBS_CONFIG``, else ``./agentobs.toml`` if present.
+
+The file is validated when it is loaded: an unknown setting or table, a value of the wrong type and a bad
+table (``[cost]``, checked by its owner, see ``SECTIONS``) are a ConfigError naming the file and the key.
+Code reads every setting one way, as an attribute: ``settings.ttft_slo_s``, ``settings.cost`` (a table,
+``{}`` when the file has none); ``getattr(settings, name)`` where the name is data.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 
 @dataclass(frozen=True)
@@ -121,27 +126,31 @@ SETTINGS: tuple[Setting, ...] = (
 
 _BY_NAME = {s.name: s for s in SETTINGS}
 
+# The tables a settings file may hold: name -> (the function that validates it, "module:function", imported when
+# the file has the table; what it is). Any other table is an error.
+SECTIONS: dict[str, tuple[str, str]] = {
+    "cost": ("agentobs.metrics.cost:parse_cost", "the cost model (docs/metrics.md, \"Cost model\")"),
+}
+
 
 @dataclass
 class Settings:
+    """Values by name (what the settings file and the environment set; the rest are defaults), read as attributes:
+    ``settings.db``, ``settings.cost``. An unknown name is an AttributeError, never a silent default."""
+
     values: dict[str, Any] = field(default_factory=dict)
     source: str = "defaults"
 
     def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
         values = self.__dict__.get("values", {})
-        if name in values:
-            return values[name]
         if name in _BY_NAME:
-            return _BY_NAME[name].default
-        raise AttributeError(name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.values.get(name, _BY_NAME[name].default if name in _BY_NAME else default)
-
-    def section(self, name: str) -> dict[str, Any]:
-        """A free-form TOML table (e.g. ``[cost]``) that a subsystem validates itself."""
-        val = self.values.get(name, {})
-        return val if isinstance(val, dict) else {}
+            return values.get(name, _BY_NAME[name].default)
+        if name in SECTIONS:
+            table = values.get(name, {})
+            return table if isinstance(table, dict) else {}
+        raise AttributeError(f"no setting {name!r}{did_you_mean(name, [*_BY_NAME, *SECTIONS])}")
 
 
 def _coerce(setting: Setting, value: Any, where: str) -> Any:
@@ -159,11 +168,13 @@ def _coerce(setting: Setting, value: Any, where: str) -> Any:
                 return value.strip().lower() in ("true", "1", "yes")
             raise TypeError
         if setting.type is int and not isinstance(value, bool):
+            if isinstance(value, float) and not value.is_integer():
+                raise TypeError
             return int(value)
         if setting.type is float and not isinstance(value, bool):
             return float(value)
-        if setting.type is str:
-            return str(value)
+        if setting.type is str and isinstance(value, str):
+            return value
     except (TypeError, ValueError):
         pass
     raise ConfigError(
@@ -171,11 +182,15 @@ def _coerce(setting: Setting, value: Any, where: str) -> Any:
     )
 
 
-def _did_you_mean(name: str) -> str:
-    import difflib
+def _check_section(name: str, table: Any, where: str) -> None:
+    """Validate the table ``name`` with its owner's function (SECTIONS); its errors name the file too."""
+    import importlib
 
-    close = difflib.get_close_matches(name, list(_BY_NAME), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    module, _, func = SECTIONS[name][0].partition(":")
+    try:
+        getattr(importlib.import_module(module), func)(table)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from e
 
 
 def load_settings(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Settings:
@@ -192,14 +207,17 @@ def load_settings(path: str | os.PathLike | None = None, env: dict[str, str] | N
         try:
             data = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: invalid TOML: {e}") from None
+            raise ConfigError(f"{p}: invalid TOML: {e}") from e
         for key, value in data.items():
             if key in _BY_NAME:
                 values[key] = _coerce(_BY_NAME[key], value, str(p))
+            elif key in SECTIONS:
+                _check_section(key, value, str(p))
+                values[key] = value
             elif isinstance(value, dict):
-                values[key] = value  # a section, validated by its owner (e.g. [cost])
+                raise ConfigError(f"{p}: unknown table [{key}]{did_you_mean(key, SECTIONS, 'known tables:')}")
             else:
-                raise ConfigError(f"{p}: unknown setting {key!r}{_did_you_mean(key)}")
+                raise ConfigError(f"{p}: unknown setting {key!r}{did_you_mean(key, _BY_NAME)}")
         source = str(p)
     for s in SETTINGS:
         ev = env.get(f"AGENTOBS_{s.name.upper()}")

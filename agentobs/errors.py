@@ -38,3 +38,16 @@ class QueryError(AgentobsError):
 
 class StoreError(AgentobsError):
     """The DuckDB store cannot be opened or migrated."""
+
+
+def did_you_mean(word: str, options, listing: str | None = None) -> str:
+    """The hint an unknown-name message ends with: `` (did you mean 'x'?)`` for the closest of ``options``, else
+    `` (<listing> a, b, c)`` with the options in the order given when ``listing`` is set (e.g. ``"known:"``), else
+    ``""``."""
+    import difflib
+
+    options = list(options)
+    close = difflib.get_close_matches(word, options, n=1)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return f" ({listing} {', '.join(options)})" if listing else ""

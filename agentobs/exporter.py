@@ -94,7 +94,7 @@ def compute_snapshot(db, settings: Settings, clock: Callable[[], float] = time.t
     """The derived metrics of the calls that started in ``[now − window_s, now)``."""
     from .metrics import names, prepare
 
-    window_s = float(window_s if window_s is not None else settings.get("exporter_window_s"))
+    window_s = float(window_s if window_s is not None else settings.exporter_window_s)
     t0 = time.perf_counter()
     now = clock()
     hours = window_s / 3600.0
@@ -160,8 +160,8 @@ class DerivedCollector:
         self.db = db
         self.settings = settings if settings is not None else load_settings()
         self.clock = clock
-        self.refresh_s = float(refresh_s if refresh_s is not None else self.settings.get("exporter_refresh_s"))
-        self.window_s = float(window_s if window_s is not None else self.settings.get("exporter_window_s"))
+        self.refresh_s = float(refresh_s if refresh_s is not None else self.settings.exporter_refresh_s)
+        self.window_s = float(window_s if window_s is not None else self.settings.exporter_window_s)
         self.snapshot: Snapshot | None = None
         self.errors = 0
         self.last_error = ""

@@ -11,6 +11,16 @@ from streamlit.testing.v1 import AppTest
 from test_console_store import WORKED_SESSION
 
 
+def fresh_view(at: AppTest) -> AppTest:
+    """The module's shared AppTest, ready for the next test that only reads (goes to a page and reads it): no URL
+    parameters, and the sidebar filters back to their defaults (the next run takes them from the empty URL, as a
+    new browser session would). Tests that change widgets build their own AppTest."""
+    at.query_params.clear()
+    if "_f_last" in at.session_state:
+        del at.session_state["_f_last"]
+    return at
+
+
 def goto(at: AppTest, file: str, **qp) -> AppTest:
     at.switch_page(f"views/{file}")
     for k, v in qp.items():

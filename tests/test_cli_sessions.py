@@ -37,11 +37,9 @@ Retries: s1 has 2 (d2: attempt 2; c7: c6 failed and c7 re-sends P 6000), s2 has 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
+from cli_run import run_cli
 
 from agentobs.collect.files import import_otlp
 from agentobs.collect.otlp import decode_json
@@ -114,11 +112,8 @@ def db(tmp_path_factory):
 
 
 def agentobs(*args):
-    # a pipe without $COLUMNS: tables 120 wide (os.environ, not the process's C environment, which a test run
-    # may have given COLUMNS=80)
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    r = subprocess.run([sys.executable, "-m", "agentobs.cli", *args], capture_output=True, text=True, timeout=120,
-                       env=env)
+    # not a terminal, without $COLUMNS: tables 120 wide (a test run may have given COLUMNS=80)
+    r = run_cli(*args, env={"COLUMNS": None, "LINES": None})
     assert r.returncode == 0, r.stderr
     return r.stdout
 

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 
 import pyarrow as pa
 import pytest
+from cli_run import run_cli
 from rich.cells import cell_len
 from rich.console import Console
 from test_findings_rules import SG, WINDOW, Fleet, build, two_turn_sessions
@@ -126,13 +124,9 @@ def test_table_width(monkeypatch):
     assert table_width(Console(file=io.StringIO(), force_terminal=True, width=93)) == 93
 
 
-# -- the commands, in a real pipe and at 80 columns --------------------------------------------------------------
+# -- the commands, not on a terminal (as in a pipe) and at 80 columns --------------------------------------------
 def agentobs(*args, columns: int | None = None):
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    if columns:
-        env["COLUMNS"] = str(columns)
-    r = subprocess.run([sys.executable, "-m", "agentobs.cli", *args], capture_output=True, text=True, env=env,
-                       timeout=120)
+    r = run_cli(*args, env={"COLUMNS": str(columns) if columns else None, "LINES": None})
     assert r.returncode == 0, r.stderr
     return r.stdout
 
@@ -198,3 +192,17 @@ def test_metric_catalogue_and_findings_fit(tmp_path, store, db_path):
     for columns in (80, None):
         lines = agentobs("findings", *win, columns=columns).splitlines()
         assert_one_line_per_row(lines, columns or PIPE_WIDTH, ["hicache_off/"])
+
+
+def test_a_real_pipe_gets_the_pipe_width(cli_store):
+    """End to end: `agentobs sessions` in a new interpreter writing to a real pipe, without $COLUMNS."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    r = subprocess.run([sys.executable, "-m", "agentobs.cli", "sessions", "--db", cli_store], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(agentobs("sessions", "--db", cli_store, "--format", "json"))
+    assert_one_line_per_row(r.stdout.splitlines(), PIPE_WIDTH, [row["session_id"][:7] for row in rows])

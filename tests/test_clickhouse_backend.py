@@ -245,6 +245,7 @@ def test_bad_url(url, error):
         ClickHouse(url)
 
 
+@pytest.mark.slow  # end to end: the commands in a child process
 def test_cli_load_init_sql_metrics(tmp_path):
     """The commands end to end on an on-disk chDB, in a child process (chDB allows one database per
     process, and this module's fixture holds an in-memory one): load the worked example, query, refuse writes."""

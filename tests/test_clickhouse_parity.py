@@ -213,6 +213,7 @@ print(json.dumps(res))
 """
 
 
+@pytest.mark.slow  # end to end: the commands in a child process
 def test_cli_backend_clickhouse(tmp_path):
     """The top-level commands with --backend clickhouse (or $AGENTOBS_BACKEND) on an on-disk chDB, in a child
     process (chDB opens one database path per process; this module holds an in-memory one)."""

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import duckdb
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -37,8 +38,10 @@ health: "127.0.0.1:{health_port}"
 snapshot: {{every_s: {snapshot_every}}}
 {extra}
 """)
-    env = {**os.environ, "AGENTOBS_COLLECT_COMMIT_S": "0.01"}
-    proc = subprocess.Popen([*AGENTOBS, "collect", "--config", str(fleet), "--db", str(db)], cwd=tmp_path, env=env,
+    # cwd is tmp_path: PYTHONPATH makes `-m agentobs.cli` this checkout's, not the editable install's
+    env = {**os.environ, "AGENTOBS_COLLECT_COMMIT_S": "0.01",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.Popen([*AGENTOBS, "collect", "--fleet", str(fleet), "--db", str(db)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -60,6 +63,7 @@ def _post(conn, body):
     return r.status
 
 
+@pytest.mark.slow  # end to end: a real `agentobs collect` process, killed
 def test_acknowledged_spans_survive_sigkill(tmp_path):
     db = tmp_path / "d.duckdb"
     proc, port, _ = _start(tmp_path, db)
@@ -83,6 +87,7 @@ def test_acknowledged_spans_survive_sigkill(tmp_path):
     assert n == 12 * 64  # every acknowledged span (12 exports x 64) is there
 
 
+@pytest.mark.slow  # end to end: a real `agentobs collect` process, stopped
 def test_sigterm_flushes_and_publishes_a_readable_snapshot(tmp_path):
     sys.path.insert(0, str(ROOT / "tests"))
     from test_collect_scraper import VLLM, Site
@@ -127,3 +132,49 @@ def test_sigterm_flushes_and_publishes_a_readable_snapshot(tmp_path):
     snap = duckdb.connect(str(tmp_path / "d.read.duckdb"), read_only=True)
     assert snap.execute("SELECT count(*) FROM scrapes WHERE ok").fetchone() == (ok,)
     snap.close()
+
+
+@pytest.mark.parametrize("flag", ["--fleet", "--config"])
+def test_collect_takes_the_fleet_file_as_fleet_and_config_still_with_a_warning(tmp_path, monkeypatch, capsys, flag):
+    """--fleet FLEET.yaml; --config FLEET.yaml is its deprecated alias for one release (a warning line)."""
+    from agentobs.cli import main
+    from agentobs.collect import service
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text('receiver: {grpc: "", http: "127.0.0.1:4999"}\nhealth: ""\n'
+                     'scrape: {targets: [{url: "http://10.0.0.1:8000/metrics"}]}\n')
+    ran = []
+
+    class FakeService:
+        snapshot_path = "x.read.duckdb"
+
+        def __init__(self, fleet, settings, db):
+            ran.append((fleet, db))
+
+        def status_line(self):
+            return "ok"
+
+    monkeypatch.setattr(service, "Service", FakeService)
+    monkeypatch.setattr(service, "run_forever", lambda svc, status: None)
+    main(["collect", flag, str(fleet), "--db", str(tmp_path / "f.duckdb")])
+    err = " ".join(capsys.readouterr().err.split())
+    (got, db), = ran
+    assert [t.url for t in got.targets] == ["http://10.0.0.1:8000/metrics"] and got.http == "127.0.0.1:4999"
+    assert db == str(tmp_path / "f.duckdb")
+    warning = ("warning: `agentobs collect --config FLEET.yaml` is deprecated; use --fleet FLEET.yaml (--config will "
+               "be the settings file, as on every other command)")
+    assert (warning in err) == (flag == "--config")
+    assert "1 scrape target(s)" in err
+
+
+def test_collect_needs_the_fleet_file_once(tmp_path, capsys):
+    from agentobs.cli import main
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("health: ''\n")
+    with pytest.raises(SystemExit) as e:
+        main(["collect", "--db", str(tmp_path / "f.duckdb")])
+    assert e.value.code == 2 and "Missing option '--fleet'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["collect", "--fleet", str(fleet), "--config", str(fleet)])
+    assert e.value.code == 2 and "give the fleet file once" in capsys.readouterr().err

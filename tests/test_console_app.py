@@ -13,6 +13,7 @@ from console_checks import (
     check_sql_refused,
     check_worked_timeline,
     df_of,
+    fresh_view,
     goto,
     reload,
 )
@@ -34,28 +35,50 @@ def db(tmp_path_factory):
     return build_store(tmp / "console.duckdb", tmp)
 
 
-@pytest.fixture
-def app(db, monkeypatch, tmp_path):
-    monkeypatch.setenv("AGENTOBS_DB", str(db))
-    monkeypatch.setenv("AGENTOBS_CONSOLE_QUERIES", str(tmp_path / "queries.json"))
-    monkeypatch.delenv("AGENTOBS_CONFIG", raising=False)
+def _env(mp, db, queries):
+    mp.setenv("AGENTOBS_DB", str(db))
+    mp.setenv("AGENTOBS_CONSOLE_QUERIES", str(queries))
+    mp.delenv("AGENTOBS_CONFIG", raising=False)
+
+
+def _started():
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 
 
+@pytest.fixture
+def app(db, monkeypatch, tmp_path):
+    """A new AppTest (a new browser session) for a test that changes widgets or session state."""
+    _env(monkeypatch, db, tmp_path / "queries.json")
+    return _started()
+
+
+@pytest.fixture(scope="module")
+def shared_app(db, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        _env(mp, db, tmp_path_factory.mktemp("queries") / "queries.json")
+        yield _started()
+
+
+@pytest.fixture
+def view(shared_app):
+    """The module's one AppTest, for a test that only reads (goes to a page, reads it): started once."""
+    return fresh_view(shared_app)
+
+
 @pytest.mark.parametrize("file,title", [(p[0], p[1]) for p in PAGES])
-def test_every_page_renders(app, file, title):
-    goto(app, file)
-    assert app.title[0].value == title
+def test_every_page_renders(view, file, title):
+    goto(view, file)
+    assert view.title[0].value == title
     # every page states its view window and basis under the title
-    assert app.caption[0].value.startswith("View: all data")
+    assert view.caption[0].value.startswith("View: all data")
 
 
-def test_sessions_table_numbers_equal_metrics_api(app, db):
-    goto(app, "sessions.py")
-    df = df_of(app)
+def test_sessions_table_numbers_equal_metrics_api(view, db):
+    goto(view, "sessions.py")
+    df = df_of(view)
     # 1 worked-example session + 4 generated ones, each once
     assert sorted(df["session_id"]) == sorted([WORKED_SESSION, "sess-gen-01", "sess-gen-02", "sess-gen-03",
                                                "sess-gen-04"])
@@ -95,26 +118,26 @@ def test_open_timeline_button_carries_session_and_filters(app):
     assert app.query_params["model"] == QWEN
 
 
-def test_session_timeline_worked_example(app, db):
-    check_worked_timeline(app)
+def test_session_timeline_worked_example(view, db):
+    check_worked_timeline(view)
 
 
-def test_session_timeline_marks_instance_change(app):
-    check_instance_change(app)
+def test_session_timeline_marks_instance_change(view):
+    check_instance_change(view)
 
 
-def test_unknown_session_suggests_the_nearest(app):
-    goto(app, "session.py", session="sess-gen-2")
-    assert "no calls for session 'sess-gen-2'" in app.error[0].value
-    assert "did you mean" in app.error[0].value
+def test_unknown_session_suggests_the_nearest(view):
+    goto(view, "session.py", session="sess-gen-2")
+    assert "no calls for session 'sess-gen-2'" in view.error[0].value
+    assert "did you mean" in view.error[0].value
 
 
-def test_overview_kpis_equal_metrics_api(app, db):
-    goto(app, "overview.py")
+def test_overview_kpis_equal_metrics_api(view, db):
+    goto(view, "overview.py")
     reuse = compute("reuse", db=str(db), by="model")
     rep = compute("reprefill", db=str(db), by="model")
-    assert [s.value for s in app.subheader][:2] == sorted(reuse["model"].to_list(), key=reuse["model"].to_list().index)
-    metrics = [(m.label, m.value) for m in app.metric]
+    assert [s.value for s in view.subheader][:2] == sorted(reuse["model"].to_list(), key=reuse["model"].to_list().index)
+    metrics = [(m.label, m.value) for m in view.metric]
     u = [v for label, v in metrics if label == "Session reuse hit rate U"]
     share = [v for label, v in metrics if label == "Re-prefill share (tokens)"]
     for i, model in enumerate(reuse["model"]):
@@ -131,10 +154,10 @@ def test_overview_kpis_equal_metrics_api(app, db):
         assert shown[i] == (ui.ms(p99[0]) if p99.len() else "–")
     assert any(v != "–" for v in shown)  # the fixture store streams: at least one model has gaps
     # `all` has no previous period: no deltas
-    assert all(m.delta in (None, "") for m in app.metric)
+    assert all(m.delta in (None, "") for m in view.metric)
 
 
-def test_overview_ttft_p99_is_the_metrics_overall_p99(app, db):
+def test_overview_ttft_p99_is_the_metrics_overall_p99(view, db):
     # "Turn-resume TTFT p99" per model = `agentobs metrics turn_resume_ttft --by model`'s overall row (gap bucket
     # and hit class `all`: the p99 over all the model's calls 2…n), not a gap bucket's row
     import json
@@ -147,9 +170,9 @@ def test_overview_ttft_p99_is_the_metrics_overall_p99(app, db):
     assert res.exit_code == 0, res.output
     rows = json.loads(res.output)
     overall = {r["model"]: r for r in rows if r["gap_bucket"] == "all" and r["hit_class"] == "all"}
-    goto(app, "overview.py")
-    models = [s.value for s in app.subheader if s.value in overall]
-    shown = [m.value for m in app.metric if m.label == "Turn-resume TTFT p99"]
+    goto(view, "overview.py")
+    models = [s.value for s in view.subheader if s.value in overall]
+    shown = [m.value for m in view.metric if m.label == "Turn-resume TTFT p99"]
     assert models and len(shown) == len(models)
     for model, value in zip(models, shown, strict=True):
         p99 = overall[model]["ttft_p99_s"]
@@ -159,10 +182,10 @@ def test_overview_ttft_p99_is_the_metrics_overall_p99(app, db):
         assert len(buckets) > 1 and overall[model]["calls"] == sum(r["calls"] for r in buckets)
 
 
-def test_overview_with_window_shows_change_vs_previous(app):
-    goto(app, "overview.py", window="30d")
+def test_overview_with_window_shows_change_vs_previous(view):
+    goto(view, "overview.py", window="30d")
     # the previous 30 days hold no calls: the metrics there are empty, so still no delta, and no exception
-    assert app.metric and not app.exception
+    assert view.metric and not view.exception
 
 
 def test_overview_change_vs_previous_equals_metrics_api_of_both_periods(app, db, monkeypatch):
@@ -227,22 +250,22 @@ def test_widget_change_updates_url(app):
     assert app.query_params["window"] == "15m"
 
 
-def test_bad_url_values_warn_and_page_still_renders(app):
-    goto(app, "sessions.py", window="3 weeks", since="yesterday", instance="10.9.9.9:1")
-    warnings = " | ".join(w.value for w in app.sidebar.warning)
+def test_bad_url_values_warn_and_page_still_renders(view):
+    goto(view, "sessions.py", window="3 weeks", since="yesterday", instance="10.9.9.9:1")
+    warnings = " | ".join(w.value for w in view.sidebar.warning)
     assert "ignored window='3 weeks'" in warnings
     assert "ignored since='yesterday'" in warnings
     assert "no data for instance=10.9.9.9:1" in warnings
 
 
-def test_engines_page(app, db):
-    goto(app, "engines.py")
-    inst = df_of(app, 0)
+def test_engines_page(view, db):
+    goto(view, "engines.py")
+    inst = df_of(view, 0)
     assert sorted(inst["instance"]) == ["10.42.7.31:8000", "10.42.7.32:8000", "10.42.7.40:30000"]
     # 3 scrapes for each vLLM instance, 1 for SGLang
     assert dict(zip(inst["instance"], inst["scrapes"], strict=True)) == {
         "10.42.7.31:8000": 3, "10.42.7.32:8000": 3, "10.42.7.40:30000": 1}
-    fleet = df_of(app, 1)
+    fleet = df_of(view, 1)
     api = compute("fleet_hit_rate", db=str(db), by="instance")
     assert fleet.columns == api.columns
     shown = dict(zip(fleet["instance"], fleet[fleet.columns[-1]], strict=True))
@@ -254,7 +277,7 @@ def test_engines_page(app, db):
     hr = next(c for c in api.columns if "hit_rate" in c)
     a_row = api.filter(pl.col("instance") == "10.42.7.31:8000").row(0, named=True)
     assert a_row[hr] == pytest.approx(5_655_408 / 6_499_530)
-    assert len(app.get("vega_lite_chart")) >= 2
+    assert len(view.get("vega_lite_chart")) >= 2
 
 
 def test_sql_page_runs_a_query(app):
@@ -287,8 +310,8 @@ def test_sql_page_row_cap_says_truncated(app):
     ("SELECT * FROM 'https://example.com/x.parquet'", "refused: file and network access is disabled"),
     ("SELECT 1; SELECT 2", "one statement at a time, got 2"),
 ])
-def test_sql_page_refuses(app, sql, message):
-    check_sql_refused(app, sql, message)
+def test_sql_page_refuses(view, sql, message):
+    check_sql_refused(view, sql, message)
 
 
 def test_saved_queries_roundtrip(app, tmp_path):
@@ -363,16 +386,16 @@ def test_saved_queries_file_errors(tmp_path):
         saved.save("example: mine", "SELECT 1", tmp_path / "ok.json")
 
 
-def test_findings_page_matches_findings_run(app, db):
+def test_findings_page_matches_findings_run(view, db):
     from agentobs.findings import run
 
-    goto(app, "findings.py")
+    goto(view, "findings.py")
     n = len(run(str(db)))
     if n == 0:
-        assert app.success[0].value == "No findings in this view."
+        assert view.success[0].value == "No findings in this view."
     else:
-        assert app.caption[1].value.startswith(f"{n} finding(s)")
-    assert len(app.main.expander) == n  # one expander per finding (the sidebar has its own)
+        assert view.caption[1].value.startswith(f"{n} finding(s)")
+    assert len(view.main.expander) == n  # one expander per finding (the sidebar has its own)
 
 
 def _render_one():
@@ -398,10 +421,10 @@ def test_finding_renders_evidence_money_and_copyable_fix():
 
 
 # -- charts: their data is the metric's output ----------------------------------------------------------------
-def test_turn_resume_chart_data_is_the_metric_output(app, db):
-    goto(app, "turn_resume.py")
+def test_turn_resume_chart_data_is_the_metric_output(view, db):
+    goto(view, "turn_resume.py")
     api = compute("turn_resume_ttft", db=str(db), by="instance")
-    shown = charts_of(app)
+    shown = charts_of(view)
     assert len(shown) == api["instance"].n_unique() > 1   # one small chart per instance, none summing them
     for spec, data in shown:
         inst = spec["title"].removeprefix("instance: ")
@@ -418,10 +441,10 @@ def test_turn_resume_chart_data_is_the_metric_output(app, db):
         assert charts.CLASS_COLORS["miss"] == "#c62828"
 
 
-def test_itl_chart_data_is_the_metric_output(app, db):
-    goto(app, "itl.py")
+def test_itl_chart_data_is_the_metric_output(view, db):
+    goto(view, "itl.py")
     api = compute("itl_tail", db=str(db), by="instance").filter(pl.col("method") == "per_chunk")
-    shown = charts_of(app)
+    shown = charts_of(view)
     assert shown and len(shown) == api.height
     for spec, data in shown:
         inst = spec["title"].removeprefix("instance: ")
@@ -433,14 +456,14 @@ def test_itl_chart_data_is_the_metric_output(app, db):
         assert ("a long prefill overlapping", "p99") in got or row["p99_with_long_prefill_ms"] is None
 
 
-def test_overview_chart_per_model_is_the_metric_output(app, db):
-    goto(app, "overview.py")
+def test_overview_chart_per_model_is_the_metric_output(view, db):
+    goto(view, "overview.py")
     api = compute("turn_resume_ttft", db=str(db), by="model")
     # the TTFT charts (the first screen's tax-over-time chart, coloured by miss cause, is the ledger's: see
     # test_findings_ledger and the browser test)
-    shown = [(spec, data) for spec, data in charts_of(app)
+    shown = [(spec, data) for spec, data in charts_of(view)
              if spec.get("encoding", {}).get("color", {}).get("field") != "cause"]
-    models = [s.value for s in app.subheader if s.value in set(api["model"])]
+    models = [s.value for s in view.subheader if s.value in set(api["model"])]
     assert len(shown) == len(models) > 0
     for model, (_spec, data) in zip(models, shown, strict=True):
         want = api.filter((pl.col("model") == model) & (pl.col("gap_bucket") != "all")).drop("model")
@@ -506,11 +529,11 @@ def test_sql_text_in_url_and_run_again_on_reload(app):
     assert len(df_of(again)) == 3
 
 
-def test_bad_page_state_in_url_warns(app):
-    goto(app, "turn_resume.py", by="tenant", stat="p42")
-    warned = " | ".join(w.value for w in app.warning)
+def test_bad_page_state_in_url_warns(view):
+    goto(view, "turn_resume.py", by="tenant", stat="p42")
+    warned = " | ".join(w.value for w in view.warning)
     assert "ignored by='tenant'" in warned and "ignored stat='p42'" in warned
-    assert app.selectbox(key="by_turn_resume_ttft").value == "instance"
+    assert view.selectbox(key="by_turn_resume_ttft").value == "instance"
 
 
 # -- the server warms the default Overview at start (agentobs.console.serve) ------------------------------------

@@ -28,6 +28,7 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-net
 
 pytestmark = [
     pytest.mark.browser,
+    pytest.mark.slow,  # a real server and chromium, end to end
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium "
                                                      "(apt-get install -y chromium)"),
 ]

@@ -27,6 +27,7 @@ from console_checks import (  # noqa: E402
     check_sql_refused,
     check_worked_timeline,
     df_of,
+    fresh_view,
     goto,
 )
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -67,18 +68,39 @@ def stores(tmp_path_factory):
     data.close_clickhouse(url)  # chDB: one path per process; later modules open their own
 
 
-@pytest.fixture
-def app(stores, monkeypatch, tmp_path):
-    _, url = stores
-    monkeypatch.setenv("AGENTOBS_BACKEND", "clickhouse")
-    monkeypatch.setenv("AGENTOBS_CLICKHOUSE_URL", url)
-    monkeypatch.delenv("AGENTOBS_DB", raising=False)
-    monkeypatch.setenv("AGENTOBS_CONSOLE_QUERIES", str(tmp_path / "queries.json"))
-    monkeypatch.delenv("AGENTOBS_CONFIG", raising=False)
+def _env(mp, url, queries):
+    mp.setenv("AGENTOBS_BACKEND", "clickhouse")
+    mp.setenv("AGENTOBS_CLICKHOUSE_URL", url)
+    mp.delenv("AGENTOBS_DB", raising=False)
+    mp.setenv("AGENTOBS_CONSOLE_QUERIES", str(queries))
+    mp.delenv("AGENTOBS_CONFIG", raising=False)
+
+
+def _started():
     at = AppTest.from_file(str(APP), default_timeout=TIMEOUT)
     at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
+
+
+@pytest.fixture
+def app(stores, monkeypatch, tmp_path):
+    """A new AppTest (a new browser session) for a test that changes widgets or session state."""
+    _env(monkeypatch, stores[1], tmp_path / "queries.json")
+    return _started()
+
+
+@pytest.fixture(scope="module")
+def shared_app(stores, tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        _env(mp, stores[1], tmp_path_factory.mktemp("queries") / "queries.json")
+        yield _started()
+
+
+@pytest.fixture
+def view(shared_app):
+    """The module's one AppTest, for a test that only reads (goes to a page, reads it): started once."""
+    return fresh_view(shared_app)
 
 
 def same(a, b) -> bool:
@@ -89,13 +111,13 @@ def same(a, b) -> bool:
 
 # -- every page ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("file,title", [(p[0], p[1]) for p in PAGES])
-def test_every_page_renders_on_clickhouse(app, file, title):
-    goto(app, file)
-    assert app.title[0].value == title
-    assert app.caption[0].value.startswith("View: all data")
-    assert not app.error, [e.value for e in app.error]  # no metric or read failed on the page
+def test_every_page_renders_on_clickhouse(view, file, title):
+    goto(view, file)
+    assert view.title[0].value == title
+    assert view.caption[0].value.startswith("View: all data")
+    assert not view.error, [e.value for e in view.error]  # no metric or read failed on the page
     # the sidebar names the source: ClickHouse and its URL
-    assert any(c.value.startswith("ClickHouse: `chdb://") for c in app.sidebar.caption)
+    assert any(c.value.startswith("ClickHouse: `chdb://") for c in view.sidebar.caption)
 
 
 def test_stamp_is_the_data_parts_state(stores):
@@ -117,10 +139,10 @@ def test_stamp_is_the_data_parts_state(stores):
 
 
 # -- numbers equal the DuckDB side ----------------------------------------------------------------------
-def test_sessions_numbers_equal_duckdb(app, stores):
+def test_sessions_numbers_equal_duckdb(view, stores):
     db, _ = stores
-    goto(app, "sessions.py")
-    df = df_of(app)
+    goto(view, "sessions.py")
+    df = df_of(view)
     assert sorted(df["session_id"]) == sorted([WORKED_SESSION, "sess-gen-01", "sess-gen-02", "sess-gen-03",
                                                "sess-gen-04"])
     api = compute("reuse", db=str(db), by="session")  # the DuckDB store
@@ -160,30 +182,30 @@ def test_sessions_sort_and_search(app):
     assert sorted(df_of(app)["session_id"]) == ["sess-gen-01", "sess-gen-02", "sess-gen-03", "sess-gen-04"]
 
 
-def test_session_timeline_worked_example(app):
-    check_worked_timeline(app)
+def test_session_timeline_worked_example(view):
+    check_worked_timeline(view)
 
 
-def test_session_timeline_instance_change_and_tools(app):
-    check_instance_change(app)
-    tools = df_of(app, 1)  # web_search from 32.2 s to 39.8 s of the session (tests/test_console_store.py)
+def test_session_timeline_instance_change_and_tools(view):
+    check_instance_change(view)
+    tools = df_of(view, 1)  # web_search from 32.2 s to 39.8 s of the session (tests/test_console_store.py)
     assert tools["tool_name"].to_list() == ["web_search"]
     assert tools["duration_s"][0] == pytest.approx(7.6)
 
 
-def test_unknown_session_suggests_the_nearest(app):
-    goto(app, "session.py", session="sess-gen-2")  # jaroWinklerSimilarity on ClickHouse
-    err = app.error[0].value
+def test_unknown_session_suggests_the_nearest(view):
+    goto(view, "session.py", session="sess-gen-2")  # jaroWinklerSimilarity on ClickHouse
+    err = view.error[0].value
     assert "no calls for session 'sess-gen-2'" in err and "did you mean 'sess-gen-0" in err
 
 
-def test_overview_kpis_equal_duckdb(app, stores):
+def test_overview_kpis_equal_duckdb(view, stores):
     db, _ = stores
-    goto(app, "overview.py")
+    goto(view, "overview.py")
     reuse = compute("reuse", db=str(db), by="model")
     rep = compute("reprefill", db=str(db), by="model")
-    assert [s.value for s in app.subheader][:2] == reuse["model"].to_list()
-    metrics = [(m.label, m.value) for m in app.metric]
+    assert [s.value for s in view.subheader][:2] == reuse["model"].to_list()
+    metrics = [(m.label, m.value) for m in view.metric]
     u = [v for label, v in metrics if label == "Session reuse hit rate U"]
     share = [v for label, v in metrics if label == "Re-prefill share (tokens)"]
     cost = [v for label, v in metrics if label == "Re-prefill cost ($)"]
@@ -196,14 +218,14 @@ def test_overview_kpis_equal_duckdb(app, stores):
         assert cost[i] == ui.usd(x["reprefill_cost_usd"])   # 3 significant digits: $0.000334
 
 
-def test_engines_page_equals_duckdb(app, stores):
+def test_engines_page_equals_duckdb(view, stores):
     db, _ = stores
-    goto(app, "engines.py")
-    inst = df_of(app, 0)
+    goto(view, "engines.py")
+    inst = df_of(view, 0)
     # 3 scrapes for each vLLM instance, 1 for SGLang
     assert dict(zip(inst["instance"], inst["scrapes"], strict=True)) == {
         "10.42.7.31:8000": 3, "10.42.7.32:8000": 3, "10.42.7.40:30000": 1}
-    fleet = df_of(app, 1)
+    fleet = df_of(view, 1)
     api = compute("fleet_hit_rate", db=str(db), by="instance")
     assert fleet.columns == api.columns
     hr = next(c for c in api.columns if "hit_rate" in c)
@@ -214,7 +236,7 @@ def test_engines_page_equals_duckdb(app, stores):
     # creation time is inside the view, so the first scrape's totals count too: (5,637,408 + 2 × 9,000) /
     # (6,475,530 + 2 × 12,000) (test_console_app.test_engines_page)
     assert shown["10.42.7.31:8000"] == pytest.approx(5_655_408 / 6_499_530)
-    assert len(app.get("vega_lite_chart")) >= 2  # KV usage / queue charts from the raw samples
+    assert len(view.get("vega_lite_chart")) >= 2  # KV usage / queue charts from the raw samples
 
 
 def test_cost_page_drills_to_a_task(app, stores):
@@ -231,19 +253,19 @@ def test_cost_page_drills_to_a_task(app, stores):
         assert same(shown[c][0], want[c][0]), c
 
 
-def test_findings_page_equals_duckdb(app, stores):
+def test_findings_page_equals_duckdb(view, stores):
     from agentobs.findings import run
 
     db, _ = stores
-    goto(app, "findings.py")
+    goto(view, "findings.py")
     duck = run(str(db))
     if not duck:
-        assert app.success[0].value == "No findings in this view."
+        assert view.success[0].value == "No findings in this view."
     else:
-        assert app.caption[1].value.startswith(f"{len(duck)} finding(s)")
-        heads = sorted(e.label for e in app.main.expander)
+        assert view.caption[1].value.startswith(f"{len(duck)} finding(s)")
+        heads = sorted(e.label for e in view.main.expander)
         assert heads == sorted(e.label for e in _duck_expanders(duck))
-    assert len(app.main.expander) == len(duck)
+    assert len(view.main.expander) == len(duck)
 
 
 def _duck_expanders(items):
@@ -276,9 +298,9 @@ def test_widget_change_updates_url(app):
     assert sorted(df_of(app)["session_id"]) == ["sess-gen-02", "sess-gen-04"]  # both Llama sessions
 
 
-def test_bad_url_values_warn_and_page_still_renders(app):
-    goto(app, "sessions.py", window="3 weeks", instance="10.9.9.9:1")
-    warnings = " | ".join(w.value for w in app.sidebar.warning)
+def test_bad_url_values_warn_and_page_still_renders(view):
+    goto(view, "sessions.py", window="3 weeks", instance="10.9.9.9:1")
+    warnings = " | ".join(w.value for w in view.sidebar.warning)
     assert "ignored window='3 weeks'" in warnings and "no data for instance=10.9.9.9:1" in warnings
 
 
@@ -320,9 +342,9 @@ def test_sql_page_examples_run_on_clickhouse(app):
     ("SELECT file('/etc/passwd')", "refused: file() reaches outside the database"),
     ("SELECT 1; SELECT 2", "one statement only, got 2"),
 ])
-def test_sql_page_refuses(app, sql, message):
-    check_sql_refused(app, sql, message)
-    assert "root:" not in " ".join(e.value for e in app.error)
+def test_sql_page_refuses(view, sql, message):
+    check_sql_refused(view, sql, message)
+    assert "root:" not in " ".join(e.value for e in view.error)
 
 
 # Every statement below is refused before it reaches ClickHouse (parse + function check), with this message.
@@ -382,9 +404,9 @@ def test_clickhouse_sql_allows_harmless_table_functions(stores):
     assert ch_run_query(ch, "SELECT domain('http://a.example/x') AS d").table.column("d").to_pylist() == ["a.example"]
 
 
-def test_schema_browser_lists_the_model_views(app):
-    goto(app, "sql.py")
-    labels = [e.label for e in app.main.expander]
+def test_schema_browser_lists_the_model_views(view):
+    goto(view, "sql.py")
+    labels = [e.label for e in view.main.expander]
     for name in ("llm_calls", "tool_calls", "turn_gaps", "sessions", "tasks", "instance_config", "call_reuse"):
         assert f"{name} (view)" in labels, name
     assert "spans (table)" in labels and "metric_samples (table)" in labels
@@ -404,6 +426,7 @@ def test_cli_console_refuses_a_clickhouse_without_the_model(tmp_path):
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # end to end: a real `agentobs console` server on chDB
 def test_cli_console_serves_clickhouse_on_loopback(stores, tmp_path):
     """`agentobs console --backend clickhouse --clickhouse-url chdb:///DIR`: the CLI checks the model (a real
     count over spans), starts Streamlit on 127.0.0.1 with the backend in its environment, serves health."""

@@ -128,6 +128,7 @@ def test_no_sample_session_uses_two_models():
 
 
 @pytest.mark.skipif(not (SAMPLE / "manifest.json").exists(), reason="sample_data/fleet not in this checkout")
+@pytest.mark.slow  # end to end: `agentobs demo` twice, each importing the whole sample bundle
 def test_demo_ends_now_and_prints_the_answer(tmp_path):
     db = str(tmp_path / "demo.duckdb")
     run = CliRunner()

@@ -106,8 +106,8 @@ def test_sample_invariants(sample_ledger, sample_db):
             assert r.tokens_week <= t.tokens_week * (1 + 1e-12), f.id
         # one severity rule: the weekly rate against the thresholds; unpriced → info
         rate = t.usd_week if t.period == "week" else None
-        want = ("info" if t.usd_week is None else "high" if rate >= s.get("findings_high_usd_week")
-                else "medium" if rate >= s.get("findings_medium_usd_week") else "low")
+        want = ("info" if t.usd_week is None else "high" if rate >= s.findings_high_usd_week
+                else "medium" if rate >= s.findings_medium_usd_week else "low")
         assert f.severity == want, f.id
         # weekly = window × the scale shown
         if t.usd_window is not None:

@@ -1,10 +1,10 @@
 """Findings on sample_data/fleet (the simulator bundle `agentobs demo` loads): the planted problems are found,
 with $ in the range the simulator's ground truth (truth/calls.parquet) implies.
 
-The store is built once for the module through the bundle importer. Expected tax of a finding = the true
-re-prefill tokens of its cause on its instances (truth ``cause``, ``reprefill_tokens``) × the same cost basis
-the findings use (the metric run's ``m_cost``: $/s ÷ prefill tokens/s per instance) × 604,800 ÷ the true
-window (first call start to last call end).
+The store is the session's shared import of the bundle (conftest.sample_db, read only). Expected tax of a
+finding = the true re-prefill tokens of its cause on its instances (truth ``cause``, ``reprefill_tokens``) × the
+same cost basis the findings use (the metric run's ``m_cost``: $/s ÷ prefill tokens/s per instance) × 604,800 ÷
+the true window (first call start to last call end).
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from agentobs.findings import run
 from agentobs.findings.context import Context
 from agentobs.findings.replay import build as build_replay
 from agentobs.metrics import prepare
-from agentobs.sim.bundle import import_bundle
-from agentobs.store.db import connect
-from agentobs.store.writer import Writer
 
 BUNDLE = Path(__file__).parent.parent / "sample_data" / "fleet"
 TRUTH = str(BUNDLE / "truth" / "calls.parquet")
@@ -32,13 +29,8 @@ pytestmark = pytest.mark.skipif(not (BUNDLE / "manifest.json").exists(), reason=
 
 
 @pytest.fixture(scope="module")
-def db(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("sample") / "sample.duckdb"
-    con = connect(path)
-    with Writer(con) as w:
-        import_bundle(BUNDLE, w, Settings())
-    con.close()
-    return path
+def db(sample_db) -> Path:
+    return sample_db
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,10 @@ while it is the index of kv_events as they are, rebuilt by the writers that add 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow as pa
 import pytest
+from cli_run import run_cli
 from test_metrics_golden import T0, _ts, call, make_db
 
 from agentobs.collect.snapshot import publish
@@ -107,19 +106,17 @@ def test_import_kv_events_refreshes_the_index_and_the_command_reports_it(tmp_pat
              json.dumps({"instance": "A:8000", "seq": 2, "decoded": [T0 + 5, [["BlockRemoved", [12], "GPU"]], 0]})]
     f = tmp_path / "kv.jsonl"
     f.write_text("\n".join(lines) + "\n")
-    run = [sys.executable, "-m", "agentobs.cli"]
-    out = subprocess.run([*run, "import", "kv-events", str(f), "--instance", "A:8000", "--db", path],
-                         capture_output=True, text=True, timeout=120)
+    out = run_cli("import", "kv-events", f, "--instance", "A:8000", "--db", path)
     assert out.returncode == 0, out.stderr
     assert "kv index: 0 sessions" in out.stderr  # the events name no session: nothing to attribute
     con = connect(path, read_only=True)
     assert kvindex.usable(con)
     con.close()
-    out = subprocess.run([*run, "kv-index", "--db", path], capture_output=True, text=True, timeout=120)
+    out = run_cli("kv-index", "--db", path)
     assert out.returncode == 0 and out.stdout.startswith("kv index already current: 0 sessions"), out
     # a store that is not there is reported, not created
     missing = tmp_path / "nothing.duckdb"
-    out = subprocess.run([*run, "kv-index", "--db", str(missing)], capture_output=True, text=True, timeout=120)
+    out = run_cli("kv-index", "--db", missing)
     assert out.returncode != 0 and "no agentobs database at" in out.stderr and not missing.exists(), out
 
 

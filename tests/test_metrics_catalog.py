@@ -85,8 +85,7 @@ def test_kv_geometry_bytes_per_token():
 
 
 def test_cli_metrics_catalogue_json_and_errors(tmp_path):
-    import subprocess
-    import sys
+    from cli_run import run_cli
 
     from agentobs.store.db import connect
 
@@ -94,8 +93,7 @@ def test_cli_metrics_catalogue_json_and_errors(tmp_path):
     connect(db).close()
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "agentobs.cli", "metrics", "--db", db, *args],
-                              capture_output=True, text=True, timeout=120)
+        return run_cli("metrics", "--db", db, *args)
 
     r = run("--format", "json")
     assert r.returncode == 0, r.stderr

@@ -10,24 +10,20 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import pytest
-
 from agentobs.config import Settings
 from agentobs.metrics import MetricRun, reuse
 from agentobs.metrics.cost import parse_cost
 from agentobs.store.db import connect
-from agentobs.store.writer import Writer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from metrics_scale import GENERATE  # noqa: E402
 
 V1_BODY = Path(__file__).with_name("test_metrics_v1_call_reuse.sql")
-BUNDLE = Path(__file__).parent.parent / "sample_data" / "fleet"
 
 
 def _v1_sql(calls: str, select: str, tail: str, settings: Settings) -> str:
     """reuse.reuse_sql as it was: the body numbered the calls itself (row_number in a materialized wide copy)."""
-    ab = reuse.seconds_literal(settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S))
+    ab = reuse.seconds_literal(settings.abandoned_after_s)
     return (
         f"WITH calls_src AS (SELECT {reuse.CALL_COLUMNS} FROM {calls}),\n"
         "cfg_src AS (SELECT * FROM instance_config),\n"
@@ -67,16 +63,9 @@ def _diff(con, since=None, until=None, filters=None) -> tuple[int, int, int, dic
         run.close()
 
 
-@pytest.mark.skipif(not (BUNDLE / "manifest.json").exists(), reason="sample_data/fleet not in this checkout")
-def test_sample_fleet_m_calls_equal_v1(tmp_path):
-    from agentobs.sim.bundle import import_bundle
-
-    path = tmp_path / "sample.duckdb"
-    con = connect(path)
-    with Writer(con) as w:
-        import_bundle(BUNDLE, w, Settings())
-    con.close()
-    con = connect(path, read_only=True)
+def test_sample_fleet_m_calls_equal_v1(sample_db, tmp_path):
+    # the session's shared import of sample_data/fleet (read only; without the stored KV-event index)
+    con = connect(sample_db, read_only=True)
     try:
         kv = con.sql("SELECT count(*) FILTER (WHERE type = 'BlockRemoved'), count(DISTINCT session_id) FROM kv_events"
                      ).fetchall()[0]
@@ -87,9 +76,14 @@ def test_sample_fleet_m_calls_equal_v1(tmp_path):
         assert all(v > 0 for v in cases.values()), cases
     finally:
         con.close()
-    # and with the KV section read from the stored KV-event index (what `agentobs demo` builds): the same rows
+    # and with the KV section read from the stored KV-event index (what `agentobs demo` builds), on a copy of the
+    # shared store: the same rows
+    import shutil
+
     from agentobs.store import kvindex
 
+    path = tmp_path / "sample.duckdb"
+    shutil.copyfile(sample_db, path)
     con = connect(path)
     assert kvindex.refresh(con).removals > 0
     con.close()

@@ -137,7 +137,7 @@ def test_findings_from_the_findings_module(store):
 
     r = build(store, WEEK, settings())  # the tax ledger (agentobs.findings.build) over the same week
     sec = next(s for s in r.sections if s.key == "findings")
-    assert not any("not available" in n for n in sec.notes)
+    assert not any("left out" in n for n in sec.notes)
     try:
         expected = ledger_of(store, since=WEEK.since, until=WEEK.until, settings=settings()).findings
     except Exception as e:  # noqa: BLE001 - the report must say how findings failed and keep everything else
@@ -151,10 +151,9 @@ def test_findings_from_the_findings_module(store):
     assert [x["fix"] for x in rows] == [short_fix(f) for f in expected]
 
 
-def test_findings_module_missing_is_said_plainly(report):
+def test_findings_left_out_is_said_plainly(report):
     sec = next(s for s in report.sections if s.key == "findings")
-    assert sec.notes == ["findings module not available (agentobs.findings is not in this build); "
-                         "no findings were evaluated."]
+    assert sec.notes == ["findings were left out of this report (findings=None); no findings were evaluated."]
 
 
 def test_week_without_data(store):

@@ -109,7 +109,7 @@ def test_html_and_markdown_content(written):
     # week-over-week: $0.021524 vs $0.003508 = +513.6 %
     assert "+513.6 % (week before: $0.0035)" in md
     assert "[s1](http://127.0.0.1:8501/session?" in md
-    assert "findings module not available" in html and "findings module not available" in md
+    assert "findings were left out of this report" in html and "findings were left out of this report" in md
     assert "Basis:" in html
 
 

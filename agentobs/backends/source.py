@@ -28,10 +28,10 @@ def is_clickhouse(db) -> bool:
 def resolve(settings: Settings, backend: str | None = None, url: str | None = None) -> tuple[str, str]:
     """(backend, ClickHouse URL): the flag when given, else the setting (``backend``, ``clickhouse_url``;
     environment ``AGENTOBS_BACKEND`` / ``AGENTOBS_CLICKHOUSE_URL``, or the settings file)."""
-    name = (backend or settings.get("backend") or "duckdb").strip().lower()
+    name = (backend or settings.backend or "duckdb").strip().lower()
     if name not in BACKENDS:
         raise ConfigError(f"backend {name!r}: choose duckdb or clickhouse (--backend, setting backend, $AGENTOBS_BACKEND)")
-    return name, url or str(settings.get("clickhouse_url"))
+    return name, url or str(settings.clickhouse_url)
 
 
 @contextmanager

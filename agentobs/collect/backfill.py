@@ -23,22 +23,21 @@ from urllib.parse import urlencode
 
 import pyarrow as pa
 
+from .. import times
 from ..errors import InputError
+from ..redact import mask_url
 from ..store.writer import Writer
 from .prom import SAMPLE_SCHEMA, canonical_name, dropped, engine_of_metric
 from .scraper import FetchError, Response, http_fetch
 
 ENGINE_NAME = re.compile(r"^(vllm|sglang)[:_][a-z]")
 MAX_STEPS = 10_000
-_DUR = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w)$")
-_UNIT = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def parse_duration(s: str, what: str) -> float:
-    m = _DUR.match(s.strip())
-    if not m:
+    v = times.span_s(s, ms=True)
+    if v is None:
         raise InputError(f"{s!r} is not a duration like 15s, 5m, 7d", what)
-    v = float(m.group(1)) * _UNIT[m.group(2)]
     if v <= 0:
         raise InputError(f"{s!r} must be positive", what)
     return v
@@ -57,13 +56,14 @@ def _get(fetch, url: str, timeout: float) -> dict:
     try:
         r = fetch(url, timeout)
     except FetchError as e:
-        raise InputError(f"{e.reason}: {e}", url) from None
+        raise InputError(f"{e.reason}: {e}", mask_url(url)) from None
     try:
         doc = json.loads(r.body)
     except ValueError:
-        raise InputError(f"HTTP {r.status}, not a Prometheus API JSON answer: {r.body[:120]!r}", url) from None
+        raise InputError(f"HTTP {r.status}, not a Prometheus API JSON answer: {r.body[:120]!r}",
+                         mask_url(url)) from None
     if r.status != 200 or doc.get("status") != "success":
-        raise InputError(f"HTTP {r.status}: {doc.get('errorType', '')} {doc.get('error', '')}".strip(), url)
+        raise InputError(f"HTTP {r.status}: {doc.get('errorType', '')} {doc.get('error', '')}".strip(), mask_url(url))
     return doc
 
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from .. import times
 from ..config import Settings
 from ..errors import InputError
 from ..store.writer import Writer
@@ -212,20 +213,11 @@ def snapshot_time(path: Path, at: float | None) -> float:
 
 
 def parse_at(value: str | None) -> float | None:
-    """--at: epoch seconds or an ISO-8601 time (UTC if no zone)."""
-    if value is None:
-        return None
+    """--at: epoch seconds or an ISO-8601 time (UTC if no zone): agentobs.times.parse_time without spans."""
     try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        t = dt.datetime.fromisoformat(value)
+        return times.parse_time(value)
     except ValueError:
         raise InputError(f"--at {value!r} is neither epoch seconds nor an ISO-8601 time") from None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.UTC)
-    return t.timestamp()
 
 
 def import_prom(paths: Iterable[str | os.PathLike], instance: str, writer: Writer, at: float | None = None,

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from ..config import Settings
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 
 ENGINES = ("auto", "vllm", "sglang")
 
@@ -94,12 +94,8 @@ def _check(obj: Any, allowed: set[str], where: str) -> dict:
         raise ConfigError(f"{where}: must be a mapping, got {type(obj).__name__}")
     extra = set(obj) - allowed
     if extra:
-        import difflib
-
         k = sorted(extra)[0]
-        close = difflib.get_close_matches(k, sorted(allowed), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(allowed))})"
-        raise ConfigError(f"{where}: unknown key {k!r}{hint}")
+        raise ConfigError(f"{where}: unknown key {k!r}{did_you_mean(k, sorted(allowed), 'known:')}")
     return obj
 
 

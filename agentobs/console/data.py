@@ -32,6 +32,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from ..redact import mask_url
 from ..store.db import connect
 from .filters import Filters
 
@@ -91,7 +92,7 @@ def source(stamp: Stamp):
 
 def label(stamp: Stamp) -> str:
     """The source as shown to users (a ClickHouse URL without its password)."""
-    return str(clickhouse(stamp[1])) if is_clickhouse(stamp) else stamp[1]
+    return mask_url(stamp[1])
 
 
 def open_ro(stamp: Stamp) -> duckdb.DuckDBPyConnection:
@@ -136,7 +137,7 @@ OPTIONS_SQL = {
 
 def options(stamp: Stamp) -> dict[str, list[str]]:
     """Values offered by the instance / model / task type filters (read from the raw tables: cheap). On DuckDB the
-    three lists are read on one connection (each open costs ~20 ms, and this runs on every page's first render)."""
+    three lists are read on one connection (an open is not free, and this runs on every page's first render)."""
     if is_clickhouse(stamp):
         frames = {k: query(stamp, sql) for k, sql in OPTIONS_SQL.items()}
     else:

@@ -19,6 +19,8 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .. import times
+
 WINDOWS: dict[str, dt.timedelta | None] = {
     "15m": dt.timedelta(minutes=15),
     "1h": dt.timedelta(hours=1),
@@ -63,16 +65,9 @@ def _values(qp: Mapping, key: str) -> list[str]:
 
 
 def parse_ts(text: str) -> dt.datetime:
-    """ISO-8601 (a trailing Z or offset is converted to UTC) or epoch seconds → naive UTC datetime."""
-    t = text.strip()
-    try:
-        return dt.datetime.fromtimestamp(float(t), tz=dt.UTC).replace(tzinfo=None)
-    except ValueError:
-        pass
-    d = dt.datetime.fromisoformat(t.replace("Z", "+00:00"))
-    if d.tzinfo is not None:
-        d = d.astimezone(dt.UTC).replace(tzinfo=None)
-    return d
+    """ISO-8601 (a trailing Z or offset is converted to UTC) or epoch seconds → naive UTC datetime
+    (agentobs.times.parse_utc without spans); ValueError otherwise."""
+    return times.parse_utc(text)
 
 
 def from_query_params(qp: Mapping) -> Filters:

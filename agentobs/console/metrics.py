@@ -28,7 +28,7 @@ def _window(ctx: Context, period: str):
 # The (metric, grouping) pairs each page shows by default, per page: a page's pairs are computed together
 # from ONE preparation per db stamp + window + filters (the page's later sections read the cache), and a page
 # computes only its own — the Overview, the first page most people open, does not wait for the per-session
-# and per-task tables of the other pages (1M calls: 7.1 s → ~4 s cold; docs/console.md). Other groupings (a
+# and per-task tables of the other pages (docs/console.md, "One preparation per page"). Other groupings (a
 # page's "Group by" selector) are computed on demand.
 PAGE_PAIRS = {
     "overview": (("reuse", "model"), ("reprefill", "model"), ("idle_kv_rent", "model"),
@@ -217,7 +217,7 @@ def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame
         con = data.open_ro(stamp)
         try:
             # the KV section from the stored KV-event index when current: the session's calls are few, the
-            # store's KV events are not (sample_data: ~0.85 s of the 0.9 s this took)
+            # store's KV events are not (agentobs/store/kvindex.py)
             sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size",
                             kv_index=kvindex.usable(con))
             df = con.sql(sql, params=params).pl()

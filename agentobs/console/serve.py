@@ -2,9 +2,8 @@
 ``serve run app.py …``) with the console's modules imported first.
 
 Streamlit imports an app's modules when the first page runs, so the first visit after a start waited for
-pandas, polars, altair, the console and the metric catalogue (measured on sample_data, the Overview as the first
-page of a process: 3.51–3.55 s, and 2.91–2.98 s with them imported at start, which takes ~0.9 s). Imported here,
-before the server listens, that cost is paid at start.
+pandas, polars, altair, the console and the metric catalogue (docs/console.md, "Modules at start"). Imported
+here, before the server listens, that cost is paid at start.
 A module that fails to import here is left to fail (with its message) where the page imports it.
 """
 
@@ -61,10 +60,10 @@ def preload() -> list[str]:
 def _skip_direct_run_check() -> None:
     """Streamlit asks once per process, at the first element a page writes, whether it is run from a REPL or by
     ``python app.py`` rather than ``streamlit run``, to print a hint. The REPL test is ``inspect.stack()`` from
-    the page's frame, which resolves the module of every frame by scanning ``sys.modules`` (~1,500 realpath
-    calls once pandas and polars are imported): ~0.18 s of the first page after a start. This process is
-    ``streamlit run`` by construction, so the answer is known: mark the hint as given. (A private flag of
-    ``streamlit.delta_generator``; if a Streamlit release drops it, nothing changes but the 0.18 s.)"""
+    the page's frame, which resolves the module of every frame by scanning ``sys.modules`` (a realpath per module
+    and frame once pandas and polars are imported; docs/console.md). This process is ``streamlit run`` by
+    construction, so the answer is known: mark the hint as given. (A private flag of
+    ``streamlit.delta_generator``; if a Streamlit release drops it, nothing changes but the time.)"""
     from streamlit import delta_generator
 
     if hasattr(delta_generator, "_use_warning_has_been_displayed"):

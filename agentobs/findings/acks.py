@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import duckdb
 
+from .. import times
 from ..errors import InputError
 
 ACKS_SQL = "SELECT finding_id, reason, until, created_at, created_by FROM findings_acks"
@@ -45,21 +46,15 @@ def all_acks(con: duckdb.DuckDBPyConnection) -> list[dict]:
 
 def parse_until(value: str, clock: Callable[[], float] = time.time) -> dt.datetime:
     """A date (``2026-11-30``, end of that day UTC), an ISO-8601 time, or a span from now (``14d``)."""
-    from ..metrics.run import _REL, _UNIT_S
-
     s = (value or "").strip()
-    m = _REL.match(s)
-    if m:
-        t = clock() + float(m.group(1)) * _UNIT_S[m.group(2)]
-        return dt.datetime.fromtimestamp(t, dt.UTC).replace(tzinfo=None)
     try:
-        if len(s) == 10:
+        if len(s) == 10 and times.span_s(s) is None:
             d = dt.date.fromisoformat(s)
             return dt.datetime(d.year, d.month, d.day) + dt.timedelta(days=1)
-        t = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+        return times.parse_utc(s, clock, spans=1, epoch=False)
     except ValueError:
-        raise InputError(f"--until {value!r} is not a date: use 2026-11-30, 2026-11-30T12:00 or a span such as 14d") from None
-    return t.astimezone(dt.UTC).replace(tzinfo=None) if t.tzinfo else t
+        raise InputError(f"--until {value!r} is not a date: use 2026-11-30, 2026-11-30T12:00 or a span such as "
+                         "14d") from None
 
 
 def add(con: duckdb.DuckDBPyConnection, finding_id: str, reason: str, until: dt.datetime,

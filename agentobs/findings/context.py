@@ -145,7 +145,7 @@ class Context:
         return rows[0] if rows else {}
 
     def setting(self, name: str):
-        return self.settings.get(name)
+        return getattr(self.settings, name)
 
     # -- scaling and grading ---------------------------------------------------------------------
     @property

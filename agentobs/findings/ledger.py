@@ -307,7 +307,7 @@ def build(db, since=None, until=None, filters: dict | None = None, settings: Set
     try:
         given = mrun.since is not None
         start = mrun.since if given else default_since(mrun, mrun.until,
-                                                       float(settings.get("findings_default_window_s")))
+                                                       float(settings.findings_default_window_s))
         ctx = Context(mrun.cur, settings, start, mrun.until, clock, since_given=given, run=mrun)
         found: list[Finding] = []
         for rule in RULES:

@@ -25,14 +25,13 @@ the ``[cost]`` default > the built-in default. Every value carries its source in
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 
 import duckdb
 import polars as pl
 import pyarrow as pa
 
-from ..errors import ConfigError
+from ..errors import ConfigError, did_you_mean
 from . import geometry
 from .usual import usual_cte
 
@@ -49,11 +48,6 @@ class CostModel:
     instances: dict[str, dict] = field(default_factory=dict)
     list_price: dict[str, float] | None = None
     geometries: list = field(default_factory=list)
-
-
-def _hint(key: str, known) -> str:
-    m = difflib.get_close_matches(key, sorted(known), n=1)
-    return f" (did you mean {m[0]!r}?)" if m else f" (known: {', '.join(sorted(known))})"
 
 
 def _number(v, where: str, key: str, positive: bool = True) -> float:
@@ -74,7 +68,7 @@ def parse_cost(section: dict | None) -> CostModel:
     m = CostModel()
     for k, v in section.items():
         if k not in TOP_KEYS:
-            raise ConfigError(f"[cost]: unknown key {k!r}{_hint(k, TOP_KEYS)}")
+            raise ConfigError(f"[cost]: unknown key {k!r}{did_you_mean(k, sorted(TOP_KEYS), 'known:')}")
         if k in NUMERIC:
             m.defaults[k] = _number(v, "[cost]", k)
     inst = section.get("instances", {})
@@ -87,7 +81,7 @@ def parse_cost(section: dict | None) -> CostModel:
         out = {}
         for k, v in spec.items():
             if k not in INSTANCE_KEYS:
-                raise ConfigError(f"{w}: unknown key {k!r}{_hint(k, INSTANCE_KEYS)}")
+                raise ConfigError(f"{w}: unknown key {k!r}{did_you_mean(k, sorted(INSTANCE_KEYS), 'known:')}")
             if k == "model":
                 if not isinstance(v, str) or not v:
                     raise ConfigError(f"{w}: model must be a model name, got {v!r}")
@@ -101,7 +95,8 @@ def parse_cost(section: dict | None) -> CostModel:
             raise ConfigError("[cost.list_price] must be a table (input, cached_input, output in $ per million tokens)")
         for k in lp:
             if k not in LIST_PRICE_KEYS:
-                raise ConfigError(f"[cost.list_price]: unknown key {k!r}{_hint(k, LIST_PRICE_KEYS)}")
+                hint = did_you_mean(k, sorted(LIST_PRICE_KEYS), "known:")
+                raise ConfigError(f"[cost.list_price]: unknown key {k!r}{hint}")
         if "input" not in lp or "output" not in lp:
             raise ConfigError("[cost.list_price]: needs input and output ($ per million tokens); cached_input is optional")
         m.list_price = {k: _number(v, "[cost.list_price]", k, positive=False) for k, v in lp.items()}
@@ -207,7 +202,7 @@ def cost_table(con: duckdb.DuckDBPyConnection, model: CostModel) -> pa.Table:
             f"KV slot opportunity cost = $/s ÷ KV capacity ({basis[0]}; {basis[3]})"
             + (f"; g* = capacity ÷ prefill = {g_star:,.1f} s" if g_star else "")
         )
-    # built through polars: pyarrow's own list conversion imports pandas (~0.4 s, once per process) to check
-    # the values' types
+    # built through polars: pyarrow's own list conversion imports pandas to check the values' types (a cost
+    # paid once per process; docs/metrics.md, "Round 7")
     return pl.DataFrame(rows, schema={f.name: pl.String if f.type == pa.string() else pl.Float64
                                       for f in COST_SCHEMA}, strict=False).to_arrow().cast(COST_SCHEMA)

@@ -16,7 +16,7 @@ from importlib import resources
 
 import duckdb
 
-from ..config import SETTINGS
+from ..config import Settings
 from ..errors import ConfigError
 
 CALL_COLUMNS = (
@@ -24,8 +24,8 @@ CALL_COLUMNS = (
     "model, start_s, end_s, ttft_s, queue_s, prefill_s, decode_s, prompt_tokens, cached_tokens, output_tokens, "
     "system_tokens, tool_def_tokens, status, itl_ms, block_hashes"
 )
-DEFAULT_BLOCK_SIZE = int(next(s.default for s in SETTINGS if s.name == "default_block_size"))
-DEFAULT_ABANDONED_AFTER_S = float(next(s.default for s in SETTINGS if s.name == "abandoned_after_s"))
+DEFAULT_BLOCK_SIZE = int(Settings().default_block_size)
+DEFAULT_ABANDONED_AFTER_S = float(Settings().abandoned_after_s)
 
 
 def seconds_literal(value) -> str:

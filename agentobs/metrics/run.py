@@ -18,11 +18,9 @@ Temp tables work on read-only connections.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,10 +31,11 @@ import duckdb
 import polars as pl
 import pyarrow as pa
 
+from .. import times
 from ..backends.source import is_clickhouse
 from ..collect.prom import KEPT_CREATED
 from ..config import Settings, load_settings
-from ..errors import QueryError
+from ..errors import QueryError, did_you_mean
 from ..store import kvindex
 from . import reuse
 from .catalog import BY_COLUMNS, Metric, catalogue
@@ -67,51 +66,27 @@ SAMPLE_METRICS = (
 _ROW_GROUP = 122_880
 _RANGE_ROWS = 4 * _ROW_GROUP
 
-_REL = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
 
 def parse_time(value, clock: Callable[[], float] = time.time, name: str = "time") -> float | None:
     """Epoch seconds from a datetime, a number (epoch seconds), an ISO-8601 string (UTC unless it
-    says otherwise) or a relative span before now (``90m``, ``24h``, ``7d``)."""
-    if value is None or value == "":
+    says otherwise) or a relative span before now (``90m``, ``24h``, ``7d``): agentobs.times.parse_time."""
+    if value == "":
         return None
-    if isinstance(value, dt.datetime):
-        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
-    if isinstance(value, dt.date):
-        return dt.datetime(value.year, value.month, value.day, tzinfo=dt.UTC).timestamp()
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        s = value.strip()
-        m = _REL.match(s)
-        if m:
-            return clock() - float(m.group(1)) * _UNIT_S[m.group(2)]
-        try:
-            return float(s)
-        except ValueError:
-            pass
-        try:
-            d = dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
-        except ValueError:
-            raise QueryError(
-                f"{name} {value!r} is not a time: use ISO-8601 (2026-10-14T09:00), epoch seconds, or a span before now (24h, 7d)"
-            ) from None
-        return (d if d.tzinfo else d.replace(tzinfo=dt.UTC)).timestamp()
-    raise QueryError(f"{name} {value!r} is not a time")
-
-
-def _did_you_mean(word: str, options: Iterable[str]) -> str:
-    import difflib
-
-    m = difflib.get_close_matches(word, list(options), n=1)
-    return f" (did you mean {m[0]!r}?)" if m else f" (choose one of {', '.join(options)})"
+    try:
+        return times.parse_time(value, clock, spans=-1)
+    except TypeError:
+        raise QueryError(f"{name} {value!r} is not a time") from None
+    except ValueError:
+        raise QueryError(
+            f"{name} {value!r} is not a time: use ISO-8601 (2026-10-14T09:00), epoch seconds, or a span before now "
+            "(24h, 7d)"
+        ) from None
 
 
 def get_metric(name: str) -> Metric:
     cat = catalogue()
     if name not in cat:
-        raise QueryError(f"unknown metric {name!r}{_did_you_mean(name, cat)}")
+        raise QueryError(f"unknown metric {name!r}{did_you_mean(name, cat, 'choose one of')}")
     return cat[name]
 
 
@@ -224,8 +199,8 @@ class MetricRun:
     def _unordered(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` with DuckDB's ``preserve_insertion_order`` off, then put the setting back. The preparation's
         tables need no row order but the one ``m_x`` gets from its ORDER BY (which the setting keeps, and which is
-        checked after): without the ordered sinks, preparing 10M calls took about 12% less (docs/metrics.md, round
-        9). The setting is the database's, so it is only off while the preparation runs; a connection whose
+        checked after), and without the ordered sinks the preparation is faster (docs/metrics.md, "Round 9"). The
+        setting is the database's, so it is only off while the preparation runs; a connection whose
         configuration is locked (the SQL console's sandbox) prepares with it as it is."""
         before = self.cur.sql("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
         if not before:
@@ -251,8 +226,8 @@ class MetricRun:
         cols = reuse.CALL_COLUMNS
         src = "m_src"
         # the row number rid that call_reuse keys its narrow steps by: on DuckDB the temp table's own rowid (no
-        # numbering pass: row_number() OVER () made the copy single-threaded, ~40% of m_src); on a translated
-        # backend (ClickHouse, which has no rowid) a numbered column as before
+        # numbering pass: row_number() OVER () makes the copy single-threaded); on a translated backend
+        # (ClickHouse, which has no rowid) a numbered column
         rowid = isinstance(self.cur, duckdb.DuckDBPyConnection)
         number = "" if rowid else "row_number() OVER () AS rid, "
         if (self.since is None and self.until is None) or not self.prune or self._nothing_to_prune():
@@ -285,15 +260,15 @@ class MetricRun:
         cost_cols = ",\n".join(_cost_columns(lambda c: f"k.{c}", "r")) + ",\n"
         window = "($since IS NULL OR r.start_s >= $since) AND ($until IS NULL OR r.start_s < $until)"
         cost_join = "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')"
-        abandoned_after_s = self.settings.get("abandoned_after_s", reuse.DEFAULT_ABANDONED_AFTER_S)
+        abandoned_after_s = self.settings.abandoned_after_s
         if rowid:
             # DuckDB: store only the computed columns (m_x: the narrow body, one row per m_src row, in m_src's row
             # order), and present m_calls as a view that puts m_src's call columns beside them (POSITIONAL JOIN:
-            # no join, no second copy of the wide rows). Writing the wide table was ~40% of m_calls and its peak
-            # memory (docs/metrics.md, round 5). The attribute filters read the wide columns: a semi-join by rowid.
-            # m_x is compact (round 6): the labels are ENUMs (1 byte, not a 16-byte string), the instance of the
-            # previous call an index into the instance list, and the cost columns — functions of the instance and
-            # the call's tokens — are not stored: the view computes them from the instance's index (_view_columns).
+            # no join, no second copy of the wide rows: writing them dominated m_calls' time and peak memory; see
+            # docs/metrics.md). The attribute filters read the wide columns: a semi-join by rowid.
+            # m_x is compact: the labels are ENUMs (1 byte, not a 16-byte string), the instance of the previous
+            # call an index into the instance list, and the cost columns — functions of the instance and the
+            # call's tokens — are not stored: the view computes them from the instance's index (_view_columns).
             in_filter = ("r.rid IN (SELECT rowid FROM m_src s WHERE " + " AND ".join(p.format(t="s") for p in preds)
                          + ")") if preds else "true"
             self.cur.execute("CREATE OR REPLACE TEMP TABLE m_inst AS SELECT instance, "
@@ -488,9 +463,9 @@ class MetricRun:
         allp = {
             "since": self.since, "until": self.until, "by": by,
             "instances": self.filters.get("instance"),
-            "bucket_s": float(s.get("metrics_bucket_s", 60.0)),
+            "bucket_s": float(s.metrics_bucket_s),
             **itl_gap_params(s),  # itl_tail_mode (checked), itl_slo_ms, long_prefill_tokens
-            "ttft_slo_s": float(s.get("ttft_slo_s", 2.0)),
+            "ttft_slo_s": float(s.ttft_slo_s),
         }
         return {k: v for k, v in allp.items() if k in metric.params}
 
@@ -532,11 +507,11 @@ class MetricRun:
 
 def itl_gap_params(s: Settings) -> dict:
     """The parameters of m_itl_gap (agentobs/metrics/itl_gaps.sql) from settings."""
-    mode = str(s.get("itl_tail_threshold", "slo"))
+    mode = str(s.itl_tail_threshold)
     if mode not in ("slo", "p99"):
         raise QueryError(f"setting itl_tail_threshold must be 'slo' or 'p99', got {mode!r}")
-    return {"itl_tail_mode": mode, "itl_slo_ms": float(s.get("itl_slo_ms", 100.0)),
-            "long_prefill_tokens": int(s.get("long_prefill_tokens", 8192))}
+    return {"itl_tail_mode": mode, "itl_slo_ms": float(s.itl_slo_ms),
+            "long_prefill_tokens": int(s.long_prefill_tokens)}
 
 
 def itl_gaps_sql() -> str:
@@ -551,7 +526,7 @@ def _normalize_filters(filters: dict | None) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     for k, v in (filters or {}).items():
         if k not in FILTER_COLUMNS:
-            raise QueryError(f"cannot filter on {k!r}{_did_you_mean(k, FILTER_COLUMNS)}")
+            raise QueryError(f"cannot filter on {k!r}{did_you_mean(k, FILTER_COLUMNS, 'choose one of')}")
         vals = [v] if isinstance(v, str) else list(v)
         if not vals or not all(isinstance(x, str) for x in vals):
             raise QueryError(f"filter {k!r} needs a string or a list of strings, got {v!r}")
@@ -648,7 +623,7 @@ def prepare(db=None, since=None, until=None, filters: dict | None = None, settin
             clock: Callable[[], float] = time.time) -> tuple[MetricRun, Callable[[], None]]:
     """A MetricRun and the function that closes what this call opened (or releases a shared run, above)."""
     settings = settings if settings is not None else load_settings()
-    cost = parse_cost(settings.section("cost"))
+    cost = parse_cost(settings.cost)
     t_since, t_until = parse_time(since, clock, "since"), parse_time(until, clock, "until")
     flt = _normalize_filters(filters)
     given = db if isinstance(db, duckdb.DuckDBPyConnection) else None

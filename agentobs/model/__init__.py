@@ -7,11 +7,6 @@ from importlib import resources
 
 import duckdb
 
-VIEW_NAMES = (
-    "trace_context", "llm_calls", "tool_calls", "turn_gaps", "sessions", "tasks",
-    "engine_config_latest", "instance_config", "call_reuse",
-)
-
 
 def views_sql() -> str:
     return resources.files(__package__).joinpath("views.sql").read_text()

@@ -10,7 +10,6 @@ the window differs), which is what a separate run of the week before would compu
 
 from __future__ import annotations
 
-import importlib
 import math
 import time
 from collections.abc import Callable
@@ -21,14 +20,13 @@ import polars as pl
 import pyarrow as pa
 
 from ..config import Settings, load_settings
-from ..metrics import names as metric_names
 from ..metrics import prepare
 from ..metrics.usual import usual_cte
+from ..redact import mask_url
 from .period import Period
 
 TOP_N = 20
-FINDINGS_MISSING = ("findings module not available (agentobs.findings is not in this build); no findings were "
-                    "evaluated.")
+FINDINGS_LEFT_OUT = "findings were left out of this report (findings=None); no findings were evaluated."
 # dimensions of "spend and compute by …": report name -> m_calls column (names come only from here)
 SPEND_DIMENSIONS = {"task_type": "task_type", "agent": "agent_name", "tenant": "tenant", "model": "model",
                     "instance": "instance"}
@@ -148,8 +146,8 @@ WHERE m.in_filter AND m.start_s >= $lo AND m.start_s < $hi
 # idle KV rent: token-seconds summed per pricing instance (the previous call's, where the KV sat; else the
 # call's own), then priced — as the idle_kv_rent metric does; joining m_cost to every call built the join's
 # hash table on the calls (a positional view is estimated at 0 rows). The distinct sessions and tasks are
-# counted from their distinct pairs, apart from the sums (DISTINCT aggregates among the sums slowed all of
-# them: 10M calls, 2.3 s → 1.6 s)
+# counted from their distinct pairs, apart from the sums (DISTINCT aggregates among the sums slow all of them;
+# docs/metrics.md, "Round 9")
 TOTALS_SQL = """
 WITH st AS MATERIALIZED (
     SELECT DISTINCT session_id, task_id FROM m_calls WHERE in_filter AND start_s >= $lo AND start_s < $hi
@@ -169,8 +167,8 @@ rent AS (
 # every dimension of SPEND_DIMENSIONS from ONE scan of the calls: the calls are first summed per (dimensions,
 # session, task) — far fewer rows than calls (a session rarely changes instance or model), and enough to count
 # distinct sessions and tasks — then GROUPING SETS gives one group per value of each dimension. The spend share
-# divides by the sum of the dimension's groups (a window over the few groups). 10M calls: 10.7 s as five
-# queries (one per dimension, each counting distinct sessions and tasks over every call) → 2.3 s.
+# divides by the sum of the dimension's groups (a window over the few groups). One query, not five each counting
+# distinct sessions and tasks over every call (docs/report.md has the figures).
 SPEND_SQL = """
 WITH pre AS (
     SELECT {cols}, session_id, task_id, count(*) AS n,
@@ -260,28 +258,22 @@ class _Builder:
     def __init__(self, run, period: Period, settings: Settings, db_label: str, findings_fn, db):
         self.run, self.period, self.settings, self.db_label = run, period, settings, db_label
         self.findings_fn, self.db = findings_fn, db
-        self.available = set(metric_names())
         self.timings: dict[str, float] = {}
         self.cache: dict[tuple[str, str | None], pl.DataFrame] = {}
-        self.base_url = str(settings.get("console_url", "http://127.0.0.1:8501"))
+        self.base_url = str(settings.console_url)
         self.failures: list[str] = []
 
     def sql(self, q: str, params: dict | None = None) -> pl.DataFrame:
         return self.run.cur.sql(q, params=params or {}).pl()
 
-    def metric(self, name: str, by: str | None = None) -> pl.DataFrame | None:
-        """The metrics API's table (computed once per name and grouping); None when not in this build."""
-        if name not in self.available:
-            return None
+    def metric(self, name: str, by: str | None = None) -> pl.DataFrame:
+        """The metrics API's table (computed once per name and grouping)."""
         key = (name, by)
         if key not in self.cache:
             t0 = time.perf_counter()
             self.cache[key] = self.run.compute(name, by)
             self.timings[f"metric {name}" + (f" by {by}" if by else "")] = time.perf_counter() - t0
         return self.cache[key]
-
-    def missing(self, name: str) -> str:
-        return f"The metric {name!r} is not in this build of agentobs.metrics; this part is left out."
 
     # -- sections --------------------------------------------------------------------------------------
     def totals(self, p: Period) -> dict:
@@ -290,11 +282,8 @@ class _Builder:
         self.timings[f"totals {p.label}"] = time.perf_counter() - t0
         return r
 
-    def cost_basis(self) -> tuple[str, pa.Table | None]:
+    def cost_basis(self) -> tuple[str, pa.Table]:
         df = self.metric("cost_model")
-        if df is None:
-            df = self.run.table("m_cost").filter(pl.col("instance") != "")
-            return "GPU-time cost model (METRICS.md §8)", df.to_arrow()
         bases = sorted({b for b in df["basis"].to_list() if b})
         short = bases[0] if len(bases) == 1 else f"{len(bases)} per-instance bases (table cost_basis)"
         return f"GPU-time cost model (METRICS.md §8): {short}", df.to_arrow()
@@ -353,9 +342,6 @@ class _Builder:
                       "task_cost metric (METRICS.md §7–8): amplification = computed tokens of all calls ÷ computed "
                       "tokens of the final successful path; retries = attempt > 1 or a re-sent prompt after an error")
         per_task = self.metric("task_cost", "task")
-        if per_task is None:
-            sec.notes.append(self.missing("task_cost"))
-            return sec
         by_type = self.metric("task_cost", "task_type")
         cost = per_task["cost_usd"].drop_nulls()
         if cost.len():
@@ -379,24 +365,23 @@ class _Builder:
             Figure("amplification_p90", "Amplification, p90 over tasks",
                    _num(per_task["amplification"].quantile(0.9, "linear")), "ratio_x", "task_cost by task"),
         ]
-        if by_type is not None:
-            # a task's type: the type of most of its calls (a tie: the least, the same every run); from the
-            # (task, type) pairs, not mode() over every call per task (10M calls: 1.2-1.4 s → 0.6 s)
-            dist = self.sql("""
-                SELECT task_type, count(*) AS tasks, quantile_cont(cost_usd, 0.5) AS cost_p50_usd,
-                       quantile_cont(cost_usd, 0.9) AS cost_p90_usd, quantile_cont(cost_usd, 0.99) AS cost_p99_usd,
-                       max(cost_usd) AS cost_max_usd
-                FROM (SELECT task_id, sum(cost_usd) AS cost_usd, arg_min(task_type, (-n, task_type)) AS task_type
-                      FROM (SELECT task_id, task_type, sum(cost_usd) AS cost_usd, count(*) AS n
-                            FROM m_calls WHERE in_win GROUP BY task_id, task_type)
-                      GROUP BY task_id)
-                GROUP BY task_type""")
-            by_type = by_type.join(dist, on="task_type", how="left")
-            sec.tables.append(Table("task_cost_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
-                                    show=["task_type", "tasks", "calls", "retries", "failed_calls", "amplification",
-                                          "wasted_tokens", "cost_usd", "cost_p50_usd", "cost_p90_usd", "cost_max_usd",
-                                          "reprefill_cost_share"],
-                                    chart=Chart("bars", "Cost by task type (USD)", "task_type", "cost_usd")))
+        # a task's type: the type of most of its calls (a tie: the least, the same every run); from the
+        # (task, type) pairs, not mode() over every call per task (cheaper; docs/metrics.md, "Round 9")
+        dist = self.sql("""
+            SELECT task_type, count(*) AS tasks, quantile_cont(cost_usd, 0.5) AS cost_p50_usd,
+                   quantile_cont(cost_usd, 0.9) AS cost_p90_usd, quantile_cont(cost_usd, 0.99) AS cost_p99_usd,
+                   max(cost_usd) AS cost_max_usd
+            FROM (SELECT task_id, sum(cost_usd) AS cost_usd, arg_min(task_type, (-n, task_type)) AS task_type
+                  FROM (SELECT task_id, task_type, sum(cost_usd) AS cost_usd, count(*) AS n
+                        FROM m_calls WHERE in_win GROUP BY task_id, task_type)
+                  GROUP BY task_id)
+            GROUP BY task_type""")
+        by_type = by_type.join(dist, on="task_type", how="left")
+        sec.tables.append(Table("task_cost_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
+                                show=["task_type", "tasks", "calls", "retries", "failed_calls", "amplification",
+                                      "wasted_tokens", "cost_usd", "cost_p50_usd", "cost_p90_usd", "cost_max_usd",
+                                      "reprefill_cost_share"],
+                                chart=Chart("bars", "Cost by task type (USD)", "task_type", "cost_usd")))
         sec.tables.append(Table("task_cost_by_task", "Every task", sec.basis, per_task.to_arrow(), show=[], show_rows=0))
         return sec
 
@@ -407,9 +392,6 @@ class _Builder:
                 "reprefill_cost_usd", "fleet_cost_share", "mode"]
         for by in ("cause", "instance", "task_type"):
             df = self.metric("reprefill", by)
-            if df is None:
-                sec.notes.append(self.missing("reprefill"))
-                return sec
             col = {"cause": "cause", "instance": "instance", "task_type": "task_type"}[by]
             sec.tables.append(Table(f"reprefill_by_{by}", f"By {by.replace('_', ' ')}", sec.basis, df.to_arrow(),
                                     show=[col, *show],
@@ -422,9 +404,6 @@ class _Builder:
                       "idle_kv_rent metric (METRICS.md §4): rent = K·g token-seconds × instance $/s ÷ KV capacity "
                       "(the opportunity cost of a KV slot); g* = KV capacity ÷ prefill throughput")
         df = self.metric("idle_kv_rent", "instance")
-        if df is None:
-            sec.notes.append(self.missing("idle_kv_rent"))
-            return sec
         show = ["instance", "windows", "retained", "evicted", "routed_away", "rent_paid_usd", "rent_wasted_usd",
                 "abandoned", "abandoned_kv_bytes", "gap_p50_s", "g_star_s", "share_over_g_star", "idle_kv_share",
                 "rent_mode"]
@@ -435,11 +414,10 @@ class _Builder:
         if "rent_basis" in df.columns:
             sec.notes += sorted({f"Basis: {b}" for b in df["rent_basis"].to_list() if b})
         by_type = self.metric("idle_kv_rent", "task_type")
-        if by_type is not None:
-            sec.tables.append(Table("idle_kv_rent_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
-                                    show=["task_type", *show[1:-1]],
-                                    chart=Chart("bars", "Idle KV rent paid by task type (USD)", "task_type",
-                                                "rent_paid_usd")))
+        sec.tables.append(Table("idle_kv_rent_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
+                                show=["task_type", *show[1:-1]],
+                                chart=Chart("bars", "Idle KV rent paid by task type (USD)", "task_type",
+                                            "rent_paid_usd")))
         return sec
 
     def latency(self) -> Section:
@@ -447,33 +425,26 @@ class _Builder:
                       "turn_resume_ttft (METRICS.md §5): TTFT of calls 2…n by idle-gap bucket and hit class; "
                       "miss penalty = miss p50 ÷ hit p50. itl_tail (§6): tail gaps attributed to co-scheduled prefills")
         df = self.metric("turn_resume_ttft", "instance")
-        if df is None:
-            sec.notes.append(self.missing("turn_resume_ttft"))
-        else:
-            sec.tables.append(Table("turn_resume_ttft_by_instance", "Turn-resume TTFT by instance", sec.basis,
-                                    df.to_arrow(), show=["instance", "gap_bucket", "hit_class", "calls", "ttft_p50_s",
-                                                         "ttft_p90_s", "ttft_p99_s", "miss_penalty"], show_rows=40))
-            overall = df.filter(pl.col("gap_bucket") == "all") if "gap_bucket" in df.columns else df.head(0)
-            if overall.height:
-                sec.tables.append(Table("turn_resume_ttft_overall", "Turn-resume TTFT p99 by instance", sec.basis,
-                                        overall.to_arrow(), show=["instance", "calls", "ttft_p50_s", "ttft_p90_s",
-                                                                  "ttft_p99_s"],
-                                        chart=Chart("bars", "Turn-resume TTFT p99 by instance (s)", "instance",
-                                                    "ttft_p99_s", "seconds")))
-            pen = df["miss_penalty"].drop_nulls().drop_nans() if df.height else df["miss_penalty"]
-            if pen.len():
-                sec.figures.append(Figure("miss_penalty_max", "Largest miss penalty (miss p50 ÷ hit p50 TTFT)",
-                                          _num(pen.max()), "ratio_x", "turn_resume_ttft, same instance and gap bucket"))
+        sec.tables.append(Table("turn_resume_ttft_by_instance", "Turn-resume TTFT by instance", sec.basis,
+                                df.to_arrow(), show=["instance", "gap_bucket", "hit_class", "calls", "ttft_p50_s",
+                                                     "ttft_p90_s", "ttft_p99_s", "miss_penalty"], show_rows=40))
+        overall = df.filter(pl.col("gap_bucket") == "all") if "gap_bucket" in df.columns else df.head(0)
+        if overall.height:
+            sec.tables.append(Table("turn_resume_ttft_overall", "Turn-resume TTFT p99 by instance", sec.basis,
+                                    overall.to_arrow(), show=["instance", "calls", "ttft_p50_s", "ttft_p90_s",
+                                                              "ttft_p99_s"],
+                                    chart=Chart("bars", "Turn-resume TTFT p99 by instance (s)", "instance",
+                                                "ttft_p99_s", "seconds")))
+        pen = df["miss_penalty"].drop_nulls().drop_nans() if df.height else df["miss_penalty"]
+        if pen.len():
+            sec.figures.append(Figure("miss_penalty_max", "Largest miss penalty (miss p50 ÷ hit p50 TTFT)",
+                                      _num(pen.max()), "ratio_x", "turn_resume_ttft, same instance and gap bucket"))
         itl = self.metric("itl_tail")
-        if itl is None:
-            sec.notes.append(self.missing("itl_tail"))
-        else:
-            sec.tables.append(Table("itl_tail", "ITL tail attribution", sec.basis, itl.to_arrow(),
-                                    chart=Chart("bars", "Share of tail gaps next to a long prefill", "instance",
-                                                "tail_long_prefill_share", "ratio")
-                                    if "instance" in itl.columns else None))
+        sec.tables.append(Table("itl_tail", "ITL tail attribution", sec.basis, itl.to_arrow(),
+                                chart=Chart("bars", "Share of tail gaps next to a long prefill", "instance",
+                                            "tail_long_prefill_share", "ratio") if "instance" in itl.columns else None))
         fleet = self.metric("fleet_hit_rate")
-        if fleet is not None and fleet.height:
+        if fleet.height:
             sec.tables.append(Table("fleet_hit_rate", "Engine-counter hit rate vs spans (cross-check)",
                                     "fleet_hit_rate (§2): engine counter deltas over the window, next to span ΣC/ΣP",
                                     fleet.to_arrow(), show=["instance", "engine", "hit_rate", "span_hit_rate", "basis",
@@ -489,9 +460,6 @@ class _Builder:
         for key, metric, by, col in (("session", "reprefill", "session", "session_id"),
                                      ("task", "task_cost", "task", "task_id")):
             df = self.metric(metric, by)
-            if df is None:
-                sec.notes.append(self.missing(metric))
-                continue
             df = df.filter(pl.col(col).is_not_null()).sort("cost_usd", descending=True, nulls_last=True).head(TOP_N)
             about = self.sql(ABOUT_SQL.format(key=col), {"ids": df[col].to_list()})
             df = df.join(about.rename({"id": col}), on=col, how="left")
@@ -539,7 +507,7 @@ class _Builder:
         and the top fixes with their $ and the sessions they affect."""
         if ledger is None:
             sec = Section("answer", "The recompute tax this week", "")
-            sec.notes += self.failures or [FINDINGS_MISSING]
+            sec.notes += self.failures or [FINDINGS_LEFT_OUT]
             return sec
         prev_usd = before.usd_week if before is not None and before.calls else None
         owned_tok, owned_usd = ledger.owned("reprefill")
@@ -597,7 +565,7 @@ class _Builder:
                       "the ledger's findings in its order ($/week at stake, then severity); the whole ledger in "
                       "tables/findings.csv")
         if ledger is None:
-            sec.notes += self.failures or [FINDINGS_MISSING]
+            sec.notes += self.failures or [FINDINGS_LEFT_OUT]
             return sec
         rows = [_finding_row(f) for f in ledger.findings]
         tbl = pa.Table.from_pylist(rows, schema=FINDINGS_SCHEMA)
@@ -675,29 +643,22 @@ def _histogram(values: list[float], title: str, bins: int = 20) -> Chart:
     return Chart("histogram", title, unit="usd", edges=edges, counts=counts)
 
 
-def findings_entry() -> Callable | None:
-    """``agentobs.findings.build`` (the tax ledger) when the findings package exists, else None."""
-    try:
-        mod = importlib.import_module("agentobs.findings")
-    except ImportError:
-        return None
-    fn = getattr(mod, "build", None)
-    return fn if callable(fn) else None
-
-
 def build(db, period: Period, settings: Settings | None = None, clock: Callable[[], float] = time.time,
           findings: Callable | None | bool = True) -> Report:
     """The report of ``period`` from the store ``db`` (a path or an open connection).
-    ``findings``: True = the tax ledger of agentobs.findings (``build``) when present; None/False = leave out; a
+    ``findings``: True = the tax ledger of agentobs.findings (``build``); None/False = leave out (a note says so); a
     callable = use it (it takes ``db, since=, until=, settings=, simulate=`` and returns a Ledger)."""
     settings = settings if settings is not None else load_settings()
-    fn = findings_entry() if findings is True else (findings or None)
+    if findings is True:
+        from ..findings import build as fn
+    else:
+        fn = findings or None
     t0 = time.perf_counter()
     prev = period.previous()
     run, close = prepare(db, since=period.since, until=period.until, settings=settings, clock=clock)
     timings = {"prepare": time.perf_counter() - t0, **{f"prepare {k}": v for k, v in run.timings.items()}}
     try:
-        b = _Builder(run, period, settings, str(db), fn, db)
+        b = _Builder(run, period, settings, mask_url(db), fn, db)
         cur, before = b.totals(period), b.totals(prev)
         calls = int(cur.get("calls") or 0)
         basis, cost_tbl = b.cost_basis()
@@ -710,12 +671,11 @@ def build(db, period: Period, settings: Settings | None = None, clock: Callable[
                     b.headline(cur, before, basis)]
         if calls:
             sections += [b.spend(), b.tasks(), b.reprefill(), b.rent(), b.latency(), b.top()]
-            if cost_tbl is not None:
-                sections.append(Section("cost_basis", "Cost basis per instance",
-                                        "the [cost] settings, engine config and engine spans (METRICS.md §8)",
-                                        tables=[Table("cost_basis", "Cost basis", "cost_model metric", cost_tbl,
-                                                      show_rows=50)]))
+            sections.append(Section("cost_basis", "Cost basis per instance",
+                                    "the [cost] settings, engine config and engine spans (METRICS.md §8)",
+                                    tables=[Table("cost_basis", "Cost basis", "cost_model metric", cost_tbl,
+                                                  show_rows=50)]))
         timings.update(b.timings)
     finally:
         close()
-    return Report(period, prev, clock(), str(db), calls, sections, timings)
+    return Report(period, prev, clock(), mask_url(db), calls, sections, timings)

@@ -12,7 +12,6 @@ from html import escape
 
 FONT = "font-family:system-ui,-apple-system,Segoe UI,sans-serif;font-size:12px"
 BAR = "#3b6fb6"
-BAR_PREV = "#c4cfdf"
 
 
 def _clip(s: str, n: int = 34) -> str:

@@ -51,10 +51,6 @@ def _attrs(d: dict) -> list:
     return [_attr(k, v) for k, v in d.items() if v is not None]
 
 
-def _ns(t: float) -> str:
-    return str(int(round(t * 1e9)))
-
-
 def _ns_at(epoch: float, t: float) -> str:
     """Epoch nanoseconds of simulated time ``t`` (integer arithmetic: no float rounding at 1e18)."""
     return str(int(round(epoch * 1e6)) * 1000 + int(round(t * 1e9)))

@@ -4,7 +4,7 @@ Each simulated replica serves ``GET /metrics`` (Prometheus text, prometheus_clie
 and, for SGLang, ``GET /server_info`` on its own loopback HTTP server; the spans (gateway, agent,
 engine) are POSTed as OTLP/JSON to an OTLP/HTTP endpoint (``agentobs collect``'s receiver,
 ``/v1/traces``). Simulated time runs ``speed`` times faster than the wall clock. A fleet file for
-``agentobs collect --config`` is written so the scraper finds the replicas.
+``agentobs collect --fleet`` is written so the scraper finds the replicas.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def run_live(otlp_endpoint: str, speed: float, seed: int, console, scenario_name
     fleet_file = live.workdir / "fleet.yaml"
     fleet_file.write_text(live.fleet_yaml())
     console.print(f"simulated replicas: {', '.join(i.spec.name for i in live.fleet.instances)}; spans → {otlp_endpoint}")
-    console.print(f"scrape them with: agentobs collect --config {fleet_file}  (Ctrl-C stops the demo)")
+    console.print(f"scrape them with: agentobs collect --fleet {fleet_file}  (Ctrl-C stops the demo)")
     try:
         live.run(max_wall_s)
     except KeyboardInterrupt:

@@ -103,7 +103,3 @@ def whatif_configs() -> list[tuple[str, Scenario]]:
     sc("sglang radix on, HiCache on, affine", "sglang", "session_affinity", hicache=True)
     sc("sglang radix on, HiCache on, RR", "sglang", "round_robin", hicache=True)
     return out
-
-
-def with_router(s: Scenario, router: str | None) -> Scenario:
-    return replace(s, router=router) if router else s

@@ -4,10 +4,10 @@
 elements add nothing (as ``sum`` skips them), a NULL list gives NULL. The ITL queries (the ``itl_tail`` metric,
 the long-prefill ITL finding) place each inter-token gap in time: gap i of a call ends at
 ``t1 + Σ_{j≤i} itl_j``. DuckDB has no list running sum, and the window that computed it over the unnested gaps
-(``sum(g) OVER (PARTITION BY call ORDER BY i ROWS UNBOUNDED PRECEDING)``) partitioned and sorted every gap:
-about 0.25 s of 1.7M gaps on sample_data, the largest single step of those queries. The lists are already in
-order, so one vectorized pass does it (NumPy over the Arrow list's values, ~0.05 s for the same gaps); the
-sum is taken left to right, so it is the same every run (the parallel window's was not, in the last bits).
+(``sum(g) OVER (PARTITION BY call ORDER BY i ROWS UNBOUNDED PRECEDING)``) partitioned and sorted every gap, the
+largest single step of those queries. The lists are already in order, so one vectorized pass does it (NumPy
+over the Arrow list's values; docs/metrics.md, "Round 8"); the sum is taken left to right, so it is the same
+every run (the parallel window's was not, in the last bits).
 ClickHouse has it built in: the dialect maps it to ``arrayCumSum``.
 
 Registered by ``agentobs.store.db.connect``/``sandboxed`` and by a metric run on any DuckDB connection it is
@@ -39,8 +39,9 @@ def _cumsum(arr):
 
 
 def ensure(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """Register agentobs' SQL functions on ``con`` unless they are there already; returns ``con``. (Asking
-    ``duckdb_functions()`` first cost ~25 ms a connection: the console opens one per listing.)"""
+    """Register agentobs' SQL functions on ``con`` unless they are there already; returns ``con``. (It tries the
+    registration rather than asking ``duckdb_functions()`` first, which is slow enough to matter: the console
+    opens a connection per listing.)"""
     try:
         con.create_function(CUMSUM, _cumsum, [duckdb.list_type("DOUBLE")], duckdb.list_type("DOUBLE"),
                             type="arrow", side_effects=False)

@@ -3,9 +3,9 @@
 ``call_reuse`` (agentobs/metrics/call_reuse.sql) turns KV-cache events into two small relations before it
 meets any call: ``kv_sess`` (the sessions that stored blocks, each with an integer name ``sk``) and
 ``kv_rm_chain`` (every removal of a session's block, with the block's chain position and when it was stored
-and superseded). Building them unnests every stored and removed block hash (sample_data: 2.2M stored and 2.1M
-removed hashes in 669k events) — ~0.85 s of the 0.9 s ``m_calls`` takes there, in every metric run, console
-page and report — and their result is tiny (471 and 6,676 rows) and a function of ``kv_events`` only.
+and superseded). Building them unnests every stored and removed block hash — most of what ``m_calls`` takes on a
+store with KV events, in every metric run, console page and report (docs/metrics.md, "Round 8, continued") —
+and their result is tiny (a few rows per session) and a function of ``kv_events`` only.
 
 So the writers that add KV events store that result: ``refresh`` runs the same SQL section of
 call_reuse.sql (between ``-- kv index begin`` and ``-- kv index end``) into ``kv_index_sessions`` and

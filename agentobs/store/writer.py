@@ -7,7 +7,7 @@ cursor; it concatenates pending tables per destination and commits them in one t
 what lets a receiver acknowledge only durable spans.
 
 Duplicates are rare (an OTLP retry, a re-imported file), and DuckDB's ``INSERT OR IGNORE`` costs
-about twice a plain ``INSERT`` into a table with a primary key (bench/ingest_otlp.py,
+well more than a plain ``INSERT`` into a table with a primary key (bench/ingest_otlp.py,
 docs/collectors.md). So a commit first tries a plain ``INSERT``; when a key is already there the
 transaction is rolled back whole and redone with ``INSERT OR IGNORE``, and that table keeps using
 ``INSERT OR IGNORE`` for the next ``IGNORE_AFTER_CONFLICT`` commits (a re-import is mostly
@@ -246,6 +246,6 @@ class _Conflict(Exception):
 def _concat(parts: list[pa.Table]) -> pa.Table:
     if len(parts) == 1:
         return parts[0]
-    # one contiguous chunk: DuckDB inserts from a few large chunks ~2x faster than from many
-    # 512-row receiver batches (measured: 4.7 vs 2.0 µs per span, docs/collectors.md)
+    # one contiguous chunk: DuckDB inserts from a few large chunks faster than from many 512-row receiver
+    # batches (docs/collectors.md, "Writer: one contiguous chunk per commit")
     return pa.concat_tables(parts, promote_options="default").combine_chunks()

@@ -238,7 +238,7 @@ def run_config(name: str, out: Path, args) -> dict:
     timings: dict[str, float] = {}
     t_all = time.time()
     try:
-        col = procs.start("collect", [AGENTOBS, "collect", "--config", str(d / "fleet.yaml"), "--db", str(db)],
+        col = procs.start("collect", [AGENTOBS, "collect", "--fleet", str(d / "fleet.yaml"), "--db", str(db)],
                           d / "collect.log")
         wait_for(lambda: http_ok(health_url), 60, "agentobs collect health", col)
         env = {

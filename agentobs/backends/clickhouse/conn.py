@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 import pyarrow as pa
 
 from ...errors import ConfigError, QueryError, StoreError
+from ...redact import mask_url
 
 # Session settings that give ClickHouse the SQL-standard NULL behaviour the shared metric SQL assumes:
 # outer joins yield NULL (not the type default), aggregates over nothing yield NULL (not 0), casts keep NULL.
@@ -66,7 +67,7 @@ class ClickHouse:
             try:
                 self._s = session.Session(path) if path else session.Session()
             except Exception as e:  # chdb raises plain RuntimeError
-                raise StoreError(f"cannot open chDB at {url!r}: {e}") from None
+                raise StoreError(mask_url(f"cannot open chDB at {url!r}: {e}")) from None
             for k, v in SESSION_SETTINGS.items():
                 self._s.query(f"SET {k} = {v}")
         elif u.scheme in ("http", "https"):
@@ -81,18 +82,14 @@ class ClickHouse:
                     database=(u.path or "/").strip("/") or "default", secure=u.scheme == "https",
                     settings=SESSION_SETTINGS)
             except Exception as e:
-                raise StoreError(f"cannot connect to ClickHouse at {u.scheme}://{u.hostname}:{u.port}: {e}") from None
+                where = f"{u.scheme}://{u.hostname}:{u.port}"
+                raise StoreError(mask_url(f"cannot connect to ClickHouse at {where}: {e}")) from None
         else:
-            raise ConfigError(f"--clickhouse-url {url!r}: use chdb:, chdb:///path or http(s)://host:8123/db")
+            raise ConfigError(f"--clickhouse-url {mask_url(url)!r}: use chdb:, chdb:///path or http(s)://host:8123/db")
 
     def __str__(self) -> str:
         """The URL without its password (reports and logs name the source by it)."""
-        u = urlsplit(self.url)
-        if u.password is None:
-            return self.url
-        host = u.hostname or ""
-        netloc = f"{u.username}:***@{host}" + (f":{u.port}" if u.port else "")
-        return u._replace(netloc=netloc).geturl()
+        return mask_url(self.url)
 
     def command(self, sql: str, params: dict | None = None) -> None:
         try:
@@ -102,7 +99,7 @@ class ClickHouse:
                 else:
                     self._c.command(sql, parameters=params)
         except Exception as e:
-            raise QueryError(f"ClickHouse: {str(e).splitlines()[0][:500]}") from None
+            raise QueryError(mask_url(f"ClickHouse: {str(e).splitlines()[0][:500]}")) from None
 
     def arrow(self, sql: str, params: dict | None = None) -> pa.Table:
         try:
@@ -112,7 +109,7 @@ class ClickHouse:
                                          params={k: _format_param(v) for k, v in (params or {}).items()})
                 return self._c.query_arrow(sql, parameters=params)
         except Exception as e:
-            raise QueryError(f"ClickHouse: {str(e).splitlines()[0][:500]}") from None
+            raise QueryError(mask_url(f"ClickHouse: {str(e).splitlines()[0][:500]}")) from None
 
     def insert_arrow(self, table: str, data: pa.Table) -> None:
         if not table.replace("_", "").isalnum():

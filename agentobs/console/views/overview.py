@@ -13,7 +13,7 @@ ctx = ui.page("Overview", "Which sessions pay the recompute tax, why, and what t
               "(a relative or explicit window; none for `all`).")
 
 # ITL p99 from `itl` (the gaps' percentiles), not `itl_tail`: the same p99 of the same gaps, without the tail
-# attribution the KPI does not show (sample_data: ~0.1 s instead of ~0.5 s; the ITL tails page has it)
+# attribution the KPI does not show (and does not wait for; the ITL tails page has it)
 WANT = {"reuse": "model", "reprefill": "model", "idle_kv_rent": "model", "turn_resume_ttft": "model",
         "itl": "model"}
 

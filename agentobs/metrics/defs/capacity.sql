@@ -11,7 +11,7 @@
 -- sources: call_reuse (llm_calls), metric_samples, instance_config / [cost] kv_capacity_tokens
 -- by: instance
 -- calls is read twice (bounds, parts): NOT MATERIALIZED scans m_calls for each, cheaper than one scan fanned out
--- to both (10M calls: 2.1 s → 1.85 s)
+-- to both (docs/metrics.md, "Round 9")
 WITH calls AS NOT MATERIALIZED (
     SELECT instance AS grp,
            greatest(start_s, coalesce($since, start_s)) AS a, least(end_s, coalesce($until, end_s)) AS b,

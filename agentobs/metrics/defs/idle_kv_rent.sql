@@ -14,8 +14,8 @@
 -- by: instance, model, task_type, session, task
 -- the calls are aggregated without joins; the per-instance prices (the previous call's instance for rent, the
 -- call's own for the basis text) and the one-row window are put beside the aggregates afterwards. base is read
--- three times (agg, rent_by_prev, insts): NOT MATERIALIZED scans m_calls for each (a scan is cheap), which at 10M
--- calls was about half the time of one scan fanned out to the three (docs/metrics.md, round 9)
+-- three times (agg, rent_by_prev, insts): NOT MATERIALIZED scans m_calls for each (a scan is cheap), which is
+-- faster than one scan fanned out to the three (docs/metrics.md, "Round 9")
 WITH base AS NOT MATERIALIZED (
     SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type
                     WHEN 'session' THEN session_id WHEN 'task' THEN task_id END AS grp,
@@ -64,7 +64,7 @@ agg AS (
     GROUP BY grp
 ),
 -- the instances of each group's calls (for the basis text), sorted, from the distinct (group, instance) pairs:
--- a DISTINCT aggregate among agg's made all of agg 2-3x slower at 10M calls
+-- a DISTINCT aggregate among agg's slows all of agg (docs/metrics.md, "Round 9")
 insts AS (
     SELECT grp, list_sort(list(inst)) AS instances
     FROM (SELECT DISTINCT grp, coalesce(instance, '') AS inst FROM base)

@@ -10,9 +10,9 @@
 -- grain: one row per group (default: one per miss cause)
 -- sources: call_reuse (llm_calls, instance_config, kv_events), cost model ([cost] settings, instance_config)
 -- by: cause, session, task, instance, model, task_type
--- base is read twice (sums, lab): NOT MATERIALIZED scans m_calls for each, cheaper at 10M calls than one scan
--- fanned out to both; the labels (modes, instances) come from the distinct (group, mode, instance) triples, apart
--- from the sums: DISTINCT aggregates among the sums made the whole aggregation about twice as slow
+-- base is read twice (sums, lab): NOT MATERIALIZED scans m_calls for each, cheaper than one scan fanned out to
+-- both; the labels (modes, instances) come from the distinct (group, mode, instance) triples, apart from
+-- the sums: DISTINCT aggregates among the sums slow the whole aggregation (docs/metrics.md, "Round 9")
 WITH base AS NOT MATERIALIZED (
     SELECT CASE $by WHEN 'cause' THEN coalesce(miss_cause, CASE WHEN session_id IS NULL THEN 'no_session'
                                                                 WHEN context_reset THEN 'context_reset'

@@ -10,9 +10,9 @@
 -- grain: one row per group (default: one per task)
 -- sources: call_reuse (llm_calls), cost model ([cost] settings, instance_config, engine spans)
 -- by: task, task_type, session, model, instance
--- base is read twice (lab, sums): NOT MATERIALIZED scans m_calls for each, cheaper at 10M calls than one scan
--- fanned out to both. The distinct counts and instance lists come from the distinct (group, session, branch,
--- instance) tuples, apart from the sums: among them they made the whole aggregation 1.6-2x slower
+-- base is read twice (lab, sums): NOT MATERIALIZED scans m_calls for each, cheaper than one scan fanned out to
+-- both. The distinct counts and instance lists come from the distinct (group, session, branch, instance)
+-- tuples, apart from the sums: among them they slow the whole aggregation (docs/metrics.md, "Round 9")
 WITH base AS NOT MATERIALIZED (
     SELECT CASE $by WHEN 'task' THEN task_id WHEN 'task_type' THEN task_type WHEN 'session' THEN session_id
                     WHEN 'model' THEN model WHEN 'instance' THEN instance END AS grp,
