@@ -436,8 +436,20 @@ def import_bundle_cmd(ctx: Ctx, path, rebase_to):
 
 
 @cli.command("simulate")
-@click.option("--scenario", default="quick", show_default=True,
-              help="Named fleet + workload (sample, quick, bench, claude-code, mooncake).")
+@click.option("--scenario", default=None,
+              help="Named fleet + workload (sample, quick, bench, claude-code, mooncake). [default: quick]")
+@click.option("--trace", "traces", multiple=True, type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="Replay a kv-cache-tester JSON trace (one session per file; repeatable) instead of a scenario.")
+@click.option("--replicas", type=click.IntRange(1, 256), default=None,
+              help="With --trace: identical engine replicas.  [default: 2]")
+@click.option("--engine", type=click.Choice(["vllm", "sglang"]), default=None,
+              help="With --trace: the replicas' engine.  [default: vllm]")
+@click.option("--kv-capacity-tokens", type=click.IntRange(1), default=None,
+              help="With --trace: GPU KV pool per replica, tokens.  [default: the preset's, 300,000]")
+@click.option("--block-size", type=click.Choice(["1", "2", "4", "8", "16", "32", "64"]), default=None,
+              help="With --trace: KV block (page) size in tokens; divides the traces' 64.  [default: 16]")
+@click.option("--max-model-len", type=click.IntRange(1), default=None,
+              help="With --trace: longest prompt accepted (vLLM --max-model-len).  [default: the KV pool]")
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="Write the bundle here (telemetry + ground truth).")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--router", type=click.Choice(["round_robin", "least_loaded", "cache_aware", "session_affinity"]), default=None,
@@ -452,8 +464,9 @@ def import_bundle_cmd(ctx: Ctx, path, rebase_to):
 @click.option("--compare", is_flag=True, default=False,
               help="What-if: the 20-turn tool-calling trace under radix/prefix cache, HiCache and routing configs.")
 @common
-def simulate_cmd(ctx: Ctx, scenario, out, seed, router, duration, sessions_per_min, scrape_every, gzip_prom,
-                 no_kv_events, block_hashes, do_import, compare):
+def simulate_cmd(ctx: Ctx, scenario, traces, replicas, engine, kv_capacity_tokens, block_size, max_model_len, out,
+                 seed, router, duration, sessions_per_min, scrape_every, gzip_prom, no_kv_events, block_hashes,
+                 do_import, compare):
     """Simulate an engine fleet serving agent sessions; emit real telemetry formats plus ground truth."""
     from dataclasses import replace
 
@@ -466,6 +479,21 @@ def simulate_cmd(ctx: Ctx, scenario, out, seed, router, duration, sessions_per_m
 
     prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                     console=err_console, transient=True, disable=not err_console.is_terminal)
+    trace_opts = {"--replicas": replicas, "--engine": engine, "--kv-capacity-tokens": kv_capacity_tokens,
+                  "--block-size": block_size, "--max-model-len": max_model_len}
+    if traces:
+        clash = [o for o, v in (("--scenario", scenario), ("--compare", compare), ("--duration", duration),
+                                ("--sessions-per-min", sessions_per_min)) if v]
+        if clash:
+            raise click.UsageError(f"--trace replays the given files; it does not combine with {', '.join(clash)}")
+        bs = int(block_size or 16)
+        if kv_capacity_tokens is not None and kv_capacity_tokens < bs:
+            raise click.BadParameter(f"{kv_capacity_tokens} is less than one block ({bs} tokens)",
+                                     param_hint="--kv-capacity-tokens")
+    else:
+        given = [o for o, v in trace_opts.items() if v is not None]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} only apply with --trace FILE")
     if compare:
         configs = whatif_configs()
         with prog:
@@ -473,7 +501,14 @@ def simulate_cmd(ctx: Ctx, scenario, out, seed, router, duration, sessions_per_m
             sums = run_compare(seed, configs, progress=lambda n: prog.advance(task, n))
         _emit(compare_table(sums), "table", "what-if: 20-turn tool-calling sessions, gaps 5–30 s, 3 replicas")
         return
-    sc = get_scenario(scenario)
+    if traces:
+        from .sim.scenarios import trace_scenario
+
+        sc = trace_scenario(traces, replicas=replicas or 2, engine=engine or "vllm",
+                            kv_capacity_tokens=kv_capacity_tokens, block_size=int(block_size or 16),
+                            max_model_len=max_model_len)
+    else:
+        sc = get_scenario(scenario or "quick")
     if router:
         sc = replace(sc, router=router)
     if duration:

@@ -172,7 +172,11 @@ class BundleSink:
                  "agentobs.attempt": call.attempt if call.attempt > 1 else None,
                  "agentobs.branch": call.branch if call.branch != "main" else None,
                  "gen_ai.request.stream": True, "server.address": host, "server.port": int(port)}
-        if call.rejected:
+        if call.refused is not None:  # the engine's 400 for a prompt longer than it accepts
+            attrs["error.type"] = "400"
+            status = {"code": 2, "message": f"400 Bad Request: {call.refused}"}
+            end = call.t2
+        elif call.rejected:
             attrs["error.type"] = "503"
             status = {"code": 2, "message": "503 Service Unavailable: engine queue full"}
             end = call.t2
@@ -265,10 +269,10 @@ class BundleSink:
         reff = min(call.R, ((P - 1) // B) * B) if P > 0 else 0
         C = 0 if call.rejected else r.C
         X = 0 if call.first or call.rejected else max(0, reff - C)
-        if call.first:
-            cause = "cold"
-        elif call.rejected:
+        if call.rejected:
             cause = "rejected"
+        elif call.first:
+            cause = "cold"
         elif X == 0:
             cause = "hit"
         elif not inst.spec.prefix_caching:  # owns the miss first: routing back here would not have hit either

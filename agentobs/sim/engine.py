@@ -43,6 +43,7 @@ class InstanceSpec:
     max_waiting: int = 1024
     schedule_policy: str = "fcfs"  # fcfs | lpm
     cache_report: bool = True      # cached tokens reported to clients (SGLang --enable-cache-report)
+    max_model_len: int | None = None  # vLLM --max-model-len / SGLang --context-length (None: only the KV pool limits)
     model: str | None = None       # the model served; a session's calls go to replicas of one model (router.py).
                                    # None: undeclared (one pool of all undeclared replicas); names the preset's
                                    # model in the telemetry
@@ -191,6 +192,29 @@ class Instance:
             self.seg_V.append(self.V)
             self.seg_s.append(self.step_s)
         self.version += 1
+
+    def prompt_limit(self) -> tuple[int, str]:
+        """The longest prompt this replica accepts, and what sets it: ``max_model_len`` or the KV pool (a prompt
+        that cannot fit in the pool can never be scheduled; vLLM refuses to start when one could, SGLang caps its
+        ``max_req_input_len`` at the pool size)."""
+        pool = self.capacity_blocks * self.spec.block_size
+        mml = self.spec.max_model_len
+        if mml is not None and mml <= pool:
+            return mml, "max_model_len"
+        return pool, "kv_pool"
+
+    def refuse_reason(self, P: int) -> str | None:
+        """The engine's 400 message for a prompt of ``P`` tokens it will not serve, else None."""
+        limit, what = self.prompt_limit()
+        if P <= limit:
+            return None
+        if self.spec.engine == "sglang":
+            return (f"Input length ({P} tokens) exceeds the maximum allowed length ({limit} tokens). "
+                    "Use a shorter input or enable --allow-auto-truncate.")
+        if what == "max_model_len":
+            return (f"This model's maximum context length is {limit} tokens. However, your request has {P} input "
+                    "tokens. Please reduce the length of the input messages.")
+        return f"The prompt ({P} tokens) is longer than the KV cache pool ({limit} tokens) can hold."
 
     # -- events ------------------------------------------------------------------------------------
     def arrive(self, r: Req, t: float) -> bool:

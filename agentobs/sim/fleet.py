@@ -54,6 +54,7 @@ class Call:
     prev: Call | None = None
     tool_start: float | None = None
     rejected: bool = False
+    refused: str | None = None  # the engine's 400 message: a prompt longer than it accepts (not retried)
     span_id: str = ""
     last_of_session: bool = False
 
@@ -152,7 +153,7 @@ class Fleet:
             elif kind == ENGINE:
                 call = obj
                 inst = extra
-                if inst.arrive(call.req, t):
+                if call.refused is None and inst.arrive(call.req, t):
                     self._sched(inst)
                 else:
                     call.rejected = True
@@ -240,14 +241,19 @@ class Fleet:
         call.span_id = self.span_id(self.n_calls)
         r.call = call
         r.cid = call.span_id
-        # ground truth: leading blocks already computed by earlier calls of this session
+        inst = self.router.pick(sess.sid, spec.chain, spec.nblk)
+        # a prompt longer than the replica accepts is refused before it reaches the scheduler (HTTP 400)
+        call.refused = inst.refuse_reason(spec.P)
+        # ground truth: leading blocks already computed by earlier calls of this session (a refused call
+        # computes nothing, and does not count as the session's first call)
         B = self.instances[0].spec.block_size
         n = spec.nblk
         if n:
             runs = spec.chain.runs(0, n)
             R = st.seen.covered_prefix(runs)
-            for a, b in runs:
-                st.seen.assign(a, b, True)
+            if call.refused is None:
+                for a, b in runs:
+                    st.seen.assign(a, b, True)
         else:
             R = 0
         call.R = R * B
@@ -255,12 +261,12 @@ class Fleet:
         call.prev = th.prev
         if th.prev is not None and spec.tool and th.prev.t2 < t:
             call.tool_start = th.prev.t2
-        st.issued += 1
+        if call.refused is None:
+            st.issued += 1
         if st.first_t is None:
             st.first_t = t
         call._thread = th  # type: ignore[attr-defined]
         call._state = st  # type: ignore[attr-defined]
-        inst = self.router.pick(sess.sid, spec.chain, spec.nblk)
         self._push(t + self.spec.net_s, ENGINE, call, inst)
 
     def _done(self, call: Call, t: float) -> None:
@@ -271,14 +277,15 @@ class Fleet:
         st.calls.append(call)
         st.last_t = max(st.last_t, call.t2)
         self.calls_done += 1
-        if r.status == "error":
+        if r.status == "error" and call.refused is None:
             th.prev = call
             self.sink.call_done(call, self)
             self._push(call.t2 + call.spec.backoff_s, RETRY, st, (th, call))
             return
-        th.prev = call
-        if th.branch == "main":
-            st.last_call = call
+        if call.refused is None:  # a refused call leaves the thread's previous served call in place
+            th.prev = call
+            if th.branch == "main":
+                st.last_call = call
         self.sink.call_done(call, self)
         th.i += 1
         if th.i < len(th.calls):

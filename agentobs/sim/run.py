@@ -21,12 +21,14 @@ def build_workload(sc: Scenario, seed: int, ids: IdAlloc) -> list[Session]:
         out = synthetic(sc.mix, sc.duration_s, sc.sessions_per_min, seed, sc.block_size, ids, n_sessions=sc.n_sessions)
     elif sc.workload == "claude-code":
         out = claude_code(None, sc.block_size, ids)
+    elif sc.workload == "trace":
+        out = claude_code([Path(p) for p in sc.traces], sc.block_size, ids)
     elif sc.workload == "mooncake":
         out = mooncake(None, sc.block_size, ids, limit=3000)
     else:
         from ..errors import ConfigError
 
-        raise ConfigError(f"unknown workload {sc.workload!r}; known: synthetic, claude-code, mooncake")
+        raise ConfigError(f"unknown workload {sc.workload!r}; known: synthetic, claude-code, mooncake, trace")
     if sc.session_id_share < 1.0:
         for s in out:
             s.engine_session = _unit(f"{seed}/{s.sid}") < sc.session_id_share

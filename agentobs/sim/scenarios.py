@@ -15,7 +15,8 @@ class Scenario:
     help: str
     instances: tuple[InstanceSpec, ...]
     router: str = "round_robin"
-    workload: str = "synthetic"            # synthetic | claude-code | mooncake
+    workload: str = "synthetic"            # synthetic | claude-code | mooncake | trace
+    traces: tuple[str, ...] = ()           # workload "trace": kv-cache-tester JSON files, one session each
     mix: dict = field(default_factory=dict)
     duration_s: float = 3600.0
     sessions_per_min: float = 6.0
@@ -67,6 +68,22 @@ SCENARIOS: dict[str, Scenario] = {
                  duration_s=86400.0),
     )
 }
+
+
+def trace_scenario(paths, replicas: int = 2, engine: str = "vllm", kv_capacity_tokens: int | None = None,
+                   block_size: int = 16, router: str = "session_affinity", max_model_len: int | None = None,
+                   preset_name: str = "h100x2-qwen3-32b") -> Scenario:
+    """A replay of kv-cache-tester traces (``agentobs simulate --trace``): ``replicas`` identical replicas of one
+    engine serving the preset's model."""
+    if engine not in ("vllm", "sglang"):
+        raise ConfigError(f"unknown engine {engine!r}; known: vllm, sglang")
+    port = 8000 if engine == "vllm" else 30000
+    insts = tuple(_served(InstanceSpec(f"10.4.0.{i + 1}:{port}", engine, preset=preset_name, block_size=block_size,
+                                       kv_capacity_tokens=kv_capacity_tokens, max_model_len=max_model_len))
+                  for i in range(replicas))
+    return Scenario("trace", f"replay of {len(paths)} kv-cache-tester trace(s) on {replicas} {engine} replica(s)",
+                    insts, router=router, workload="trace", traces=tuple(str(p) for p in paths),
+                    block_size=block_size, duration_s=10 * 86400.0)
 
 
 def scenario(name: str) -> Scenario:

@@ -256,9 +256,12 @@ def dataset_dir() -> Path:
 
 
 def _load_json(path: Path):
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+    try:
+        data = path.read_bytes()
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+    except (OSError, EOFError) as e:
+        raise InputError(f"cannot read: {getattr(e, 'strerror', None) or e}", str(path)) from None
     try:
         return json.loads(data)
     except ValueError as e:
@@ -282,10 +285,10 @@ def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing
     if paths is None:
         paths = sorted((dataset_dir() / "claude_code").glob("trace_*.json*"))
     out = []
+    names: set[str] = set()
     for i, p in enumerate(paths[:limit] if limit else paths):
         doc = _load_json(p)
-        if not isinstance(doc, dict) or "requests" not in doc:
-            raise InputError("not a kv-cache-tester trace (no 'requests')", str(p))
+        _check_trace(doc, p)
         base = ids.next
         maxid = 0
         sysn, tooln = int(doc.get("system_tokens", 0)), int(doc.get("tool_tokens", 0))
@@ -293,18 +296,39 @@ def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing
         calls: list[CallSpec] = []
         n = 0
 
-        def conv(reqs, prefix_tool=True):
+        tails: list[int] = []  # fresh ids for trailing partial blocks no later prompt completes
+
+        def conv(reqs):
+            """The calls of one thread. With blocks smaller than 64 tokens, the prompt's trailing partial 64-token
+            block (not hashed in the trace) still holds ``(P mod 64) // B`` full blocks: they take the ids of the
+            block that a later prompt of the thread completes at that position when that prompt extends this one
+            (same tokens), else fresh ids (the tail was rewritten)."""
             nonlocal maxid
+            reqs = [r for r in reqs if r.get("type") != "subagent"]
+            hs = [r.get("hash_ids") or [] for r in reqs]
             res = []
             prev_stop = None
-            for r in reqs:
-                if r.get("type") == "subagent":
-                    continue
-                h = r.get("hash_ids") or []
+            for j, r in enumerate(reqs):
+                h = hs[j]
                 if h:
                     maxid = max(maxid, max(h))
-                chain = Chain.from_ids(_expand(h, k, base))  # noqa: B023 - called within the iteration
                 P = int(r["in"])
+                sub = (P % 64) // block_size if k > 1 else 0
+                chain = Chain.from_ids(_expand(h, k, base))  # noqa: B023 - called within the iteration
+                if sub:
+                    m = len(h)
+                    nxt = None
+                    for h2 in hs[j + 1:]:
+                        if m and (len(h2) < m or h2[m - 1] != h[m - 1]):
+                            break  # a later prompt no longer extends this one
+                        if len(h2) > m:
+                            nxt = h2[m]
+                            break
+                    if nxt is not None:
+                        chain.append_run(base + nxt * k, sub)  # noqa: B023
+                    else:
+                        tails.append(sub)  # noqa: B023
+                        chain.append_run(-len(tails), sub)  # noqa: B023 - placeholder, renumbered below
                 nblk = min(len(chain), P // block_size)
                 tool = "tool_use" if prev_stop == "tool_use" else None
                 res.append(CallSpec(chain, nblk, P, max(1, int(r.get("out", 1))), float(r.get("think_time", 0) or 0),
@@ -312,6 +336,8 @@ def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing
                 prev_stop = r.get("stop")
             return res
 
+        parent = [r for r in doc["requests"] if r.get("type") != "subagent"]
+        parent_calls = iter(conv(parent))
         for r in doc["requests"]:
             if r.get("type") == "subagent":
                 if calls:
@@ -323,18 +349,73 @@ def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing
                     segments.append(Segment("par", [(str(r.get("agent_id") or "subagent"), sub)]))
                     n += len(sub)
             else:
-                c = conv([r])[0]
-                calls.append(c)
+                calls.append(next(parent_calls))
                 n += 1
         if calls:
             segments.append(Segment("seq", [("main", calls)]))
         ids.next = base + (maxid + 1) * k + 1
+        if tails:  # give the rewritten tails their fresh ids, after the session's own
+            _renumber_tails(segments, tails, ids)
         if segments and segments[0].threads[0][1]:
             segments[0].threads[0][1][0].gap_s = 0.0
         name = p.name.split(".")[0]
+        if f"cc-{name}" in names:  # the same file name from two folders: two sessions all the same
+            name = f"{name}-{i}"
+        names.add(f"cc-{name}")
         out.append(Session(f"cc-{name}", f"task-cc-{name}", "coding", "team-platform", "claude-code", i * spacing_s,
                            segments, n))
     return out
+
+
+def _renumber_tails(segments: list[Segment], tails: list[int], ids: IdAlloc) -> None:
+    firsts = [ids.take_run(n) for n in tails]
+    for seg in segments:
+        for _, calls in seg.threads:
+            for c in calls:
+                ch = c.chain
+                last = ch.runs(0, len(ch))[-1] if len(ch) else None
+                if last is not None and last[0] < 0:
+                    c.chain = ch.prefix(len(ch) - (last[1] - last[0]))
+                    c.chain.append_run(firsts[-last[0] - 1], last[1] - last[0])
+
+
+def _check_trace(doc, p: Path) -> None:
+    """Refuse a file that is JSON but not a kv-cache-tester trace, naming the first wrong field."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("requests"), list):
+        raise InputError("not a kv-cache-tester trace: expected an object with a 'requests' list", str(p))
+    bs = doc.get("block_size", 64)
+    if bs != 64:
+        raise InputError(f"block_size is {bs!r}; kv-cache-tester traces have 64-token blocks", str(p))
+
+    def check(reqs, where):
+        for j, r in enumerate(reqs):
+            at = f"{where}[{j}]"
+            if not isinstance(r, dict):
+                raise InputError(f"{at} is not an object", str(p))
+            if r.get("type") == "subagent":
+                if not isinstance(r.get("requests") or [], list):
+                    raise InputError(f"{at}.requests is not a list", str(p))
+                check(r.get("requests") or [], f"{at}.requests")
+                continue
+            n = r.get("in")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise InputError(f"{at}.in is {n!r}; expected the prompt's token count (an integer >= 0)", str(p))
+            o = r.get("out", 1)
+            if isinstance(o, bool) or not isinstance(o, int | float) or o < 0:
+                raise InputError(f"{at}.out is {o!r}; expected the output's token count", str(p))
+            for k in ("t", "think_time"):
+                v = r.get(k)
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or v < 0):
+                    raise InputError(f"{at}.{k} is {v!r}; expected seconds (a number >= 0)", str(p))
+            h = r.get("hash_ids") or []
+            if not isinstance(h, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                  for x in h):
+                raise InputError(f"{at}.hash_ids must be a list of integers >= 0", str(p))
+            if len(h) > n // 64:
+                raise InputError(f"{at} has {len(h)} hash_ids for {n} tokens (at most one per full 64-token "
+                                 "block)", str(p))
+
+    check(doc["requests"], "requests")
 
 
 def mooncake(path: Path | None, block_size: int, ids: IdAlloc, limit: int | None = None,
