@@ -528,6 +528,9 @@ def simulate_cmd(ctx: Ctx, scenario, traces, replicas, engine, kv_capacity_token
     err_console.print(f"simulated {fleet.calls_done:,} calls of {fleet.sessions_done:,} sessions, "
                       f"{fleet.now / 3600:.2f} h on {len(fleet.instances)} replicas in {wall:.1f} s"
                       + (f" → {out}" if out else ""))
+    if fleet.refused:
+        err_console.print(f"{fleet.refused:,} calls refused (HTTP 400): prompt longer than the replica accepts "
+                          "(KV pool or --max-model-len); they are error calls in the bundle")
     if do_import:
         _bundle_import(ctx, out)
 

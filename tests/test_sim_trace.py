@@ -100,8 +100,9 @@ def test_truth_of_an_edited_prompt_is_the_shared_prefix(tmp_path):
 def test_prompt_bigger_than_kv_pool_is_an_error_call(traces, tmp_path):
     out = tmp_path / "bundle"
     r = run_cli("simulate", "--trace", traces[0], "--engine", "sglang", "--replicas", "1",
-                "--kv-capacity-tokens", "3008", "--out", out)
+                "--kv-capacity-tokens", "3008", "--out", out, env={"COLUMNS": "400"})
     assert r.returncode == 0, r.stderr
+    assert "2 calls refused (HTTP 400)" in r.stderr
     truth = duckdb.sql(f"SELECT prompt_tokens, rejected, status, cause FROM read_parquet('{out}/truth/calls.parquet') "
                        "ORDER BY start_s").fetchall()
     assert [t[0] for t in truth] == [1000, 1700, 2500, 3300, 4100]

@@ -106,6 +106,7 @@ class Fleet:
         self.calls_done = 0
         self.sessions_done = 0
         self.n_calls = 0
+        self.refused = 0  # calls answered 400: prompt longer than the replica accepts
         self._salt = hashlib.blake2b(str(spec.seed).encode(), digest_size=8).hexdigest()
 
     # ids ---------------------------------------------------------------------------------------------
@@ -156,6 +157,7 @@ class Fleet:
                 if call.refused is None and inst.arrive(call.req, t):
                     self._sched(inst)
                 else:
+                    self.refused += call.refused is not None
                     call.rejected = True
                     call.req.status = "error"
                     call.req.finish = "rejected"
