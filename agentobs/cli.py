@@ -945,16 +945,10 @@ def findings_sessions_cmd(ctx: Ctx, finding_id, since, until, filters, limit, fm
         ids = [f.id for f in ledger.findings]
         raise AgentobsError(f"no finding {finding_id!r} in this window" + (f"; findings: {', '.join(ids)}" if ids
                                                                             else ""))
-    rows = ledger.affected.get(finding_id, ())
-    scale = ledger.scale
-    table = pa.table({
-        "session_id": [a.session_id for a in rows[:limit]],
-        "calls": [a.calls for a in rows[:limit]],
-        "reprefill_tokens": [a.tokens for a in rows[:limit]],
-        "usd_window": [a.usd for a in rows[:limit]],
-        "usd_week": [a.usd * scale for a in rows[:limit]],
-    }, schema=pa.schema([("session_id", pa.string()), ("calls", pa.int64()), ("reprefill_tokens", pa.float64()),
-                         ("usd_window", pa.float64()), ("usd_week", pa.float64())]))
+    rows = ledger.sessions_of(finding_id)
+    schema = pa.schema([("session_id", pa.string()), ("calls", pa.int64()), ("reprefill_tokens", pa.float64()),
+                        ("usd_window", pa.float64()), ("usd_week", pa.float64())])
+    table = pa.Table.from_pylist(rows[:limit], schema=schema)
     _emit(table, fmt, f"{finding_id}: {len(rows)} session(s) affected" + (f", top {limit}" if len(rows) > limit
                                                                           else ""))
 

@@ -137,6 +137,12 @@ class Ledger:
         """Re-prefill $ per week no finding owns (below the floors, or no rule for its cause)."""
         return max(self.usd_week - self.owned("reprefill")[1], 0.0)
 
+    def sessions_of(self, finding_id: str) -> list[dict[str, Any]]:
+        """The sessions a finding owns calls of, most $ first: calls, their re-prefill tokens, $ in the window and
+        per week (× the ledger's scale) — what `agentobs findings sessions` and the console's Sessions page list."""
+        return [{"session_id": a.session_id, "calls": a.calls, "reprefill_tokens": a.tokens, "usd_window": a.usd,
+                 "usd_week": a.usd * self.scale} for a in self.affected.get(finding_id, ())]
+
     def get(self, finding_id: str) -> Finding | None:
         return next((f for f in self.findings if f.id == finding_id), None)
 

@@ -31,13 +31,13 @@ if finding_id:  # the sessions a finding owns calls of (the ledger's, as `agento
     if f is None:
         st.warning(f"No finding `{finding_id}` in this view (window and filters); showing every session.")
     else:
-        rows = led.affected.get(finding_id, ())
+        rows = led.sessions_of(finding_id)
         st.info(f"**{len(rows):,} sessions affected** by `{finding_id}` · {ui.usd(f.tax.usd_week)}{f.tax.per} · "
                 f"fix: {findings._fix_text(f)}")
-        owned = pl.DataFrame({"session_id": [a.session_id for a in rows],
-                              "owned_calls": [a.calls for a in rows],
-                              "owned_tokens": [a.tokens for a in rows],
-                              "owned_usd_week": [a.usd * led.scale for a in rows]},
+        owned = pl.DataFrame({"session_id": [r["session_id"] for r in rows],
+                              "owned_calls": [r["calls"] for r in rows],
+                              "owned_tokens": [r["reprefill_tokens"] for r in rows],
+                              "owned_usd_week": [r["usd_week"] for r in rows]},
                              schema={"session_id": pl.String, "owned_calls": pl.Int64, "owned_tokens": pl.Float64,
                                      "owned_usd_week": pl.Float64})
         if st.button("Show every session", key="sess_clear_finding"):
