@@ -221,7 +221,7 @@ def test_overview_tax_equals_the_cli_ledger(sample_console, sample_db, page):
     from click.testing import CliRunner
 
     from agentobs.cli import cli
-    from agentobs.console.ui import usd
+    from agentobs.findings.context import fmt_usd as usd  # the first screen prints $ as the CLI does
 
     page.set_viewport_size({"width": 1440, "height": 900})
     for qs, flags in (("", []), ("?model=" + LLAMA_SAMPLE, ["--filter", f"model={LLAMA_SAMPLE}"])):

@@ -42,6 +42,14 @@ def ledger(ctx: Context, simulate: bool = True):
     return _ledger(ctx.stamp, ctx.since, ctx.until, flt, simulate)
 
 
+def money(v) -> str:
+    """$ on the first screen as the CLI, the report and `agentobs findings` print it (cents: the same string on every
+    surface; agentobs.findings.context.fmt_usd)."""
+    from agentobs.findings.context import fmt_usd
+
+    return "–" if ui.is_missing(v) else fmt_usd(v)
+
+
 def num(v) -> str:
     """An evidence value as the Markdown rendering of a finding writes it (agentobs.findings.render)."""
     from agentobs.findings.render import _num
@@ -98,12 +106,12 @@ def answer(ctx: Context, simulate: bool = True, slot=None):
     left, right = box.columns([5, 6])
     with left:
         st.metric("Recompute tax" + (" per week" if led.period == "week" else " (observed window)"),
-                  ui.usd(led.usd_week),
+                  money(led.usd_week),
                   help="Every re-prefill token of the view (METRICS.md §1: X = max(0, R_eff − C)) at its GPU-time "
                        "cost (§8), observed in the window and scaled to a week. Findings own parts of it; each "
                        "call's re-prefill is owned by at most one finding (docs/findings.md).")
-        st.caption(f"{ui.usd(led.usd_window)} observed · {led.window_text} · findings own "
-                   f"{ui.usd(led.owned('reprefill')[1])}, {ui.usd(led.unattributed_usd_week)} unattributed · "
+        st.caption(f"{money(led.usd_window)} observed · {led.window_text} · findings own "
+                   f"{money(led.owned('reprefill')[1])}, {money(led.unattributed_usd_week)} unattributed · "
                    f"{led.sessions_with_reprefill:,} of {led.sessions:,} sessions paid it")
         fixes = led.top_fixes(3)
         if not fixes:
@@ -112,8 +120,8 @@ def answer(ctx: Context, simulate: bool = True, slot=None):
         for i, f in enumerate(fixes, 1):
             rec = f.recoverable.usd_week
             recovers = ("recovers … (replaying sessions)" if not simulate else
-                        f"recovers {ui.usd(rec)}{f.tax.per if rec is not None else ''}")
-            st.markdown(f"**{i}. {ui.usd(f.tax.usd_week)}{f.tax.per}** · {_fix_text(f)}  \n"
+                        f"recovers {money(rec)}{f.tax.per if rec is not None else ''}")
+            st.markdown(f"**{i}. {money(f.tax.usd_week)}{f.tax.per}** · {_fix_text(f)}  \n"
                         f"<small>`{f.id}` · {f.severity} · {recovers}</small>", unsafe_allow_html=True)
             sessions_page_link(ctx, f)
     with right:
@@ -129,7 +137,7 @@ def render(f, ctx: Context | None = None, expanded: bool = False) -> None:
     tax = f.tax
     usd = tax.usd_week
     per = tax.per  # "/week", or " in the observed window" for short windows
-    head = (f"**{ui.usd(usd)}{per}** · {f.title}" if usd is not None else f"**{f.kind}** · {f.title}") + \
+    head = (f"**{money(usd)}{per}** · {f.title}" if usd is not None else f"**{f.kind}** · {f.title}") + \
         f" · {f.severity}"
     with st.expander(head, expanded=expanded):
         if f.summary:
@@ -138,10 +146,10 @@ def render(f, ctx: Context | None = None, expanded: bool = False) -> None:
         parts = [f"{k}: {getattr(scope, k)}" for k in ("instance", "model", "task_type") if getattr(scope, k, None)]
         st.caption(f"`{f.id}` · confidence {f.confidence} · scope: {', '.join(parts) or 'fleet'}")
         c = st.columns(3)
-        c[0].metric(f"Tax{per}", ui.usd(usd) if usd is not None else "–",
+        c[0].metric(f"Tax{per}", money(usd) if usd is not None else "–",
                     help=f"{tax.method}: {tax.basis}")
         rec = f.recoverable
-        c[1].metric(f"Recoverable{rec.per}", ui.usd(rec.usd_week) if rec.usd_week is not None else "–",
+        c[1].metric(f"Recoverable{rec.per}", money(rec.usd_week) if rec.usd_week is not None else "–",
                     help=f"{rec.method}: {rec.basis}")
         if f.sessions is not None:
             c[2].metric("Sessions affected", f"{f.sessions:,}")
@@ -149,9 +157,9 @@ def render(f, ctx: Context | None = None, expanded: bool = False) -> None:
                 with c[2]:
                     sessions_page_link(ctx, f)
         if tax.usd_window is not None and tax.window_s:
-            st.caption(f"observed {ui.usd(tax.usd_window)} in the window, × {tax.scale:,.2f} → {ui.usd(usd)}{per}")
+            st.caption(f"observed {money(tax.usd_window)} in the window, × {tax.scale:,.2f} → {money(usd)}{per}")
         if f.also_recovers is not None:
-            st.caption(f"also recovers {ui.usd(f.also_recovers.usd_week)}{f.also_recovers.per} beyond this "
+            st.caption(f"also recovers {money(f.also_recovers.usd_week)}{f.also_recovers.per} beyond this "
                        f"finding's tax: {f.also_recovers.basis}")
         st.markdown("**Fix** (copy)")
         st.code(f.remediation, language="bash")
@@ -175,7 +183,7 @@ def top(ctx: Context, n: int = 5, simulate: bool = True) -> None:
         st.success("No findings in this view.")
         return
     st.caption(f"{len(led.findings)} finding(s), most $/week at stake first · recompute tax "
-               f"{ui.usd(led.usd_week)}{led.per} ({led.window_text})")
+               f"{money(led.usd_week)}{led.per} ({led.window_text})")
     for f in led.findings[:n]:
         render(f, ctx)
     if len(led.findings) > n:
