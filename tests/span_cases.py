@@ -10,23 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from test_console_store import _attr  # one OTLP/JSON attribute encoder for the tests
+
 T0 = 1_791_969_600_000_000_000  # ns
 TRACE = "5e" * 16
 
 
 def _kv(d: dict[str, Any]) -> list[dict]:
-    out = []
-    for k, v in d.items():
-        if isinstance(v, bool):
-            val = {"boolValue": v}
-        elif isinstance(v, int):
-            val = {"intValue": str(v)}
-        elif isinstance(v, float):
-            val = {"doubleValue": v}
-        else:
-            val = {"stringValue": v}
-        out.append({"key": k, "value": val})
-    return out
+    return [_attr(k, v) for k, v in d.items()]
 
 
 # (span id suffix, attributes, events, expected columns): expected values are worked out in the comments

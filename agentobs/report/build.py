@@ -509,6 +509,9 @@ class _Builder:
             sec = Section("answer", "The recompute tax this week", "")
             sec.notes += self.failures or [FINDINGS_LEFT_OUT]
             return sec
+        from ..findings.context import fmt_usd  # the ledger's $ as the CLI prints them
+        from ..findings.render import short_fix
+
         prev_usd = before.usd_week if before is not None and before.calls else None
         owned_tok, owned_usd = ledger.owned("reprefill")
         sec = Section(
@@ -530,8 +533,6 @@ class _Builder:
             Figure("sessions_with_reprefill", "Sessions that paid it", float(ledger.sessions_with_reprefill),
                    "count", f"of {ledger.sessions:,} sessions in the window"),
         ]
-        from ..findings.render import short_fix
-
         fixes = ledger.top_fixes(5)
         sec.tables.append(Table(
             "top_fixes", "Top fixes", "the ledger's findings with a $ figure, most $ first", pa.table({
@@ -617,12 +618,6 @@ FINDINGS_SCHEMA = pa.schema([
 
 def _per_text(per: str) -> str:
     return "per week" if per == "/week" else per.strip()
-
-
-def fmt_usd(x: float | None) -> str:
-    if x is None:
-        return "unknown"
-    return f"${x:,.0f}" if abs(x) >= 1000 else f"${x:,.2f}"
 
 
 def _histogram(values: list[float], title: str, bins: int = 20) -> Chart:
