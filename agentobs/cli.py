@@ -224,8 +224,8 @@ def import_kv_cmd(ctx: Ctx, paths, instance):
 
 
 def _kv_index(con) -> None:
-    """Refresh the stored KV-event index after an import that wrote KV events (agentobs.store.kvindex)."""
-    from .store.kvindex import refresh
+    """Refresh the stored KV-event index after an import that wrote KV events (agentobs.model.kvindex)."""
+    from .model.kvindex import refresh
 
     try:
         b = refresh(con)
@@ -243,7 +243,7 @@ def _kv_index(con) -> None:
 @common
 def kv_index_cmd(ctx: Ctx, force):
     """Build or refresh the KV-event index metric runs read instead of re-deriving it (docs/metrics.md)."""
-    from .store.kvindex import refresh
+    from .model.kvindex import refresh
 
     _open(ctx, read_only=True).close()  # an existing store only: one clear line if it is missing, none created
     con = _open(ctx)

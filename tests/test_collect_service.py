@@ -124,7 +124,7 @@ def test_sigterm_flushes_and_publishes_a_readable_snapshot(tmp_path):
     (ok,) = con.execute("SELECT count(*) FROM scrapes WHERE ok AND instance = 'v:1'").fetchone()
     assert ok >= 1
     # at shutdown the store's KV-event index was brought up to date (no KV events here: an empty, current one)
-    from agentobs.store.kvindex import stamp
+    from agentobs.model.kvindex import stamp
 
     assert con.execute("SELECT stamp FROM kv_index_meta").fetchall() == [(stamp(con),)]
     con.close()

@@ -111,7 +111,7 @@ class Service:
             t.join(timeout=30)
         self.writer.close()
         try:  # the store's own KV-event index, for readers of the store once collect has stopped
-            from ..store.kvindex import refresh
+            from ..model.kvindex import refresh
 
             refresh(self.con)
         except Exception:  # noqa: BLE001 - runs derive it inline without; the shutdown goes on

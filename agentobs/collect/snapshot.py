@@ -51,7 +51,7 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> float:
     finally:
         cur.close()
     snap = connect(tmp)  # creates the model views in the copy
-    from ..store.kvindex import refresh
+    from ..model.kvindex import refresh
 
     try:
         refresh(snap)  # the KV-event index of the copied events (readers' metric runs skip that step)
