@@ -1,0 +1,322 @@
+"""The maintained session model: ``call_reuse``'s rows stored in the store and kept current as data arrives.
+
+``model_calls`` holds one row per model call: the call's columns (``llm_calls``, with ``block_hashes``) and every
+column ``call_reuse`` computes (agentobs/model/call_reuse.sql, read as a black box: whatever its narrow result
+``fin`` selects is stored), plus ``skey``, the unit of re-derivation: the session (a call without one is its own
+unit). Metric runs read it instead of deriving ``call_reuse`` again (agentobs.metrics.run: ``MetricRun`` uses it
+when ``current``; otherwise it derives as before).
+
+``refresh`` brings it up to date incrementally; ``rebuild`` derives it whole (a changed setting or a new release:
+the fingerprint of the settings and SQL it was built with is kept in ``model_state_meta``, and ``refresh`` rebuilds
+when it differs). What an incremental refresh re-derives — every call of the touched sessions, so a late or
+out-of-order call re-derives its session's tail with the rest of it:
+
+- **New spans.** Spans are append-only rows keyed by (trace, span); ``model_state_meta`` records the highest
+  ``rowid`` of ``spans`` read and the row count then (a store whose older rows changed — count below the mark
+  differs — is rebuilt). The new spans' traces, widened by the request/response ids that pair gateway and engine
+  spans across traces (agentobs/model/views.sql ``_engine_match``), are the traces whose calls can change; their
+  calls are derived from those traces' spans alone (the views' SQL over a copy of those spans). Sessions touched:
+  the sessions those calls are in now and were in before (a late agent span can move a call to a session).
+- **What crosses sessions** (checked every refresh, each by a digest kept beside the state):
+  the KV-event index (agentobs.model.kvindex, per instance and session: a session whose removals or stored blocks
+  changed is re-derived, and a changed last event time of an instance re-derives the sessions with abandoned calls
+  on it); the engine config per instance (block size, prefix caching: the sessions with calls there); the end of
+  the data (``data_end_s``: the sessions whose last call's ``abandoned`` flag it flips).
+
+A refresh is one transaction: readers see the old state with its old marks or the new one with the new marks.
+``current`` is what a reader checks (no writes): the marks equal the store's now.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import duckdb
+
+from ..config import Settings
+from . import kvindex, split_statements
+from .reuse import CALL_COLUMNS, reuse_sql, seconds_literal
+
+TABLE = "model_calls"
+META = "model_state_meta"
+KV_DIGEST = "model_state_kv"
+KV_END = "model_state_kv_end"
+CFG = "model_state_cfg"
+TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG)
+# views.sql's views a call is made from, in dependency order (each becomes a CTE over the chosen spans)
+_CALL_VIEWS = ("trace_context", "_gateway_spans", "_gateway_calls", "_engine_match", "_calls_joined", "llm_calls")
+_CALL_COLS = [c.strip() for c in CALL_COLUMNS.split(",")]
+# the key of re-derivation: the session; a call without one is its own unit (call_reuse derives it alone)
+
+
+def skey(t: str = "") -> str:
+    """The SQL of a call's unit key over alias ``t`` ('' for none)."""
+    p = f"{t}." if t else ""
+    return f"coalesce({p}session_id, 'call:' || {p}trace_id || '/' || {p}call_id)"
+
+
+SKEY = skey()
+# the call's row number inside call_reuse (its tie-breaks order by it): the same order whatever set is derived
+_RID = "row_number() OVER (ORDER BY start_s, call_id, trace_id)"
+
+_KV_DIGEST_SQL = """
+SELECT instance, session_id, count(*) AS n, sum(h) AS h FROM (
+    SELECT instance, session_id, hash(ts_s, stored_s, superseded_s, depth) AS h FROM kv_index_removals
+    UNION ALL
+    SELECT instance, session_id, hash('stored') FROM kv_index_sessions
+) GROUP BY ALL
+"""
+_KV_END_SQL = "SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_events GROUP BY instance"
+_CFG_SQL = "SELECT instance, block_size, prefix_caching FROM instance_config"
+
+
+@cache
+def _call_views_sql() -> str:
+    """The CTEs of views.sql's call views, reading a relation ``inc_spans`` instead of ``spans``."""
+    from . import views_sql
+
+    ctes = {}
+    for stmt in split_statements(views_sql()):
+        m = re.search(r"^CREATE OR REPLACE VIEW (\w+) AS\s", stmt, re.M)
+        if m and m.group(1) in _CALL_VIEWS:
+            body = stmt[m.end():].rstrip().rstrip(";")
+            ctes[m.group(1)] = re.sub(r"\bspans\b", "inc_spans", body)
+    missing = [v for v in _CALL_VIEWS if v not in ctes]
+    if missing:  # views.sql and this module ship together: cannot happen
+        raise AssertionError(f"views.sql lacks {missing}")
+    return "WITH " + ",\n".join(f"{v} AS (\n{ctes[v]}\n)" for v in _CALL_VIEWS) + "\n"
+
+
+def version() -> str:
+    """The SQL the state is derived with (a release that changes it rebuilds)."""
+    h = hashlib.sha256()
+    for name in ("call_reuse.sql", "views.sql"):
+        h.update(resources.files(__package__).joinpath(name).read_bytes())
+    h.update(b"state-v1")
+    return h.hexdigest()[:16]
+
+
+def fingerprint(settings: Settings) -> str:
+    """What the stored rows depend on besides the data: the SQL and the settings call_reuse reads."""
+    return json.dumps({"version": version(), "default_block_size": int(settings.default_block_size),
+                       "abandoned_after_s": float(seconds_literal(settings.abandoned_after_s))}, sort_keys=True)
+
+
+@dataclass
+class Marks:
+    span_rowid: int  # highest rowid of spans read (-1: none)
+    span_count: int
+    data_end_ns: int | None
+    kv_stamp: str
+    cfg: str  # digest of instance_config's block size and prefix caching
+
+
+def _marks(con) -> Marks:
+    rowid, count, end = con.execute("SELECT coalesce(max(rowid), -1), count(*), max(end_ns) FROM spans").fetchall()[0]
+    cfg = con.execute(f"SELECT coalesce(sum(hash(instance, block_size, prefix_caching)), 0) FROM ({_CFG_SQL})"
+                      ).fetchall()[0][0]
+    return Marks(int(rowid), int(count), end, kvindex.stamp(con), str(cfg))
+
+
+def _stored_marks(con) -> tuple[str, Marks] | None:
+    try:
+        rows = con.execute(f"SELECT fingerprint, span_rowid, span_count, data_end_ns, kv_stamp, cfg FROM {META}"
+                           ).fetchall()
+    except duckdb.CatalogException:
+        return None
+    if len(rows) != 1:
+        return None
+    fp, *m = rows[0]
+    return fp, Marks(*m)
+
+
+def current(con, settings: Settings) -> bool:
+    """Whether ``model_calls`` is that of the store as it is now, derived with these settings (reads only)."""
+    stored = _stored_marks(con)
+    return stored is not None and stored[0] == fingerprint(settings) and stored[1] == _marks(con)
+
+
+@dataclass
+class Refreshed:
+    mode: str  # 'rebuild' | 'incremental' | 'current'
+    calls: int  # rows in model_calls after
+    derived: int  # rows derived by this refresh
+    sessions: int  # units (sessions) re-derived
+    seconds: float
+    reason: str = ""
+
+
+def _derive_sql(src: str, kv_index: bool, settings: Settings, fin_cols: list[str]) -> str:
+    """call_reuse over the calls in temp table ``src`` (columns CALL_COLUMNS), as model_calls' rows."""
+    call = ", ".join(f"cs.{c}" for c in _CALL_COLS)
+    own = ", ".join(f"r.{c}" for c in fin_cols)
+    return reuse_sql(src, str(int(settings.default_block_size)), f"{skey('cs')} AS skey, {call}, {own}",
+                     "JOIN calls_src cs ON cs.rid = r.rid",
+                     abandoned_after_s=settings.abandoned_after_s, has_rid=True, rid="rid", narrow=True,
+                     kv_index=kv_index)
+
+
+def _fin_columns(cur, kv_index: bool, settings: Settings) -> list[str]:
+    """The columns call_reuse computes (its narrow result less rid and the call columns it repeats)."""
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_empty AS SELECT 0::BIGINT AS rid, {CALL_COLUMNS} FROM llm_calls "
+                "LIMIT 0")
+    cols = [r[0] for r in cur.execute("DESCRIBE " + reuse_sql(
+        "inc_empty", str(int(settings.default_block_size)), abandoned_after_s=settings.abandoned_after_s,
+        has_rid=True, rid="rid", narrow=True, kv_index=kv_index)).fetchall()]
+    cur.execute("DROP TABLE inc_empty")
+    return [c for c in cols if c != "rid" and c not in _CALL_COLS]
+
+
+def _write_marks(cur, settings: Settings, marks: Marks, mode: str, seconds: float) -> None:
+    cur.execute(f"CREATE OR REPLACE TABLE {META} (fingerprint VARCHAR, span_rowid BIGINT, span_count BIGINT, "
+                "data_end_ns BIGINT, kv_stamp VARCHAR, cfg VARCHAR, mode VARCHAR, refreshed_at TIMESTAMP, "
+                "seconds DOUBLE)")
+    cur.execute(f"INSERT INTO {META} VALUES (?, ?, ?, ?, ?, ?, ?, now()::TIMESTAMP, ?)",
+                [fingerprint(settings), marks.span_rowid, marks.span_count, marks.data_end_ns, marks.kv_stamp,
+                 marks.cfg, mode, seconds])
+    cur.execute(f"CREATE OR REPLACE TABLE {KV_DIGEST} AS {_KV_DIGEST_SQL}")
+    cur.execute(f"CREATE OR REPLACE TABLE {KV_END} AS {_KV_END_SQL}")
+    cur.execute(f"CREATE OR REPLACE TABLE {CFG} AS {_CFG_SQL}")
+
+
+def _transaction(con, fn):
+    cur = con.cursor()
+    cur.execute("BEGIN")
+    try:
+        out = fn(cur)
+        cur.execute("COMMIT")
+    except BaseException:
+        cur.execute("ROLLBACK")
+        raise
+    finally:
+        cur.close()
+    return out
+
+
+def rebuild(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, reason: str = "asked") -> Refreshed:
+    """Derive ``model_calls`` whole (and the marks and digests) on a read-write connection."""
+    settings = settings if settings is not None else Settings()
+    t0 = time.perf_counter()
+    kvindex.refresh(con)
+
+    def work(cur):
+        marks = _marks(cur)
+        kv = kvindex.usable(cur)
+        fin = _fin_columns(cur, kv, settings)
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_src AS SELECT {_RID} AS rid, {CALL_COLUMNS} FROM llm_calls")
+        cur.execute(f"CREATE OR REPLACE TABLE {TABLE} AS {_derive_sql('inc_src', kv, settings, fin)}")
+        n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
+        units = cur.execute(f"SELECT count(DISTINCT skey) FROM {TABLE}").fetchall()[0][0]
+        cur.execute("DROP TABLE inc_src")
+        _write_marks(cur, settings, marks, "rebuild", time.perf_counter() - t0)
+        return n, units
+
+    n, units = _transaction(con, work)
+    return Refreshed("rebuild", n, n, units, time.perf_counter() - t0, reason)
+
+
+def refresh(con: duckdb.DuckDBPyConnection, settings: Settings | None = None) -> Refreshed:
+    """Bring ``model_calls`` up to date: nothing when current, a rebuild when there is none or it was derived with
+    other settings or SQL (or older spans changed), else an incremental update of the touched sessions."""
+    settings = settings if settings is not None else Settings()
+    t0 = time.perf_counter()
+    stored = _stored_marks(con)
+    if stored is None:
+        return rebuild(con, settings, "no maintained state yet")
+    if stored[0] != fingerprint(settings):
+        return rebuild(con, settings, "settings or SQL changed since it was built")
+    old = stored[1]
+    below = con.execute("SELECT count(*) FROM spans WHERE rowid <= ?", [old.span_rowid]).fetchall()[0][0]
+    if below != old.span_count:
+        return rebuild(con, settings, "spans already read changed")
+    kvindex.refresh(con)
+    now = _marks(con)
+    if now == old:
+        n = con.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
+        return Refreshed("current", n, 0, 0, time.perf_counter() - t0)
+
+    def work(cur):
+        return _incremental(cur, settings, old, now, t0)
+
+    n, derived, units = _transaction(con, work)
+    return Refreshed("incremental", n, derived, units, time.perf_counter() - t0)
+
+
+def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float) -> tuple[int, int, int]:
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_new AS SELECT trace_id, role, request_id, response_id FROM spans "
+                "WHERE rowid > ?", [old.span_rowid])
+    # traces whose calls can change: the new spans' traces and those paired with them by request/response id
+    # (T1); their calls are derived from the spans of T1 and of the traces paired with T1 (T2), which is every
+    # span _engine_match reads for a call of T1
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_t1 AS SELECT DISTINCT trace_id FROM inc_new")
+    _widen(cur, "inc_new", "inc_t1")
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_t2 AS SELECT trace_id FROM inc_t1")
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_t1s AS SELECT trace_id, role, request_id, response_id FROM spans "
+                "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
+    _widen(cur, "inc_t1s", "inc_t2")
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_spans AS SELECT * FROM spans "
+                "WHERE trace_id IN (SELECT trace_id FROM inc_t2)")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_calls AS {_call_views_sql()}"
+                f"SELECT {CALL_COLUMNS} FROM llm_calls WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
+    # the sessions to re-derive
+    ab = float(seconds_literal(settings.abandoned_after_s))
+    parts = [
+        f"SELECT {SKEY} AS skey FROM inc_calls",
+        f"SELECT skey FROM {TABLE} WHERE trace_id IN (SELECT trace_id FROM inc_t1)",
+        # KV: sessions whose removals or stored blocks changed
+        f"""SELECT coalesce(a.session_id, b.session_id) FROM ({_KV_DIGEST_SQL}) a
+            FULL JOIN {KV_DIGEST} b ON a.instance = b.instance AND a.session_id = b.session_id
+            WHERE a.n IS DISTINCT FROM b.n OR a.h IS DISTINCT FROM b.h""",
+        # KV: an instance's last event moved: its abandoned calls' rent runs to it
+        f"""SELECT skey FROM {TABLE} WHERE abandoned AND instance IN (
+            SELECT coalesce(a.instance, b.instance) FROM ({_KV_END_SQL}) a FULL JOIN {KV_END} b USING (instance)
+            WHERE a.last_s IS DISTINCT FROM b.last_s)""",
+        # engine config: block size or prefix caching of an instance changed
+        f"""SELECT skey FROM {TABLE} WHERE instance IN (
+            SELECT coalesce(a.instance, b.instance) FROM ({_CFG_SQL}) a FULL JOIN {CFG} b USING (instance)
+            WHERE a.block_size IS DISTINCT FROM b.block_size OR a.prefix_caching IS DISTINCT FROM b.prefix_caching)""",
+    ]
+    if now.data_end_ns != old.data_end_ns and now.data_end_ns is not None:
+        # the end of the data moved: the last calls whose abandoned flag it flips
+        parts.append(f"SELECT skey FROM {TABLE} WHERE is_last AND session_id IS NOT NULL "
+                     f"AND abandoned <> ({now.data_end_ns} / 1e9 - end_s >= {ab!r})")
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_keys AS SELECT DISTINCT skey FROM (" + "\nUNION ALL\n".join(parts)
+                + ") WHERE skey IS NOT NULL")
+    # their calls: the fresh ones of T1, the stored call columns of the others (their traces did not change)
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE inc_src AS SELECT {_RID} AS rid, * FROM (
+        SELECT {CALL_COLUMNS} FROM inc_calls WHERE {SKEY} IN (SELECT skey FROM inc_keys)
+        UNION ALL
+        SELECT {CALL_COLUMNS} FROM {TABLE}
+        WHERE skey IN (SELECT skey FROM inc_keys) AND trace_id NOT IN (SELECT trace_id FROM inc_t1))""")
+    kv = kvindex.usable(cur)
+    fin = _fin_columns(cur, kv, settings)
+    cur.execute(f"DELETE FROM {TABLE} WHERE skey IN (SELECT skey FROM inc_keys) "
+                "OR trace_id IN (SELECT trace_id FROM inc_t1)")
+    cur.execute(f"INSERT INTO {TABLE} {_derive_sql('inc_src', kv, settings, fin)}")
+    derived = cur.execute("SELECT count(*) FROM inc_src").fetchall()[0][0]
+    units = cur.execute("SELECT count(*) FROM inc_keys").fetchall()[0][0]
+    n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
+    for t in ("inc_new", "inc_t1", "inc_t2", "inc_t1s", "inc_spans", "inc_calls", "inc_keys", "inc_src"):
+        cur.execute(f"DROP TABLE IF EXISTS {t}")
+    _write_marks(cur, settings, now, "incremental", time.perf_counter() - t0)
+    return n, derived, units
+
+
+def _widen(cur, spans_rel: str, traces: str) -> None:
+    """Add to temp table ``traces`` the traces of spans paired, by request/response id, with spans of ``spans_rel``
+    (an engine span's request id = a gateway span's response id, whatever their traces: views.sql _engine_match)."""
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE inc_ids AS SELECT DISTINCT id FROM (
+        SELECT request_id AS id FROM {spans_rel} WHERE role = 'engine' UNION ALL
+        SELECT response_id FROM {spans_rel} WHERE role = 'gateway') WHERE id IS NOT NULL""")
+    if cur.execute("SELECT count(*) FROM inc_ids").fetchall()[0][0]:
+        cur.execute(f"""INSERT INTO {traces} SELECT DISTINCT trace_id FROM spans
+            WHERE ((role = 'engine' AND request_id IN (SELECT id FROM inc_ids))
+                OR (role = 'gateway' AND response_id IN (SELECT id FROM inc_ids)))
+              AND trace_id NOT IN (SELECT trace_id FROM {traces})""")
+    cur.execute("DROP TABLE inc_ids")
