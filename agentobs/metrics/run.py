@@ -36,7 +36,7 @@ from ..backends.source import is_clickhouse
 from ..collect.prom import KEPT_CREATED
 from ..config import Settings, load_settings
 from ..errors import QueryError, did_you_mean
-from ..model import kvindex, reuse
+from ..model import kvindex, reuse, state
 from ..model.itl import itl_gap_params, itl_gaps_sql
 from .catalog import BY_COLUMNS, Metric, catalogue
 from .cost import CostModel, cost_table, parse_cost
@@ -223,6 +223,13 @@ class MetricRun:
         self.timings[label] = time.perf_counter() - t0
 
     def _prepare(self) -> None:
+        if isinstance(self.cur, duckdb.DuckDBPyConnection):
+            t0 = time.perf_counter()
+            use = state.current(self.cur, self.settings)
+            self.timings["state_check"] = time.perf_counter() - t0
+            if use:
+                self._prepare_state()
+                return
         cols = reuse.CALL_COLUMNS
         src = "m_src"
         # the row number rid that call_reuse keys its narrow steps by: on DuckDB the temp table's own rowid (no
@@ -327,6 +334,51 @@ class MetricRun:
             self.calls_table = "m_calls"
         self._samples(self.since, self.until)
 
+    def _prepare_state(self) -> None:
+        """The run over the maintained state (agentobs.model.state: ``model_calls``, current for this store and
+        these settings): nothing is derived. ``m_calls`` is a view over it with the cost columns and the
+        ``in_filter``/``in_win`` flags, which read the filter values and the window from two small temp tables
+        (``m_filter``, ``m_win``: values stay parameters, and moving the window is an UPDATE of one row).
+        ``m_src``, read by the cost basis, is the working set a derived run would have (the same window pruning),
+        so the observed prefill throughput is the same."""
+        self.calls_table = "state"
+        t0 = time.perf_counter()
+        pruned = self._covers != (None, None)
+        where = ""
+        if pruned:
+            where = (f" WHERE skey IN (SELECT skey FROM {state.TABLE} WHERE ($until IS NULL OR start_s < $until) "
+                     "AND ($lo IS NULL OR end_s > $lo))")
+        self.cur.execute(f"CREATE OR REPLACE TEMP TABLE m_src AS SELECT instance, model, prompt_tokens, cached_tokens,"
+                         f" prefill_s FROM {state.TABLE}{where}",
+                         {"until": self.until, "lo": self._covers[0]} if pruned else {})
+        self.timings["m_src"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.cur.register("m_cost_arrow", cost_table(self.cur, self.cost))
+        self.cur.execute("CREATE OR REPLACE TEMP TABLE m_cost AS SELECT * FROM m_cost_arrow")
+        self.cur.unregister("m_cost_arrow")
+        self.timings["m_cost"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self.cur.execute("CREATE OR REPLACE TEMP TABLE m_filter (key VARCHAR, value VARCHAR)")
+        for key, values in self.filters.items():
+            self.cur.executemany("INSERT INTO m_filter VALUES (?, ?)", [[key, v] for v in values])
+        self.cur.execute("CREATE OR REPLACE TEMP TABLE m_win (since DOUBLE, until DOUBLE)")
+        self.cur.execute("INSERT INTO m_win VALUES (?, ?)", [self.since, self.until])
+        # the filter keys come from FILTER_COLUMNS (a whitelist), the values from m_filter
+        in_filter = " AND ".join(
+            f"list_contains((SELECT list(value) FROM m_filter WHERE key = {_sql_str(k)}), r.{FILTER_COLUMNS[k]})"
+            for k in self.filters) or "true"
+        cost_cols = ",\n".join(_cost_columns(lambda c: f"k.{c}", "r"))
+        self.cur.execute(f"""
+            CREATE OR REPLACE TEMP VIEW m_calls AS
+            SELECT r.* EXCLUDE (skey, block_hashes), {cost_cols},
+                   ({in_filter}) AS in_filter,
+                   ({in_filter}) AND (w.since IS NULL OR r.start_s >= w.since)
+                       AND (w.until IS NULL OR r.start_s < w.until) AS in_win
+            FROM {state.TABLE} r CROSS JOIN m_win w
+            LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')""")
+        self.timings["m_calls_view"] = time.perf_counter() - t0
+        self._samples(self.since, self.until)
+
     def _nothing_to_prune(self) -> bool:
         """True when every model call overlaps [lo, until) (see the pruning in _prepare), so pruning would keep
         every session: the plain copy of llm_calls then, not the materialize-and-filter (twice the work). From
@@ -382,7 +434,13 @@ class MetricRun:
         """Narrow the run's window start to ``since`` after preparation (findings' default window): calls that
         start before it leave ``in_win``, engine samples before it are dropped. True when that changed anything
         (``reset_window`` undoes it)."""
-        if self.calls_table == "m_x":
+        if self.calls_table == "state":
+            lo = since if self.since is None else max(since, self.since)
+            n = self.cur.execute("SELECT count(*) FROM m_calls WHERE in_win AND start_s < $since",
+                                 {"since": since}).fetchall()[0][0]
+            if n:
+                self.cur.execute("UPDATE m_win SET since = $lo", {"lo": lo})
+        elif self.calls_table == "m_x":
             n = self._changes("UPDATE m_x SET in_win = false WHERE in_win AND rid IN (SELECT rowid FROM m_src "
                               "WHERE start_s < $since)", {"since": since})
         else:
@@ -421,7 +479,9 @@ class MetricRun:
         p = {"since": since, "until": until}
         self._narrowed = True  # until the move completes, in_win may match neither window (a retry redoes it)
         self._itl_gap_key = None
-        if self.calls_table == "m_x":
+        if self.calls_table == "state":
+            self.cur.execute("UPDATE m_win SET since = $since, until = $until", p)
+        elif self.calls_table == "m_x":
             self.cur.execute(f"UPDATE m_x SET in_win = false WHERE in_win AND rid IN "
                              f"(SELECT rowid FROM m_src WHERE NOT ({win}))", p)
             self.cur.execute(f"UPDATE m_x SET in_win = true WHERE NOT in_win AND in_filter AND rid IN "
