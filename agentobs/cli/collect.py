@@ -36,7 +36,11 @@ def collect_cmd(click_ctx, fleet_path, old_fleet_path, db, settings_path, debug)
     parent = click_ctx.find_object(Ctx)
     ctx = Ctx(db or (parent._db if parent else None), settings_path or (parent.config if parent else None), debug)
     fleet = load_fleet(fleet_path, ctx.settings)
-    svc = Service(fleet, ctx.settings, ctx.db)
+    from ..model.state import refresh
+
+    settings = ctx.settings
+    # the session model is brought up to date before each read snapshot and at stop (collect imports no model)
+    svc = Service(fleet, settings, ctx.db, derive=lambda con: refresh(con, settings))
     where = ", ".join(x for x in (f"otlp grpc {fleet.grpc}" if fleet.grpc else "", f"otlp http {fleet.http}"
                                   if fleet.http else "", f"health {fleet.health}" if fleet.health else "") if x)
     err_console.print(f"agentobs collect: {len(fleet.targets)} scrape target(s), {len(fleet.kv)} KV-event "

@@ -29,6 +29,8 @@ def import_otlp_cmd(ctx: Ctx, paths):
         with p:
             res = import_otlp(paths, w, ctx.settings, progress=adv)
     _summary(res, "spans")
+    _model_state(con, ctx)
+    con.close()
     _exit_for(res)
 
 
@@ -64,6 +66,8 @@ def import_server_info_cmd(ctx: Ctx, path, instance, at):
     with _writer(con, ctx) as w:
         res = import_server_info(path, instance, w, at=parse_at(at))
     _summary(res, "config keys")
+    _model_state(con, ctx)
+    con.close()
 
 
 @import_.command("kv-events")
@@ -79,6 +83,7 @@ def import_kv_cmd(ctx: Ctx, paths, instance):
         res = import_kv_events(paths, w, instance)
     _summary(res, "kv events")
     _kv_index(con)
+    _model_state(con, ctx)
     con.close()
     _exit_for(res)
 
@@ -96,6 +101,21 @@ def _kv_index(con) -> None:
     if b.rebuilt:
         err_console.print(f"kv index: {b.sessions:,} sessions, {b.removals:,} removals of their blocks "
                           f"({b.seconds:.2f} s)")
+
+
+def _model_state(con, ctx: Ctx) -> None:
+    """Bring the maintained session model up to date after an import (agentobs.model.state)."""
+    from ..model.state import refresh
+
+    try:
+        r = refresh(con, ctx.settings)
+    except Exception as e:  # noqa: BLE001 - the import itself is committed; metric runs derive without the state
+        err_console.print(f"[yellow]warning[/yellow] session model not refreshed ({type(e).__name__}: {e}); metric "
+                          "runs derive it until `agentobs model refresh` succeeds", highlight=False)
+        return
+    if r.mode != "current":
+        err_console.print(f"session model ({r.mode}): {r.derived:,} calls of {r.sessions:,} sessions derived, "
+                          f"{r.calls:,} stored ({r.seconds:.2f} s)", highlight=False)
 
 
 @cli.command("kv-index")

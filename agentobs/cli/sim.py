@@ -10,7 +10,7 @@ from ..config import Settings
 from ..errors import AgentobsError
 from .base import Ctx, _emit, _open, _progress, _summary, _writer, cli, common, console, err_console
 from .console import console_cmd
-from .ingest import _kv_index, import_
+from .ingest import _kv_index, _model_state, import_
 
 
 # --- simulator -------------------------------------------------------------------------------------
@@ -34,6 +34,7 @@ def _bundle_import(ctx: Ctx, root, rebase_to: float | str | None = None) -> None
         with p:
             res = import_bundle(root, w, ctx.settings, progress=adv, rebase_to=rebase_to)
     _kv_index(con)
+    _model_state(con, ctx)
     con.close()
     for what, r in res.items():
         _summary(r, what)

@@ -11,7 +11,10 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import duckdb
 
 from ..config import Settings
 from ..store.db import connect
@@ -33,6 +36,10 @@ class Service:
     db: str
     health: Health = field(default_factory=Health)
     stop_event: threading.Event = field(default_factory=threading.Event)
+    # what brings the store's derived tables up to date (the CLI passes the session model's refresh, so collect
+    # imports nothing of the model): run on the live store before each snapshot and at stop, and on each
+    # snapshot's copy (what arrived in between). None: the KV-event index only, as before
+    derive: Callable[[duckdb.DuckDBPyConnection], object] | None = None
 
     def start(self) -> Service:
         s = self.settings
@@ -76,8 +83,13 @@ class Service:
             self.publish_snapshot()
 
     def publish_snapshot(self) -> None:
+        if self.derive is not None:
+            try:
+                self.derive(self.con)
+            except Exception:  # noqa: BLE001 - readers derive without it; collection goes on
+                self.health.write_errors.labels("derive").inc()
         try:
-            dt = snapshot.publish(self.con, self.snapshot_path)
+            dt = snapshot.publish(self.con, self.snapshot_path, self.derive)
         except Exception:  # noqa: BLE001 - a failed snapshot must not stop collection
             self.health.write_errors.labels("snapshot").inc()
             return
@@ -110,10 +122,13 @@ class Service:
         for t in self.threads:
             t.join(timeout=30)
         self.writer.close()
-        try:  # the store's own KV-event index, for readers of the store once collect has stopped
-            from ..model.kvindex import refresh
+        try:  # the store's derived tables, for readers of the store once collect has stopped
+            if self.derive is not None:
+                self.derive(self.con)
+            else:
+                from ..model.kvindex import refresh
 
-            refresh(self.con)
+                refresh(self.con)
         except Exception:  # noqa: BLE001 - runs derive it inline without; the shutdown goes on
             self.health.write_errors.labels("kv_index").inc()
         if self.fleet.snapshot_every_s > 0:

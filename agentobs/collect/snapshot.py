@@ -27,8 +27,10 @@ def default_snapshot_path(db: str) -> str:
     return str(p.with_name(p.stem + ".read.duckdb"))
 
 
-def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> float:
-    """Copy the open store to ``path`` atomically; returns the seconds it took."""
+def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike, derive=None) -> float:
+    """Copy the open store to ``path`` atomically; returns the seconds it took. ``derive(con)``: brings the copy's
+    derived tables up to date before it is published (the CLI passes the session model's refresh); None: the
+    KV-event index only."""
     t0 = time.perf_counter()
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -51,12 +53,12 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> float:
     finally:
         cur.close()
     snap = connect(tmp)  # creates the model views in the copy
-    from ..model.kvindex import refresh
-
+    if derive is None:
+        from ..model.kvindex import refresh as derive
     try:
-        refresh(snap)  # the KV-event index of the copied events (readers' metric runs skip that step)
+        derive(snap)  # the derived tables of the copied data (readers' metric runs skip those steps)
     except Exception as e:  # noqa: BLE001 - publish anyway: without a current index, readers derive it inline
-        log.warning("snapshot %s: KV-event index not built (%s: %s)", path, type(e).__name__, e)
+        log.warning("snapshot %s: derived tables not brought up to date (%s: %s)", path, type(e).__name__, e)
     snap.execute("CHECKPOINT")
     snap.close()
     os.replace(tmp, path)

@@ -142,6 +142,24 @@ def current(con, settings: Settings) -> bool:
     return stored is not None and stored[0] == fingerprint(settings) and stored[1] == _marks(con)
 
 
+def status(con, settings: Settings) -> str:
+    """One line: whether the state is current, and if not why (reads only)."""
+    stored = _stored_marks(con)
+    if stored is None:
+        return "no maintained session model: metric runs derive it (agentobs model refresh builds it)"
+    fp, old = stored
+    n = con.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
+    if fp != fingerprint(settings):
+        return f"stale: {n:,} calls derived with other settings or SQL (agentobs model rebuild)"
+    now = _marks(con)
+    if now != old:
+        what = [w for w, a, b in (("spans", (old.span_rowid, old.span_count), (now.span_rowid, now.span_count)),
+                                  ("kv events", old.kv_stamp, now.kv_stamp), ("engine config", old.cfg, now.cfg))
+                if a != b]
+        return f"stale: {n:,} calls; new {', '.join(what)} since (agentobs model refresh)"
+    return f"current: {n:,} calls ({old.span_count:,} spans read)"
+
+
 @dataclass
 class Refreshed:
     mode: str  # 'rebuild' | 'incremental' | 'current'

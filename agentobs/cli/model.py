@@ -1,0 +1,61 @@
+"""`agentobs model`: the maintained session model (agentobs.model.state)."""
+
+from __future__ import annotations
+
+import click
+
+from .base import Ctx, _open, cli, common
+
+
+@cli.group(name="model")
+def model_():
+    """The maintained session model: call_reuse's rows kept in the store (docs/architecture.md)."""
+
+
+def _echo(r) -> None:
+    why = f" ({r.reason})" if r.reason else ""
+    click.echo(f"session model {r.mode}{why}: {r.derived:,} calls of {r.sessions:,} sessions derived, "
+               f"{r.calls:,} stored ({r.seconds:.2f} s)")
+
+
+@model_.command("refresh")
+@common
+def model_refresh_cmd(ctx: Ctx):
+    """Bring it up to date: only the sessions touched since the last refresh (a rebuild if there is none yet, or
+    it was built with other settings)."""
+    from ..model.state import refresh
+
+    _open(ctx, read_only=True).close()  # an existing store only: one clear line if it is missing, none created
+    con = _open(ctx)
+    try:
+        _echo(refresh(con, ctx.settings))
+    finally:
+        con.close()
+
+
+@model_.command("rebuild")
+@common
+def model_rebuild_cmd(ctx: Ctx):
+    """Derive it whole, e.g. after changing default_block_size or abandoned_after_s (refresh also rebuilds when
+    it sees such a change)."""
+    from ..model.state import rebuild
+
+    _open(ctx, read_only=True).close()
+    con = _open(ctx)
+    try:
+        _echo(rebuild(con, ctx.settings))
+    finally:
+        con.close()
+
+
+@model_.command("status")
+@common
+def model_status_cmd(ctx: Ctx):
+    """Whether it is current for the store and the settings (metric runs read it only then)."""
+    from ..model.state import status
+
+    con = _open(ctx, read_only=True)
+    try:
+        click.echo(status(con, ctx.settings))
+    finally:
+        con.close()
