@@ -1,0 +1,158 @@
+"""The maintained session model (agentobs.model.state): incremental refreshes equal a full rebuild, the rebuild
+equals the call_reuse view, and a metric run over the state equals one that derives."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import duckdb
+import polars as pl
+import pytest
+
+from agentobs.config import Settings
+from agentobs.metrics import run as mr
+from agentobs.model import state
+from agentobs.store.db import connect
+
+
+def _rows_differ(con, a: str, b: str, cols: list[str]) -> tuple[int, int]:
+    sel = ", ".join(cols)
+    one = con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM {a} EXCEPT ALL SELECT {sel} FROM {b})").fetchall()
+    two = con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM {b} EXCEPT ALL SELECT {sel} FROM {a})").fetchall()
+    return one[0][0], two[0][0]
+
+
+@pytest.fixture
+def sample_copy(sample_db, tmp_path):
+    path = tmp_path / "copy.duckdb"
+    shutil.copy(sample_db, path)
+    return path
+
+
+def test_rebuild_equals_call_reuse_view(sample_copy):
+    con = connect(sample_copy)
+    s = Settings()
+    assert not state.current(con, s)
+    r = state.rebuild(con, s)
+    assert r.mode == "rebuild" and r.calls == con.execute("SELECT count(*) FROM llm_calls").fetchall()[0][0]
+    assert state.current(con, s)
+    cols = [c[0] for c in con.execute("DESCRIBE call_reuse").fetchall()]
+    assert _rows_differ(con, "model_calls", "call_reuse", cols) == (0, 0)
+    assert state.refresh(con, s).mode == "current"
+    # another setting: stale, and refresh rebuilds
+    s2 = Settings(values={"default_block_size": 32})
+    assert not state.current(con, s2)
+    assert state.refresh(con, s2).mode == "rebuild"
+    con.close()
+
+
+def test_incremental_equals_rebuild_shuffled_late_duplicate(sample_db, tmp_path):
+    """Spans arrive in a shuffled order (agent spans carrying the session after their gateway calls, engine spans
+    before or after their gateway span), in parts, one part again (duplicates), and the KV events late, in two
+    parts: after every arrival a refresh; at the end the incremental rows equal a full rebuild's."""
+    con = connect(tmp_path / "inc.duckdb")
+    s = Settings()
+    con.execute(f"ATTACH '{sample_db}' AS src (READ_ONLY)")
+    con.execute("INSERT INTO engine_config SELECT * FROM src.main.engine_config")
+    con.execute("CREATE TEMP TABLE sp AS SELECT *, hash(span_id, 7) % 4 AS part FROM src.main.spans")
+    con.execute("CREATE TEMP TABLE kv AS SELECT *, hash(seq, instance) % 2 AS part FROM src.main.kv_events")
+    assert state.refresh(con, s).mode == "rebuild"  # none yet: an empty one
+    modes = []
+    for part in range(4):
+        con.execute("INSERT INTO spans SELECT * EXCLUDE (part) FROM sp WHERE part = ? ORDER BY hash(span_id)", [part])
+        if part == 2:  # duplicates of an earlier part (an OTLP retry)
+            con.execute("INSERT OR IGNORE INTO spans SELECT * EXCLUDE (part) FROM sp WHERE part = 0")
+        if part in (1, 3):  # KV events arrive late, in two parts
+            con.execute("INSERT INTO kv_events SELECT * EXCLUDE (part) FROM kv WHERE part = ?", [part // 3])
+        modes.append(state.refresh(con, s).mode)
+    assert modes == ["incremental"] * 4
+    assert state.current(con, s)
+    cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall()]
+    con.execute("CREATE TEMP TABLE inc AS SELECT * FROM model_calls")
+    assert state.rebuild(con, s).calls == con.execute("SELECT count(*) FROM inc").fetchall()[0][0] == 7574
+    # every column, the call's own and every computed one (block_hashes: a list, compared as text)
+    cols = [c if c != "block_hashes" else "CAST(block_hashes AS VARCHAR) AS bh" for c in cols]
+    assert _rows_differ(con, "inc", "model_calls", cols) == (0, 0)
+    con.close()
+
+
+def test_late_span_moves_a_call_and_data_end(tmp_path):
+    """A gateway call first seen without a session joins one when its trace's agent span arrives; the end of the
+    data moving on flips the previous session's last call to abandoned. Hand-made: two calls."""
+    con = connect(tmp_path / "late.duckdb")
+    s = Settings(values={"abandoned_after_s": 100.0})
+    ins = ("INSERT INTO spans (trace_id, span_id, parent_span_id, start_ns, end_ns, role, session_id, instance, "
+           "model, input_tokens, cached_tokens, output_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, 'i1', 'm', ?, ?, 10)")
+    sec = 1_000_000_000
+    con.execute(ins, ["t1", "g1", None, 0, 2 * sec, "gateway", "s1", 1000, 0])
+    con.execute(ins, ["t2", "g2", "a2", 10 * sec, 12 * sec, "gateway", None, 1600, 992])
+    assert state.refresh(con, s).mode == "rebuild"
+    row = con.execute("SELECT session_id, abandoned FROM model_calls WHERE call_id = 'g2'").fetchall()
+    assert row == [(None, False)]  # no session yet; data ends at 12 s, 10 s after g1: not abandoned
+    # the agent span of trace t2 arrives late: g2 is in s1, after g1; and it ends at 200 s
+    con.execute(ins, ["t2", "a2", None, 9 * sec, 200 * sec, "agent", "s1", None, None])
+    r = state.refresh(con, s)
+    assert r.mode == "incremental"
+    got = con.execute("SELECT call_id, session_id, prev_call_id, reusable_tokens, reprefill_tokens, is_last, "
+                      "abandoned FROM model_calls ORDER BY call_id").fetchall()
+    # g2: prev g1 (P(g1) = 1000 ≤ 1600: append-only R = 1000, R_eff = floor(1000/16)·16 = 992 = C: X = 0);
+    # g2 is s1's last call and ended 188 s before the data's end (200 s) ≥ 100 s: abandoned
+    assert got == [("g1", "s1", None, None, None, False, False), ("g2", "s1", "g1", 1000, 0, True, True)]
+    con.execute("CREATE TEMP TABLE inc AS SELECT * FROM model_calls")
+    state.rebuild(con, s)
+    cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall() if c[0] != "block_hashes"]
+    assert _rows_differ(con, "inc", "model_calls", cols) == (0, 0)
+    con.close()
+
+
+def _same(a: pl.DataFrame, b: pl.DataFrame, name: str) -> None:
+    assert a.columns == b.columns and a.height == b.height, name
+    keys = [c for c, t in a.schema.items() if t in (pl.String, pl.Boolean)]
+    if keys:
+        a, b = a.sort(keys, nulls_last=True), b.sort(keys, nulls_last=True)
+    for c in a.columns:
+        for u, v in zip(a[c].to_list(), b[c].to_list(), strict=True):
+            if isinstance(u, float) and isinstance(v, float):
+                # sums of doubles in another order: equal to 1e-9 relative
+                assert u == v or (math.isnan(u) and math.isnan(v)) or abs(u - v) <= 1e-9 * max(abs(u), abs(v)), \
+                    (name, c, u, v)
+            else:
+                assert u == v, (name, c, u, v)
+
+
+def test_metric_run_over_state_equals_derived(sample_copy):
+    con = connect(sample_copy)
+    s = Settings()
+    lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
+    cases = [{}, {"since": (lo + hi) / 2, "until": hi + 1}, {"filters": {"instance": [inst]}}]
+    derived = [mr.compute_all(con, settings=s, **c) for c in cases]
+    state.rebuild(con, s)
+    for c, d in zip(cases, derived, strict=True):
+        run, close = mr.prepare(con, settings=s, **c)
+        try:
+            assert run.calls_table == "state"
+            got = {n: run.compute(n) for n in d}
+            # restrict_since / reset_window move the window of the state's view as they do a derived run's
+            if "since" in c:
+                assert run.restrict_since(c["since"] + 600) is True
+                run.reset_window()
+                _same(d["reuse"], run.compute("reuse"), "reuse after reset_window")
+        finally:
+            close()
+        for n in d:
+            _same(d[n], got[n], n)
+    con.close()
+
+
+def test_read_only_run_uses_current_state(sample_copy):
+    con = connect(sample_copy)
+    state.rebuild(con, Settings())
+    con.close()
+    ro = duckdb.connect(str(sample_copy), read_only=True)
+    run, close = mr.prepare(ro, settings=Settings())
+    try:
+        assert run.calls_table == "state"
+    finally:
+        close()
+        ro.close()
