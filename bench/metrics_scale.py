@@ -5,11 +5,17 @@ tokens a turn, 12–27 s tool gaps, 8 instances with 5% of turns routed away, 75
 10% missed prefix hits, 1% failed calls, 0.5% of calls with a 40-gap ITL array) directly in DuckDB
 with SQL, then in the same run times:
 
+0. the maintained session model built whole (``agentobs.model.state.rebuild``: what ``agentobs model rebuild``
+   does once; afterwards imports and collect keep it current incrementally);
 1. one window pass over ``llm_calls`` (previous call's prompt per session, summed) — the baseline;
-2. the whole metric suite (``agentobs.metrics.compute_all``: one preparation + every metric);
+2. the whole metric suite (``agentobs.metrics.compute_all``: one preparation + every metric) from the maintained
+   state (``--derived``: also the suite deriving call_reuse as without the state, side by side);
+3. the incremental refresh of the state after each of ``--batches`` batches of ``--batch`` new calls (new
+   sessions, inside the data's time range) at the stored count;
 
-and prints both, their ratio, the process's peak memory (ru_maxrss: DuckDB runs in-process) and the suite
-split into the shared preparation and the metrics' own queries, each against the window pass.
+and prints them, the suite's ratio to the window pass, the process's peak memory (ru_maxrss: DuckDB runs
+in-process) and the suite split into the shared preparation and the metrics' own queries. The last line is
+machine-readable: ``ratio=<suite ÷ window pass> suite_s=<s> window_s=<s> calls=<N>``.
 
     .venv/bin/python bench/metrics_scale.py                 # 1M calls
     .venv/bin/python bench/metrics_scale.py --calls 10000000
@@ -28,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentobs.config import Settings  # noqa: E402
 from agentobs.metrics import names, prepare  # noqa: E402
+from agentobs.model import state  # noqa: E402
 from agentobs.store.db import connect  # noqa: E402
 
 GENERATE = """
@@ -39,7 +46,7 @@ WITH c AS (
            (hash(i, 1) % 10000) / 10000.0 AS u1, (hash(i, 2) % 10000) / 10000.0 AS u2,
            (hash(i, 3) % 10000) / 10000.0 AS u3, (hash(i - 1, 1) % 10000) / 10000.0 AS u1_prev,
            (hash(i, 5) % 10000) / 10000.0 AS u5, (hash(i // 15, 4) % 10000) / 10000.0 AS us
-    FROM range($n) t(i)
+    FROM range($lo, $n) t(i)
 ),
 t AS (
     SELECT *,
@@ -75,15 +82,37 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1_000_000)
     ap.add_argument("--db", default=None, help="DuckDB file to create (default: a temp file)")
     ap.add_argument("--memory-limit", default="7GB", help="DuckDB memory_limit for the run (it spills beyond)")
+    ap.add_argument("--derived", action="store_true", help="also time the suite deriving call_reuse (no state)")
+    ap.add_argument("--batch", type=int, default=10_000, help="calls per incremental batch")
+    ap.add_argument("--batches", type=int, default=3, help="incremental batches to time")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
     path = args.db or str(Path(tmp.name) / "bench.duckdb")
     con = connect(path)
     con.execute("SET memory_limit = ?", [args.memory_limit])
     t = time.perf_counter()
-    con.execute(GENERATE, {"n": args.calls})
+    con.execute(GENERATE, {"lo": 0, "n": args.calls})
     con.execute("CHECKPOINT")
     gen_s = time.perf_counter() - t
+    derived = None
+    if args.derived:  # the suite without the state first (a run derives when there is no current state)
+        con.close()
+        con = connect(path, read_only=True)
+        con.execute("SET memory_limit = ?", [args.memory_limit])
+        t = time.perf_counter()
+        run, close = prepare(con, settings=Settings())
+        try:
+            assert run.calls_table != "state"
+            for n in names():
+                run.compute(n)
+        finally:
+            close()
+        derived = time.perf_counter() - t
+        con.close()
+        con = connect(path)
+        con.execute("SET memory_limit = ?", [args.memory_limit])
+    built = state.rebuild(con, Settings())
+    con.execute("CHECKPOINT")
     con.close()
 
     con = connect(path, read_only=True)
@@ -97,6 +126,8 @@ def main() -> None:
     t = time.perf_counter()
     run, close = prepare(con, settings=Settings())
     try:
+        if run.calls_table != "state":
+            raise SystemExit("the maintained state is not current: the suite would derive")
         suite = {n: run.compute(n) for n in names()}
     finally:
         close()
@@ -104,10 +135,22 @@ def main() -> None:
     con.close()
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
 
+    con = connect(path)
+    con.execute("SET memory_limit = ?", [args.memory_limit])
+    incs = []
+    for b in range(args.batches):
+        lo = args.calls + b * args.batch
+        con.execute(GENERATE, {"lo": lo, "n": lo + args.batch})
+        incs.append(state.refresh(con, Settings()))
+    con.close()
+
     reuse = suite["reprefill"].to_dicts()
     print(f"calls: {args.calls:,}  (generated in {gen_s:.1f} s)")
+    print(f"maintained state built whole (model rebuild): {built.seconds:.2f} s ({built.calls:,} calls)")
     print(f"window pass over llm_calls (lag per session, summed): {base_s:.2f} s")
-    print(f"metric suite ({len(suite)} metrics, one preparation):   {suite_s:.2f} s")
+    if derived is not None:
+        print(f"metric suite deriving call_reuse (no state):         {derived:.2f} s ({derived / base_s:.2f}x)")
+    print(f"metric suite from the maintained state ({len(suite)} metrics): {suite_s:.2f} s")
     print(f"ratio suite / window pass: {suite_s / base_s:.2f}x")
     print(f"peak memory (ru_maxrss): {peak_gib:.2f} GiB (DuckDB memory_limit {args.memory_limit})")
     # the shared preparation (m_src, m_cost, call_reuse as m_calls, m_samples) against the metrics' own queries
@@ -120,6 +163,10 @@ def main() -> None:
     print("steps: " + ", ".join(f"{k}={v:.2f}s" for k, v in run.timings.items()))
     print("rows per metric: " + ", ".join(f"{k}={v.height}" for k, v in suite.items()))
     print("re-prefill by cause: " + ", ".join(f"{r['cause']}={r['reprefill_tokens']}" for r in reuse))
+    for r in incs:
+        print(f"incremental refresh ({r.mode}) of {args.batch:,} new calls at {r.calls:,} stored: {r.seconds:.2f} s "
+              f"({r.derived:,} calls of {r.sessions:,} sessions derived)")
+    print(f"ratio={suite_s / base_s:.2f} suite_s={suite_s:.2f} window_s={base_s:.2f} calls={args.calls}")
 
 
 if __name__ == "__main__":
