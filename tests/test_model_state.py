@@ -125,7 +125,7 @@ def test_metric_run_over_state_equals_derived(sample_copy):
     con = connect(sample_copy)
     s = Settings()
     lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
-    cases = [{}, {"since": (lo + hi) / 2, "until": hi + 1}, {"filters": {"instance": [inst]}}]
+    cases = [{}, {"since": (lo + hi) / 2, "until": hi + 1, "filters": {"instance": [inst]}}]
     derived = [mr.compute_all(con, settings=s, **c) for c in cases]
     state.rebuild(con, s)
     for c, d in zip(cases, derived, strict=True):

@@ -212,10 +212,17 @@ def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame
         finally:
             cur.close()
     else:
-        from agentobs.model import kvindex
+        from agentobs.config import load_settings
+        from agentobs.model import kvindex, state
 
         con = data.open_ro(stamp)
         try:
+            settings = load_settings()
+            if int(settings.default_block_size) == default_block_size and state.current(con, settings):
+                # the maintained session model: the session's rows as stored (agentobs/model/state.py)
+                df = con.sql(f"SELECT * EXCLUDE (skey, block_hashes) FROM {state.TABLE} WHERE session_id = $sid "
+                             "ORDER BY start_s, call_id", params={"sid": session_id}).pl()
+                return df.rename({"reusable_tokens_eff": "r_eff"}, strict=False)
             # the KV section from the stored KV-event index when current: the session's calls are few, the
             # store's KV events are not (agentobs/model/kvindex.py)
             sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size",

@@ -33,7 +33,7 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 
@@ -93,6 +93,7 @@ def _call_views_sql() -> str:
     return "WITH " + ",\n".join(f"{v} AS (\n{ctes[v]}\n)" for v in _CALL_VIEWS) + "\n"
 
 
+@cache
 def version() -> str:
     """The SQL the state is derived with (a release that changes it rebuilds)."""
     h = hashlib.sha256()
@@ -168,6 +169,7 @@ class Refreshed:
     sessions: int  # units (sessions) re-derived
     seconds: float
     reason: str = ""
+    steps: dict = field(default_factory=dict)  # seconds per step (an incremental refresh's)
 
 
 def _derive_sql(src: str, kv_index: bool, settings: Settings, fin_cols: list[str]) -> str:
@@ -180,8 +182,19 @@ def _derive_sql(src: str, kv_index: bool, settings: Settings, fin_cols: list[str
                      kv_index=kv_index)
 
 
+_FIN: dict[tuple, list[str]] = {}
+
+
 def _fin_columns(cur, kv_index: bool, settings: Settings) -> list[str]:
-    """The columns call_reuse computes (its narrow result less rid and the call columns it repeats)."""
+    """The columns call_reuse computes (its narrow result less rid and the call columns it repeats); a function of
+    the SQL and the settings, so asked of DuckDB once per process."""
+    key = (version(), kv_index, fingerprint(settings))
+    if key not in _FIN:
+        _FIN[key] = _ask_fin_columns(cur, kv_index, settings)
+    return _FIN[key]
+
+
+def _ask_fin_columns(cur, kv_index: bool, settings: Settings) -> list[str]:
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_empty AS SELECT 0::BIGINT AS rid, {CALL_COLUMNS} FROM llm_calls "
                 "LIMIT 0")
     cols = [r[0] for r in cur.execute("DESCRIBE " + reuse_sql(
@@ -253,20 +266,43 @@ def refresh(con: duckdb.DuckDBPyConnection, settings: Settings | None = None) ->
     below = con.execute("SELECT count(*) FROM spans WHERE rowid <= ?", [old.span_rowid]).fetchall()[0][0]
     if below != old.span_count:
         return rebuild(con, settings, "spans already read changed")
+    steps: dict[str, float] = {}
+    t = time.perf_counter()
     kvindex.refresh(con)
+    steps["kv_index"] = time.perf_counter() - t
+    t = time.perf_counter()
     now = _marks(con)
+    steps["marks_read"] = time.perf_counter() - t
     if now == old:
         n = con.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
         return Refreshed("current", n, 0, 0, time.perf_counter() - t0)
 
     def work(cur):
-        return _incremental(cur, settings, old, now, t0)
+        return _incremental(cur, settings, old, now, t0, steps)
 
     n, derived, units = _transaction(con, work)
-    return Refreshed("incremental", n, derived, units, time.perf_counter() - t0)
+    return Refreshed("incremental", n, derived, units, time.perf_counter() - t0, steps=steps)
 
 
-def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float) -> tuple[int, int, int]:
+class _Timed:
+    """A cursor that records the seconds of each statement under a label (Refreshed.steps)."""
+
+    def __init__(self, cur, steps: dict[str, float]):
+        self.cur, self.steps, self.label = cur, steps, "other"
+
+    def execute(self, sql, params=None):
+        t = time.perf_counter()
+        out = self.cur.execute(sql, params) if params is not None else self.cur.execute(sql)
+        self.steps[self.label] = self.steps.get(self.label, 0.0) + time.perf_counter() - t
+        return out
+
+    def step(self, label: str) -> None:
+        self.label = label
+
+
+def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, steps: dict) -> tuple[int, int, int]:
+    cur = _Timed(cur, steps)
+    cur.step("new_spans")
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_new AS SELECT trace_id, role, request_id, response_id FROM spans "
                 "WHERE rowid > ?", [old.span_rowid])
     # traces whose calls can change: the new spans' traces and those paired with them by request/response id
@@ -278,50 +314,67 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float) -> 
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_t1s AS SELECT trace_id, role, request_id, response_id FROM spans "
                 "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
     _widen(cur, "inc_t1s", "inc_t2")
-    cur.execute("CREATE OR REPLACE TEMP TABLE inc_spans AS SELECT * FROM spans "
-                "WHERE trace_id IN (SELECT trace_id FROM inc_t2)")
+    cur.step("calls")
+    # the spans of T2: their row ids first (one narrow column scanned), then those rows
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_spans AS SELECT * FROM spans WHERE rowid IN ("
+                "SELECT rowid FROM spans WHERE trace_id IN (SELECT trace_id FROM inc_t2))")
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_calls AS {_call_views_sql()}"
                 f"SELECT {CALL_COLUMNS} FROM llm_calls WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
     # the sessions to re-derive
+    cur.step("sessions")
     ab = float(seconds_literal(settings.abandoned_after_s))
-    parts = [
-        f"SELECT {SKEY} AS skey FROM inc_calls",
-        f"SELECT skey FROM {TABLE} WHERE trace_id IN (SELECT trace_id FROM inc_t1)",
-        # KV: sessions whose removals or stored blocks changed
-        f"""SELECT coalesce(a.session_id, b.session_id) FROM ({_KV_DIGEST_SQL}) a
-            FULL JOIN {KV_DIGEST} b ON a.instance = b.instance AND a.session_id = b.session_id
-            WHERE a.n IS DISTINCT FROM b.n OR a.h IS DISTINCT FROM b.h""",
-        # KV: an instance's last event moved: its abandoned calls' rent runs to it
-        f"""SELECT skey FROM {TABLE} WHERE abandoned AND instance IN (
-            SELECT coalesce(a.instance, b.instance) FROM ({_KV_END_SQL}) a FULL JOIN {KV_END} b USING (instance)
-            WHERE a.last_s IS DISTINCT FROM b.last_s)""",
-        # engine config: block size or prefix caching of an instance changed
-        f"""SELECT skey FROM {TABLE} WHERE instance IN (
-            SELECT coalesce(a.instance, b.instance) FROM ({_CFG_SQL}) a FULL JOIN {CFG} b USING (instance)
-            WHERE a.block_size IS DISTINCT FROM b.block_size OR a.prefix_caching IS DISTINCT FROM b.prefix_caching)""",
-    ]
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_old AS SELECT rowid AS r, skey FROM {TABLE} "
+                "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
+    parts = [f"SELECT {SKEY} AS skey FROM inc_calls", "SELECT skey FROM inc_old"]
+    # KV: sessions whose removals or stored blocks changed
+    parts.append(f"""SELECT coalesce(a.session_id, b.session_id) FROM ({_KV_DIGEST_SQL}) a
+        FULL JOIN {KV_DIGEST} b ON a.instance = b.instance AND a.session_id = b.session_id
+        WHERE a.n IS DISTINCT FROM b.n OR a.h IS DISTINCT FROM b.h""")
+    # KV: an instance's last event moved: its abandoned calls' rent runs to it
+    moved = [r[0] for r in cur.execute(
+        f"""SELECT coalesce(a.instance, b.instance) FROM ({_KV_END_SQL}) a FULL JOIN {KV_END} b USING (instance)
+            WHERE a.last_s IS DISTINCT FROM b.last_s""").fetchall()]
+    if moved:
+        cur.execute("CREATE OR REPLACE TEMP TABLE inc_inst AS SELECT unnest(?::VARCHAR[]) AS instance", [moved])
+        parts.append(f"SELECT skey FROM {TABLE} WHERE abandoned AND instance IN (SELECT instance FROM inc_inst)")
+    # engine config: block size or prefix caching of an instance changed
+    changed = [r[0] for r in cur.execute(
+        f"""SELECT coalesce(a.instance, b.instance) FROM ({_CFG_SQL}) a FULL JOIN {CFG} b USING (instance)
+            WHERE a.block_size IS DISTINCT FROM b.block_size OR a.prefix_caching IS DISTINCT FROM b.prefix_caching"""
+    ).fetchall()]
+    if changed:
+        cur.execute("CREATE OR REPLACE TEMP TABLE inc_cfg AS SELECT unnest(?::VARCHAR[]) AS instance", [changed])
+        parts.append(f"SELECT skey FROM {TABLE} WHERE instance IN (SELECT instance FROM inc_cfg)")
     if now.data_end_ns != old.data_end_ns and now.data_end_ns is not None:
         # the end of the data moved: the last calls whose abandoned flag it flips
         parts.append(f"SELECT skey FROM {TABLE} WHERE is_last AND session_id IS NOT NULL "
                      f"AND abandoned <> ({now.data_end_ns} / 1e9 - end_s >= {ab!r})")
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_keys AS SELECT DISTINCT skey FROM (" + "\nUNION ALL\n".join(parts)
                 + ") WHERE skey IS NOT NULL")
+    cur.step("inputs")
+    # the stored rows of those sessions, by row id (one narrow column scanned)
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_rows AS SELECT rowid AS r FROM {TABLE} "
+                "WHERE skey IN (SELECT skey FROM inc_keys)")
     # their calls: the fresh ones of T1, the stored call columns of the others (their traces did not change)
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE inc_src AS SELECT {_RID} AS rid, * FROM (
         SELECT {CALL_COLUMNS} FROM inc_calls WHERE {SKEY} IN (SELECT skey FROM inc_keys)
         UNION ALL
         SELECT {CALL_COLUMNS} FROM {TABLE}
-        WHERE skey IN (SELECT skey FROM inc_keys) AND trace_id NOT IN (SELECT trace_id FROM inc_t1))""")
+        WHERE rowid IN (SELECT r FROM inc_rows) AND trace_id NOT IN (SELECT trace_id FROM inc_t1))""")
     kv = kvindex.usable(cur)
     fin = _fin_columns(cur, kv, settings)
-    cur.execute(f"DELETE FROM {TABLE} WHERE skey IN (SELECT skey FROM inc_keys) "
-                "OR trace_id IN (SELECT trace_id FROM inc_t1)")
+    cur.step("delete")
+    cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_rows UNION ALL SELECT r FROM inc_old)")
+    cur.step("derive")
     cur.execute(f"INSERT INTO {TABLE} {_derive_sql('inc_src', kv, settings, fin)}")
+    cur.step("other")
     derived = cur.execute("SELECT count(*) FROM inc_src").fetchall()[0][0]
     units = cur.execute("SELECT count(*) FROM inc_keys").fetchall()[0][0]
     n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
-    for t in ("inc_new", "inc_t1", "inc_t2", "inc_t1s", "inc_spans", "inc_calls", "inc_keys", "inc_src"):
+    for t in ("inc_new", "inc_t1", "inc_t2", "inc_t1s", "inc_spans", "inc_calls", "inc_keys", "inc_src", "inc_old",
+              "inc_rows", "inc_inst", "inc_cfg"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
+    cur.step("marks")
     _write_marks(cur, settings, now, "incremental", time.perf_counter() - t0)
     return n, derived, units
 
