@@ -12,7 +12,7 @@ import pytest
 
 from agentobs.config import Settings
 from agentobs.metrics import run as mr
-from agentobs.model import state
+from agentobs.model import rollups, state
 from agentobs.store.db import connect
 
 
@@ -70,10 +70,16 @@ def test_incremental_equals_rebuild_shuffled_late_duplicate(sample_db, tmp_path)
     assert state.current(con, s)
     cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall()]
     con.execute("CREATE TEMP TABLE inc AS SELECT * FROM model_calls")
+    for t in rollups.TABLES:
+        con.execute(f"CREATE TEMP TABLE inc_{t} AS SELECT * FROM {t}")
     assert state.rebuild(con, s).calls == con.execute("SELECT count(*) FROM inc").fetchall()[0][0] == 7574
     # every column, the call's own and every computed one (block_hashes: a list, compared as text)
     cols = [c if c != "block_hashes" else "CAST(block_hashes AS VARCHAR) AS bh" for c in cols]
     assert _rows_differ(con, "inc", "model_calls", cols) == (0, 0)
+    # the rollups and sketches kept by deltas equal those made whole
+    for t in rollups.TABLES:
+        rcols = [c[0] for c in con.execute(f"DESCRIBE {t}").fetchall()]
+        assert _rows_differ(con, f"inc_{t}", t, rcols) == (0, 0), t
     con.close()
 
 

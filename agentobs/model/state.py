@@ -40,7 +40,7 @@ from importlib import resources
 import duckdb
 
 from ..config import Settings
-from . import kvindex, split_statements
+from . import kvindex, rollups, split_statements
 from .reuse import CALL_COLUMNS, reuse_sql, seconds_literal
 
 TABLE = "model_calls"
@@ -48,7 +48,7 @@ META = "model_state_meta"
 KV_DIGEST = "model_state_kv"
 KV_END = "model_state_kv_end"
 CFG = "model_state_cfg"
-TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG)
+TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG, *rollups.TABLES)
 # views.sql's views a call is made from, in dependency order (each becomes a CTE over the chosen spans)
 _CALL_VIEWS = ("trace_context", "_gateway_spans", "_gateway_calls", "_engine_match", "_calls_joined", "llm_calls")
 _CALL_COLS = [c.strip() for c in CALL_COLUMNS.split(",")]
@@ -99,7 +99,7 @@ def version() -> str:
     h = hashlib.sha256()
     for name in ("call_reuse.sql", "views.sql"):
         h.update(resources.files(__package__).joinpath(name).read_bytes())
-    h.update(b"state-v1")
+    h.update(resources.files(__package__).joinpath("rollups.py").read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -242,6 +242,7 @@ def rebuild(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, re
         fin = _fin_columns(cur, kv, settings)
         cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_src AS SELECT {_RID} AS rid, {CALL_COLUMNS} FROM llm_calls")
         cur.execute(f"CREATE OR REPLACE TABLE {TABLE} AS {_derive_sql('inc_src', kv, settings, fin)}")
+        rollups.rebuild(cur, TABLE)
         n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
         units = cur.execute(f"SELECT count(DISTINCT skey) FROM {TABLE}").fetchall()[0][0]
         cur.execute("DROP TABLE inc_src")
@@ -364,15 +365,20 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     kv = kvindex.usable(cur)
     fin = _fin_columns(cur, kv, settings)
     cur.step("delete")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_gone AS SELECT * FROM {TABLE} "
+                "WHERE rowid IN (SELECT r FROM inc_rows UNION ALL SELECT r FROM inc_old)")
     cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_rows UNION ALL SELECT r FROM inc_old)")
     cur.step("derive")
-    cur.execute(f"INSERT INTO {TABLE} {_derive_sql('inc_src', kv, settings, fin)}")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_out AS {_derive_sql('inc_src', kv, settings, fin)}")
+    cur.execute(f"INSERT INTO {TABLE} SELECT * FROM inc_out")
+    cur.step("rollups")
+    rollups.apply_delta(cur, "inc_gone", "inc_out")
     cur.step("other")
     derived = cur.execute("SELECT count(*) FROM inc_src").fetchall()[0][0]
     units = cur.execute("SELECT count(*) FROM inc_keys").fetchall()[0][0]
     n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
     for t in ("inc_new", "inc_t1", "inc_t2", "inc_t1s", "inc_spans", "inc_calls", "inc_keys", "inc_src", "inc_old",
-              "inc_rows", "inc_inst", "inc_cfg"):
+              "inc_rows", "inc_inst", "inc_cfg", "inc_gone", "inc_out"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
     cur.step("marks")
     _write_marks(cur, settings, now, "incremental", time.perf_counter() - t0)

@@ -1,0 +1,195 @@
+"""Rollups and quantile sketches of the maintained session model (agentobs.model.state), kept with it.
+
+- ``model_rollup_task``: per hour (of the call's start) × task × session × branch × instance (with the task type,
+  model and tenant): the sums ``task_cost`` reads — calls, retries, failures, tokens (P, C, P − C, O, X, computed,
+  computed on the final path, wasted, control-plane), and the token sums the cost columns are linear in (so the $
+  are computed at read time from the cost model, which is a setting: changing it needs no rebuild). Any grouping of
+  task_cost (task, task type, session, model, instance) and any hour-aligned window reads it.
+- ``model_sketch_hour``: per hour × model × instance × series × gap bucket × hit class, a mergeable log-bucket
+  quantile sketch (DDSketch's mapping: bin i holds values in (γ^(i−1), γ^i], γ = (1 + α)/(1 − α)) of the latency
+  series: ``ttft`` (calls 2…n with a hit class: turn_resume_ttft's population, by gap bucket and hit class),
+  ``e2e`` (end − start of every call), ``itl`` (every inter-token gap). Sketches of any hours and keys merge by
+  adding counts; a quantile read from one is within a relative error α of the exact one (``quantiles``:
+  ``rel_err`` is stated beside each value).
+
+Both are maintained by deltas: a refresh subtracts the rows of the sessions it re-derives and adds their new rows
+(integer sums and counts: exact), so their cost follows the touched sessions, not the store.
+"""
+
+from __future__ import annotations
+
+import math
+
+import duckdb
+
+ALPHA = 0.01  # the sketch's relative error bound
+GAMMA = (1 + ALPHA) / (1 - ALPHA)
+_LOG_GAMMA = math.log(GAMMA)
+TASK = "model_rollup_task"
+SKETCH = "model_sketch_hour"
+TABLES = (TASK, SKETCH)
+# values at or below this are counted in one bin (-2^31) read back as 0 (a zero TTFT, an empty ITL gap)
+_TINY = 1e-9
+_ZERO_BIN = -(2 ** 31)
+
+_TASK_KEYS = ("hour", "task_id", "session_id", "bk", "instance", "task_type", "model", "tenant")
+_TASK_SUMS = ("calls", "retries", "failed_calls", "prompt_tokens", "cached_tokens", "computed_prompt_tokens",
+              "output_tokens", "reprefill_tokens", "computed", "computed_final", "wasted_tokens", "ctrl_num",
+              "ctrl_den", "ctrl_calls", "cached_p", "output_p", "n_p", "n_c", "n_o", "n_x", "n_final", "n_ctrl_den")
+
+# the rollup of a relation of model_calls rows; every value an integer and never NULL (exact under deltas: a sum
+# over no values is 0 here, and the count beside it, n_*, tells the reader that SQL's sum would be NULL)
+_TASK_SQL = """
+SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, task_id, session_id,
+       coalesce(session_id, call_id) || '/' || branch AS bk, instance, task_type, model, tenant,
+       count(*) AS calls,
+       count(*) FILTER (WHERE is_retry) AS retries,
+       count(*) FILTER (WHERE status = 'error') AS failed_calls,
+       coalesce(sum(prompt_tokens), 0) AS prompt_tokens,
+       coalesce(sum(cached_tokens), 0) AS cached_tokens,
+       coalesce(sum(prompt_tokens - coalesce(cached_tokens, 0)), 0) AS computed_prompt_tokens,
+       coalesce(sum(output_tokens), 0) AS output_tokens,
+       coalesce(sum(reprefill_tokens), 0) AS reprefill_tokens,
+       coalesce(sum(prompt_tokens - coalesce(cached_tokens, 0) + coalesce(output_tokens, 0)), 0) AS computed,
+       coalesce(sum(prompt_tokens - coalesce(cached_tokens, 0) + coalesce(output_tokens, 0))
+                FILTER (WHERE is_last_attempt AND status = 'ok'), 0) AS computed_final,
+       coalesce(sum(coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0)) FILTER (WHERE status = 'error'), 0)
+           AS wasted_tokens,
+       coalesce(sum(coalesce(system_tokens, 0) + coalesce(tool_def_tokens, 0))
+                FILTER (WHERE system_tokens IS NOT NULL OR tool_def_tokens IS NOT NULL), 0) AS ctrl_num,
+       coalesce(sum(prompt_tokens) FILTER (WHERE system_tokens IS NOT NULL OR tool_def_tokens IS NOT NULL), 0)
+           AS ctrl_den,
+       count(*) FILTER (WHERE system_tokens IS NOT NULL OR tool_def_tokens IS NOT NULL) AS ctrl_calls,
+       -- the cost columns are NULL where P is: their token sums count only those calls
+       coalesce(sum(coalesce(cached_tokens, 0)) FILTER (WHERE prompt_tokens IS NOT NULL), 0) AS cached_p,
+       coalesce(sum(coalesce(output_tokens, 0)) FILTER (WHERE prompt_tokens IS NOT NULL), 0) AS output_p,
+       count(prompt_tokens) AS n_p, count(cached_tokens) AS n_c, count(output_tokens) AS n_o,
+       count(reprefill_tokens) AS n_x,
+       count(prompt_tokens) FILTER (WHERE is_last_attempt AND status = 'ok') AS n_final,
+       count(prompt_tokens) FILTER (WHERE system_tokens IS NOT NULL OR tool_def_tokens IS NOT NULL) AS n_ctrl_den
+FROM {rel}
+GROUP BY ALL
+"""
+
+
+def _bin(x: str) -> str:
+    return (f"CASE WHEN {x} > {_TINY!r} THEN CAST(ceil(ln({x}) / {_LOG_GAMMA!r}) AS INTEGER) "
+            f"ELSE {_ZERO_BIN} END")
+
+
+_SKETCH_SQL = """
+SELECT hour, model, instance, series, gap_lo, hit_class, bin, count(*) AS n FROM (
+    SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, model, instance, 'ttft' AS series,
+           CASE WHEN gap_before_s < 1 THEN 0 WHEN gap_before_s < 5 THEN 1 WHEN gap_before_s < 30 THEN 5
+                WHEN gap_before_s < 120 THEN 30 WHEN gap_before_s < 600 THEN 120 ELSE 600 END AS gap_lo,
+           hit_class, {ttft_bin} AS bin
+    FROM {rel} WHERE prev_call_id IS NOT NULL AND hit_class IS NOT NULL AND ttft_s IS NOT NULL
+    UNION ALL
+    SELECT CAST(floor(start_s / 3600) AS BIGINT), model, instance, 'e2e', NULL, NULL, {e2e_bin}
+    FROM {rel} WHERE end_s IS NOT NULL AND start_s IS NOT NULL
+    UNION ALL
+    SELECT hour, model, instance, 'itl', NULL, NULL, {itl_bin} FROM (
+        SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, model, instance, unnest(itl_ms) AS g
+        FROM {rel} WHERE itl_ms IS NOT NULL)
+    WHERE g IS NOT NULL
+) GROUP BY ALL
+"""
+
+
+def _sketch_sql(rel: str) -> str:
+    return _SKETCH_SQL.format(rel=rel, ttft_bin=_bin("ttft_s"), e2e_bin=_bin("end_s - start_s"), itl_bin=_bin("g"))
+
+
+_SKETCH_KEYS = ("hour", "model", "instance", "series", "gap_lo", "hit_class", "bin")
+
+
+def rebuild(cur: duckdb.DuckDBPyConnection, table: str) -> None:
+    """Both made whole from ``table`` (model_calls), inside the caller's transaction."""
+    cur.execute(f"CREATE OR REPLACE TABLE {TASK} AS {_TASK_SQL.format(rel=table)}")
+    cur.execute(f"CREATE OR REPLACE TABLE {SKETCH} AS {_sketch_sql(table)}")
+
+
+def apply_delta(cur: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
+    """Subtract the rollups of the rows in ``old`` (removed from model_calls) and add those of ``new`` (inserted)."""
+    _delta(cur, TASK, _TASK_KEYS, _TASK_SUMS, _TASK_SQL.format(rel=old), _TASK_SQL.format(rel=new))
+    _delta(cur, SKETCH, _SKETCH_KEYS, ("n",), _sketch_sql(old), _sketch_sql(new))
+
+
+def _delta(cur, table: str, keys: tuple, sums: tuple, old_sql: str, new_sql: str) -> None:
+    k = ", ".join(keys)
+    neg = ", ".join(f"-{c} AS {c}" for c in sums)
+    pos = ", ".join(sums)
+    total = ", ".join(f"CAST(sum({c}) AS BIGINT) AS {c}" for c in sums)
+    match = " AND ".join(f"t.{c} IS NOT DISTINCT FROM d.{c}" for c in keys)
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE roll_d AS
+        SELECT {k}, {total} FROM (SELECT {k}, {pos} FROM ({new_sql}) UNION ALL SELECT {k}, {neg} FROM ({old_sql}))
+        GROUP BY ALL""")
+    # the stored rows of the changed keys, with the deltas added; then they replace those rows
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE roll_m AS
+        SELECT {k}, {total} FROM (
+            SELECT {", ".join("t." + c for c in keys)}, {", ".join("t." + c for c in sums)}
+            FROM {table} t SEMI JOIN roll_d d ON {match}
+            UNION ALL SELECT {k}, {pos} FROM roll_d)
+        GROUP BY ALL""")
+    cur.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT t.rowid FROM {table} t SEMI JOIN roll_d d ON {match})")
+    first = sums[0]  # calls / n: a key with none left is dropped
+    cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM roll_m WHERE {first} <> 0")
+    cur.execute("DROP TABLE roll_d")
+    cur.execute("DROP TABLE roll_m")
+
+
+def hour_aligned(since: float | None, until: float | None) -> bool:
+    """Whether a window is a union of whole hours (open ends count): what the hour rollups can serve."""
+    return all(t is None or (math.isfinite(t) and t % 3600 == 0) for t in (since, until))
+
+
+def bin_value(b: int) -> float:
+    """The value a sketch bin stands for: 2γ^i/(γ + 1), within α of every value in (γ^(i−1), γ^i]."""
+    return 0.0 if b == _ZERO_BIN else 2 * GAMMA ** b / (GAMMA + 1)
+
+
+def quantiles(con, series: str, qs=(0.5, 0.9, 0.99), since: float | None = None, until: float | None = None,
+              by: str | None = None, where: dict | None = None) -> list[dict]:
+    """Quantiles of a latency series (``ttft``, ``e2e``, ``itl``) from the hourly sketches, merged over the hours of
+    [since, until) (hour-aligned) and per ``by`` (model, instance, gap_lo, hit_class, or None for one row).
+    ``where``: equality filters on those columns. Each row: the group, ``n`` and per q ``p<q>`` with ``rel_err``
+    (the bound α: the exact q-quantile x — the value at rank floor(q·(n − 1)) — satisfies |p − x| ≤ α·x)."""
+    if series not in ("ttft", "e2e", "itl"):
+        raise ValueError(f"no sketch series {series!r}: ttft, e2e or itl")
+    if not hour_aligned(since, until):
+        raise ValueError("the sketches are hourly: since and until must be whole hours (or open)")
+    cols = ("model", "instance", "gap_lo", "hit_class")
+    if by is not None and by not in cols:
+        raise ValueError(f"cannot group sketches by {by!r}: one of {', '.join(cols)}")
+    preds, params = ["series = $series"], {"series": series}
+    if since is not None:
+        preds.append("hour >= $h0")
+        params["h0"] = int(since // 3600)
+    if until is not None:
+        preds.append("hour < $h1")
+        params["h1"] = int(until // 3600)
+    for i, (c, v) in enumerate((where or {}).items()):
+        if c not in cols:
+            raise ValueError(f"cannot filter sketches on {c!r}: one of {', '.join(cols)}")
+        preds.append(f"{c} = $w{i}")
+        params[f"w{i}"] = v
+    grp = by if by is not None else "NULL"
+    rows = con.execute(f"SELECT {grp} AS grp, bin, sum(n) AS n FROM {SKETCH} WHERE {' AND '.join(preds)} "
+                       "GROUP BY ALL ORDER BY grp, bin", params).fetchall()
+    groups: dict = {}
+    for g, b, n in rows:
+        groups.setdefault(g, []).append((b, int(n)))
+    out = []
+    for g, bins in groups.items():
+        total = sum(n for _, n in bins)
+        row = {"group": g, "n": total, "rel_err": ALPHA}
+        for q in qs:
+            rank = math.floor(q * (total - 1))
+            cum = 0
+            for b, n in bins:
+                cum += n
+                if cum > rank:
+                    row[f"p{q * 100:g}"] = bin_value(b)
+                    break
+        out.append(row)
+    return out
