@@ -162,3 +162,33 @@ def test_read_only_run_uses_current_state(sample_copy):
     finally:
         close()
         ro.close()
+
+
+def test_task_cost_from_rollup_equals_per_call(sample_copy):
+    """task_cost from model_rollup_task equals task_cost from the per-call state, for every grouping, an hour-aligned
+    window and a filter on a rollup key; an unaligned window reads the per-call state."""
+    con = connect(sample_copy)
+    s = Settings()
+    state.rebuild(con, s)
+    lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
+    h = (int(lo) // 3600 + 1) * 3600  # the first whole hour after the first call
+    for kw in ({}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}):
+        run, close = mr.prepare(con, settings=s, **kw)
+        try:
+            for by in ("task", "task_type", "session", "model", "instance"):
+                got = run.compute("task_cost", by)
+                assert "task_cost" in run.from_rollup
+                run.rollups = False
+                want = run.compute("task_cost", by)
+                run.rollups = True
+                assert want.height > 0
+                _same(want, got, f"task_cost by {by} {kw}")
+        finally:
+            close()
+    run, close = mr.prepare(con, settings=s, since=h + 1, until=h + 3600)
+    try:
+        run.compute("task_cost")
+        assert "task_cost" not in run.from_rollup  # not whole hours: the per-call state
+    finally:
+        close()
+    con.close()

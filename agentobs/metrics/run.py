@@ -172,6 +172,8 @@ class MetricRun:
     cost: CostModel = field(default_factory=CostModel)
     timings: dict[str, float] = field(default_factory=dict)
     prune: bool = True  # window pruning of the working set (False: every call, as a check of the pruning)
+    rollups: bool = True  # over the maintained state: metrics with a rollup form read it where the grain allows
+    from_rollup: set = field(default_factory=set, init=False)  # the metrics that did
     _narrowed: bool = field(default=False, repr=False)  # restrict_since changed in_win or m_samples
     kv_index: bool = field(default=False, init=False)  # the KV section came from the stored index (_prepare)
     # the parameters m_itl_gap was made with (itl_gaps), None when it is absent or stale (the window moved)
@@ -342,6 +344,7 @@ class MetricRun:
         ``m_src``, read by the cost basis, is the working set a derived run would have (the same window pruning),
         so the observed prefill throughput is the same."""
         self.calls_table = "state"
+        self._state_win = (self.since, self.until)  # the window m_win holds (the rollup forms read the same)
         t0 = time.perf_counter()
         pruned = self._covers != (None, None)
         where = ""
@@ -440,6 +443,7 @@ class MetricRun:
                                  {"since": since}).fetchall()[0][0]
             if n:
                 self.cur.execute("UPDATE m_win SET since = $lo", {"lo": lo})
+                self._state_win = (lo, self._state_win[1])
         elif self.calls_table == "m_x":
             n = self._changes("UPDATE m_x SET in_win = false WHERE in_win AND rid IN (SELECT rowid FROM m_src "
                               "WHERE start_s < $since)", {"since": since})
@@ -481,6 +485,7 @@ class MetricRun:
         self._itl_gap_key = None
         if self.calls_table == "state":
             self.cur.execute("UPDATE m_win SET since = $since, until = $until", p)
+            self._state_win = (since, until)
         elif self.calls_table == "m_x":
             self.cur.execute(f"UPDATE m_x SET in_win = false WHERE in_win AND rid IN "
                              f"(SELECT rowid FROM m_src WHERE NOT ({win}))", p)
@@ -536,9 +541,17 @@ class MetricRun:
             raise QueryError(f"metric {name!r} cannot be grouped by {by!r}; it supports {', '.join(metric.by)}")
         if "m_itl_gap" in metric.sql:
             self.itl_gaps()
+        sql, params = metric.sql, None
+        if self.calls_table == "state" and self.rollups:  # the maintained rollup where the grain allows
+            from .rollup import form
+
+            got = form(name, *self._state_win, self.filters, by)
+            if got is not None:
+                sql, params = got
+                self.from_rollup.add(name)
         t0 = time.perf_counter()
         try:
-            df = self.cur.sql(metric.sql, params=self.params_for(metric, by)).pl()
+            df = self.cur.sql(sql, params=params if params is not None else self.params_for(metric, by)).pl()
         except duckdb.Error as e:
             raise QueryError(f"metric {name!r} failed: {str(e).splitlines()[0]}") from None
         self.timings[name] = time.perf_counter() - t0
