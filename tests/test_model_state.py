@@ -192,3 +192,31 @@ def test_task_cost_from_rollup_equals_per_call(sample_copy):
     finally:
         close()
     con.close()
+
+
+def test_sketch_quantiles_within_stated_error(sample_copy):
+    """Quantiles from the hourly sketches, merged over hours and keys, are within the stated relative error of the
+    exact ones (the value at rank floor(q·(n − 1)) of the same population), for TTFT by hit class, e2e and ITL."""
+    con = connect(sample_copy)
+    state.rebuild(con, Settings())
+    qs = (0.5, 0.9, 0.99)
+    exact_sql = {
+        "ttft": ("SELECT hit_class AS g, list_sort(list(ttft_s)) FROM model_calls WHERE prev_call_id IS NOT NULL "
+                 "AND hit_class IS NOT NULL AND ttft_s IS NOT NULL GROUP BY ALL", "hit_class"),
+        "e2e": ("SELECT NULL AS g, list_sort(list(end_s - start_s)) FROM model_calls", None),
+        "itl": ("SELECT NULL AS g, list_sort(list(g)) FROM (SELECT unnest(itl_ms) AS g FROM model_calls "
+                "WHERE itl_ms IS NOT NULL)", None),
+    }
+    for series, (sql, by) in exact_sql.items():
+        exact = {g: v for g, v in con.execute(sql).fetchall()}
+        got = {r["group"]: r for r in rollups.quantiles(con, series, qs, by=by)}
+        assert set(got) == set(exact) and got
+        for g, values in exact.items():
+            r = got[g]
+            assert r["n"] == len(values) and r["rel_err"] == rollups.ALPHA
+            for q in qs:
+                x = values[math.floor(q * (len(values) - 1))]
+                assert abs(r[f"p{q * 100:g}"] - x) <= rollups.ALPHA * x + 1e-12, (series, g, q)
+    with pytest.raises(ValueError, match="whole hours"):
+        rollups.quantiles(con, "e2e", since=1.5)
+    con.close()
