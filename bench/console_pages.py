@@ -90,13 +90,18 @@ def synth_spans(n_calls: int, seed: int = 7, calls_per_session: int = 10) -> pa.
     })
 
 
-def build(db: Path, n_calls: int) -> float:
+def build(db: Path, n_calls: int, with_state: bool = True) -> float:
     t = time.perf_counter()
     con = connect(db)
     spans = synth_spans(n_calls)
     with Writer(con, batch_rows=200_000, flush_s=5.0) as w:
         for off in range(0, spans.num_rows, 200_000):
             w.submit("spans", spans.slice(off, 200_000))
+    if with_state:  # the maintained session model, as imports and collect keep it (agentobs.model.state)
+        from agentobs.config import load_settings
+        from agentobs.model import state
+
+        state.rebuild(con, load_settings())
     con.execute("CHECKPOINT")
     con.close()
     return time.perf_counter() - t
@@ -282,6 +287,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--db", type=Path, help="measure an existing store instead of a synthetic one")
     ap.add_argument("--calls", type=int, default=1_000_000)
+    ap.add_argument("--no-state", action="store_true",
+                    help="build the synthetic store without the maintained session model (pages derive call_reuse)")
     ap.add_argument("--no-preload", action="store_true",
                     help="do not import the console's modules first (the first page pays for them)")
     ap.add_argument("--browser", action="store_true",
@@ -299,7 +306,7 @@ def main() -> None:
         tmp = tempfile.TemporaryDirectory()
         db = Path(tmp.name) / "bench.duckdb"
         print(f"building a synthetic store of {args.calls:,} calls ...", flush=True)
-        print(f"  built in {build(db, args.calls):.1f} s ({db.stat().st_size / 1e6:.0f} MB)")
+        print(f"  built in {build(db, args.calls, not args.no_state):.1f} s ({db.stat().st_size / 1e6:.0f} MB)")
     import duckdb
 
     con = duckdb.connect(str(db), read_only=True)

@@ -40,14 +40,22 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=1_000_000)
     ap.add_argument("--db", default=None, help="DuckDB file to create (default: a temp file)")
     ap.add_argument("--no-findings", action="store_true", help="leave agentobs.findings out")
+    ap.add_argument("--no-state", action="store_true",
+                    help="no maintained session model: the report derives call_reuse (as before issue 22)")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
     path = args.db or str(Path(tmp.name) / "bench.duckdb")
     con = connect(path)
     t = time.perf_counter()
-    con.execute(GENERATE, {"n": args.calls})
+    con.execute(GENERATE, {"lo": 0, "n": args.calls})
     con.execute("CHECKPOINT")
     gen_s = time.perf_counter() - t
+    if not args.no_state:  # what imports and collect keep current (agentobs.model.state)
+        from agentobs.model import state
+
+        built = state.rebuild(con, Settings())
+        con.execute("CHECKPOINT")
+        print(f"maintained session model built whole: {built.seconds:.2f} s")
     con.close()
 
     con = connect(path, read_only=True)
