@@ -91,8 +91,12 @@ def loadgen_cmd(ctx: Ctx, target, workload, traces, mix, from_store, since, samp
         return
     if not target:
         raise click.UsageError("--target URL is required (or --compare A.duckdb B.duckdb)")
-    from ..loadgen.runner import Options, preflight, run, size_check
-    from ..loadgen.tracing import Tracing
+    try:
+        from ..loadgen.runner import Options, preflight, run, size_check
+        from ..loadgen.tracing import Tracing
+    except ImportError as e:
+        raise ConfigError(f"agentobs loadgen needs the OpenTelemetry SDK and OTLP exporter ({e.name} is missing): "
+                          "pip install 'agentobs[loadgen]'") from None
     from ..loadgen.workloads import check_plan, load_plan
 
     if from_store:

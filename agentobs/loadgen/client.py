@@ -95,7 +95,7 @@ class Client:
         try:
             r, w = await asyncio.wait_for(asyncio.open_connection(self.target.host, self.target.port, limit=1 << 22),
                                           timeout=min(30.0, self.timeout_s))
-        except (OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError) as e:
             raise HttpError(f"cannot connect to {self.target.address}: {e or type(e).__name__}") from None
         return _Conn(r, w)
 
@@ -124,15 +124,15 @@ class Client:
             try:
                 conn.writer.write(raw)
                 resp, keep = await asyncio.wait_for(self._read(conn, stream, t0), timeout=self.timeout_s)
+            except TimeoutError:  # (an OSError: first)
+                conn.close()
+                raise HttpError(f"{self.target.address}: no complete response within {self.timeout_s:g} s") from None
             except (OSError, asyncio.IncompleteReadError, _Closed) as e:
                 conn.close()
                 if pooled:
                     pooled = False
                     continue
                 raise HttpError(f"{self.target.address}: {type(e).__name__}: {e}") from None
-            except asyncio.TimeoutError:
-                conn.close()
-                raise HttpError(f"{self.target.address}: no complete response within {self.timeout_s:g} s") from None
             except BaseException:  # an HttpError, or cancelled mid-request: the connection state is unknown
                 conn.close()
                 raise

@@ -119,9 +119,10 @@ class Stats:
     ttft: list[float] = field(default_factory=list)
     latency: list[float] = field(default_factory=list)
     stopped: str | None = None
+    t_end: float | None = None
 
     def elapsed(self) -> float:
-        return time.monotonic() - self.t0
+        return (self.t_end or time.monotonic()) - self.t0
 
     def line(self) -> str:
         el = max(self.elapsed(), 1e-9)
@@ -292,6 +293,7 @@ class Runner:
         finally:
             if ticker:
                 ticker.cancel()
+            self.stats.t_end = time.monotonic()
             await self.client.close()
         if progress:
             progress(self.stats)
@@ -302,7 +304,7 @@ class Runner:
         try:
             await asyncio.wait_for(self._stop.wait(), timeout=delay)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     async def _ticker(self, progress):

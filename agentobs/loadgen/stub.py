@@ -172,7 +172,10 @@ class StubEngine:
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             return
         finally:
-            writer.close()
+            try:
+                writer.close()
+            except RuntimeError:  # the loop is closing
+                pass
 
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> None:
         self._server = await asyncio.start_server(self._serve_conn, host, port)
@@ -198,14 +201,23 @@ class StubEngine:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self._loop is not None:
-            def _close():
-                if self._server is not None:
-                    self._server.close()
-                self._loop.stop()
+        if self._loop is None:
+            return
+        loop = self._loop
 
-            self._loop.call_soon_threadsafe(_close)
-            self._thread.join(10)
+        async def _close():
+            if self._server is not None:
+                self._server.close()
+            tasks = [t for t in asyncio.all_tasks(loop) if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            loop.stop()
+
+        asyncio.run_coroutine_threadsafe(_close(), loop)
+        self._thread.join(10)
+        loop.close()
+        self._loop = None
 
 
 def main(argv=None) -> int:
