@@ -50,7 +50,8 @@ def _words(content: str) -> list[str]:
 
 
 def _run(engine, plan, db, **kw):
-    opts = Options(target=engine.url, time_scale=0.0, progress_s=0.05, **kw)
+    # gaps × 0.001: a 2 s trace gap is a 2 ms tool span
+    opts = Options(target=engine.url, time_scale=0.001, progress_s=0.05, **kw)
     pf = preflight(opts, plan)
     tr = Tracing(store=str(db), settings=Settings())
     r = run(opts, plan, pf, tr, install_signals=False)
@@ -159,6 +160,9 @@ def test_retries_and_subagents_replayed(engine, tmp_path):
     assert [(x.branch, x.turn, x.attempt, x.rejected) for x in r.records[:3]] == [
         ("main", 0, 1, False), ("main", 1, 1, True), ("main", 1, 2, False)]
     assert sorted(x.branch for x in r.records[3:]) == ["b1", "b2"]
+    # request ids (vLLM's request and response ids) unique per call and attempt, across branches
+    assert [x.request_id.rsplit("-", 2)[1:] for x in r.records[:3]] == [["c0", "a1"], ["c1", "a1"], ["c1", "a2"]]
+    assert len({x.request_id for x in r.records}) == 5
     chats = [q for q in engine.requests if q["path"] == "/v1/chat/completions"]
     assert chats[1]["body"]["messages"] == chats[2]["body"]["messages"]  # the retry re-sends the same prompt
     con = connect(db, read_only=True)

@@ -53,6 +53,7 @@ def _seconds(value: str | None, flag: str) -> float | None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--time-scale", type=float, default=1.0, show_default=True,
               help="× every tool gap / think time (0: back to back).")
+@click.option("--max-gap", default=None, help="Cap on a (scaled) tool gap: 8s, 1m.")
 @click.option("--token-scale", type=float, default=1.0, show_default=True,
               help="× every prompt and output size (0 < s ≤ 1), to fit a small model.")
 @click.option("--max-output", type=int, default=None, help="Cap on max_tokens per call.")
@@ -76,7 +77,7 @@ def _seconds(value: str | None, flag: str) -> float | None:
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @common
 def loadgen_cmd(ctx: Ctx, target, workload, traces, mix, from_store, since, sample, model, sessions, concurrency,
-                rate, duration, max_turns, stream, seed, time_scale, token_scale, max_output, ignore_eos, tokenizer,
+                rate, duration, max_turns, stream, seed, time_scale, max_gap, token_scale, max_output, ignore_eos, tokenizer,
                 api_key_env, otlp, into, responses, timeout, compare_dbs, bootstrap, level, fmt):
     """Agent-shaped load against a live engine: concurrent sessions with growing contexts, tool gaps, retries
     and sub-agents, traced into an agentobs store; or --compare two runs (docs/loadgen.md)."""
@@ -113,7 +114,8 @@ def loadgen_cmd(ctx: Ctx, target, workload, traces, mix, from_store, since, samp
         raise click.UsageError("--from-store reads --db; write the run elsewhere (--into PATH or --otlp URL)")
     opts = Options(target=target, model=model, concurrency=concurrency, rate=rate,
                    duration_s=_seconds(duration, "--duration"), max_turns=max_turns, stream=stream, seed=seed,
-                   time_scale=time_scale, token_scale=token_scale, max_output=max_output, ignore_eos=ignore_eos,
+                   time_scale=time_scale, max_gap_s=_seconds(max_gap, "--max-gap") if max_gap else None,
+                   token_scale=token_scale, max_output=max_output, ignore_eos=ignore_eos,
                    timeout_s=timeout, tokenizer=tokenizer, api_key=api_key)
     plan = load_plan(workload, sessions=sessions, seed=seed, traces=traces, mix=mix, store_db=ctx.db, since=since,
                      sample=sample, settings=ctx.settings)

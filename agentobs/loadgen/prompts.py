@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..sim.chain import Chain
 
 # Candidate words: common English words (one token in the usual BPE vocabularies) and the words the repository's
 # tiny test model was trained on; each is kept only when the target's tokenizer makes " word" a single token.
@@ -157,6 +158,7 @@ class PromptBuilder:
         self.words = vocab.words
         self.b = tokens_per_block
         self._blocks: dict[int, str] = {}
+        self._runs: dict[tuple[int, int], str] = {}
 
     def _words(self, seed: int, n: int) -> list[str]:
         w, m = self.words, len(self.words)
@@ -176,16 +178,34 @@ class PromptBuilder:
                 self._blocks[block_id] = s
         return s
 
-    def content(self, ids: list[int], n_tokens: int, tail_seed: int) -> str:
-        """``n_tokens`` words: the blocks of ``ids`` in order (the last one cut when they are more than
-        ``n_tokens``), then words unique to ``tail_seed``."""
+    def run_text(self, a: int, b: int) -> str:
+        """The words of blocks ``a … b-1`` (a run of consecutive ids), cached: the turns of a session repeat
+        their chain's earlier runs."""
+        key = (a, b)
+        s = self._runs.get(key)
+        if s is None:
+            try:  # every block known: joined at C speed
+                s = "".join(map(self._blocks.__getitem__, range(a, b)))
+            except KeyError:
+                s = "".join([self.block(i) for i in range(a, b)])
+            if len(self._runs) > 50_000:
+                self._runs.clear()
+            self._runs[key] = s
+        return s
+
+    def content(self, chain: Chain | list[int], n_tokens: int, tail_seed: int, nblk: int | None = None) -> str:
+        """``n_tokens`` words: the first ``nblk`` blocks of ``chain`` in order (the last one cut when they are
+        more than ``n_tokens``), then words unique to ``tail_seed``."""
         b = self.b
-        full = min(len(ids), n_tokens // b)
-        parts = [self.block(i) for i in ids[:full]]
+        if not isinstance(chain, Chain):
+            chain = Chain.from_ids(chain)
+        n = len(chain) if nblk is None else min(nblk, len(chain))
+        full = min(n, n_tokens // b)
+        parts = [self.run_text(x, y) for x, y in chain.runs(0, full)]
         rest = n_tokens - full * b
-        if rest and full < len(ids):  # a partial block: a prefix of that block's own words
+        if rest and full < n:  # a partial block: a prefix of that block's own words
             cut = min(rest, b)
-            parts.append("".join(self._words(ids[full], b)[:cut]))
+            parts.append("".join(self._words(chain.at(full), b)[:cut]))
             rest -= cut
         if rest:
             parts.append("".join(self._words(tail_seed ^ 0x5EED5EED5EED, rest)))

@@ -48,6 +48,7 @@ class Options:
     stream: bool = True
     seed: int = 0
     time_scale: float = 1.0            # × every gap and open-loop arrival
+    max_gap_s: float | None = None     # cap on a (scaled) gap
     token_scale: float = 1.0           # × every prompt and output size (and tokens per block)
     max_output: int | None = None      # cap on max_tokens per call
     ignore_eos: bool = True            # vLLM/SGLang: generate exactly max_tokens
@@ -62,9 +63,9 @@ class Options:
     def __post_init__(self):
         if self.concurrency < 1:
             raise ConfigError(f"--concurrency must be ≥ 1, got {self.concurrency}")
-        for name in ("rate", "duration_s", "time_scale", "token_scale", "timeout_s"):
+        for name in ("rate", "duration_s", "time_scale", "token_scale", "timeout_s", "max_gap_s"):
             v = getattr(self, name)
-            if v is not None and (not math.isfinite(v) or v < 0 or (v == 0 and name not in ("time_scale",))):
+            if v is not None and (not math.isfinite(v) or v < 0 or (v == 0 and name not in ("time_scale", "max_gap_s"))):
                 flag = "--" + name.removesuffix("_s").replace("_", "-")
                 raise ConfigError(f"{flag} must be a positive number, got {v!r}")
         if self.token_scale > 1:
@@ -190,14 +191,15 @@ def preflight(opts: Options, plan: Plan) -> Preflight:
         if worst and worst[0] > pf.max_model_len:
             raise ConfigError(f"session {worst[1]} needs {worst[0]} tokens (prompt + output) but {model} takes at "
                               f"most {pf.max_model_len} (max_model_len): scale the workload down with "
-                              f"--token-scale {pf.max_model_len / worst[0]:.3g} or fewer --max-turns")
+                              f"--token-scale {math.floor(opts.token_scale * pf.max_model_len / worst[0] * 1000) / 1000:g} "
+                              "or fewer --max-turns")
     # the first prompt as the engine will count it
     first = next((c for s in plan.sessions for c in iter_calls(s, opts.max_turns)), None)
     if first is not None and vocab.checked:
         builder = PromptBuilder(vocab, tpb)
         want = scaled(first.P, opts.token_scale)
-        msgs = [{"role": "user", "content": builder.content(first.chain.ids(0, first.nblk),
-                                                            max(1, want - vocab.chat_overhead), 1)}]
+        msgs = [{"role": "user", "content": builder.content(first.chain, max(1, want - vocab.chat_overhead), 1,
+                                                            first.nblk)}]
         got = tok.chat_count(msgs)
         if got is None:
             got = tok.count(msgs[0]["content"])
@@ -234,6 +236,7 @@ class Runner:
         self.run_id = opts.run_id or os.urandom(3).hex()
         self._auth = {"Authorization": f"Bearer {opts.api_key}"} if opts.api_key else {}
         self._stop = asyncio.Event()
+        self._seq: dict[str, int] = {}  # session → its last call's number
 
     def stop(self, why: str = "stopped") -> None:
         if self.stats.stopped is None:
@@ -355,20 +358,22 @@ class Runner:
                 delay = t0 + c.at_s * opts.time_scale - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            elif c.gap_s > 0 and not (turn == 0 and first_segment):
+            elif c.gap_s > 0 and opts.time_scale > 0 and not (turn == 0 and first_segment):
                 tool = c.tool or "think"
+                gap = c.gap_s * opts.time_scale
                 with self.tracer.start_as_current_span(f"execute_tool {tool}", kind=SpanKind.INTERNAL, attributes={
                         "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
                         "gen_ai.conversation.id": sid, "app.task.id": task_id,
                         **({"agentobs.branch": branch} if branch != "main" else {})}):
-                    await asyncio.sleep(c.gap_s * opts.time_scale)
+                    await asyncio.sleep(gap if opts.max_gap_s is None else min(gap, opts.max_gap_s))
             attempts = 2 if c.fail else 1
             attempt = 0
             failures = 0
+            n = self._seq[sid] = self._seq.get(sid, -1) + 1  # the call's number in its session (request ids)
             while True:
                 attempt += 1
                 rejected = attempt < attempts
-                rec = await self._call(sid, task_id, branch, turn, attempt, c, rejected)
+                rec = await self._call(sid, task_id, branch, turn, attempt, c, rejected, n)
                 if rec.error is not None:
                     failures += 1
                     if failures > opts.retries:
@@ -382,13 +387,13 @@ class Runner:
         return True
 
     async def _call(self, sid: str, task_id: str, branch: str, turn: int, attempt: int, c: CallSpec,
-                    rejected: bool) -> CallRecord:
+                    rejected: bool, n: int) -> CallRecord:
         opts, pf = self.opts, self.pf
         want = scaled(c.P, opts.token_scale)
         n_out = out_tokens(c, opts)
-        rid = f"{sid}-{branch}-t{turn}-a{attempt}"
-        seed = zlib.crc32(f"{sid}/{branch}/{turn}".encode())
-        content = self.builder.content(c.chain.ids(0, c.nblk), max(1, want - pf.vocab.chat_overhead), seed)
+        rid = f"{sid}-c{n}-a{attempt}"
+        seed = zlib.crc32(f"{sid}/{n}".encode())
+        content = self.builder.content(c.chain, max(1, want - pf.vocab.chat_overhead), seed, c.nblk)
         body = {"model": pf.model, "messages": [{"role": "user", "content": content}], "max_tokens": n_out,
                 "temperature": opts.temperature, "session_id": sid}
         if opts.ignore_eos:

@@ -7,6 +7,7 @@ and keeps a prefix cache the way vLLM reports it, so the numbers a run stores ca
   chat prompt is ``<bos> <user>`` + the messages' tokens + ``<gen>`` (``CHAT_OVERHEAD`` = 3 tokens);
 - ``POST /tokenize`` (vLLM's form: ``prompt`` or ``messages``) → ``{"count", "tokens", "max_model_len"}``;
 - ``GET /v1/models`` → the one model with its ``max_model_len``;
+- ``POST /v1/traces`` → 200 and nothing kept (an OTLP/HTTP sink for the overhead bench);
 - ``POST /v1/chat/completions``: cached tokens = the longest run of leading ``block_size``-token blocks stored
   before (block-floored, at most P − 1, as vLLM), then every full block of the prompt is stored; LRU with
   ``capacity_blocks`` (0 = unlimited; ``prefix_caching=False`` caches nothing); ``max_tokens`` output tokens,
@@ -85,6 +86,9 @@ class StubEngine:
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, object]:
         """(status, content type, payload): a dict (JSON), or a list of SSE events (streamed)."""
         doc = None
+        if method == "POST" and path == "/v1/traces":  # an OTLP/HTTP sink (the overhead bench exports here)
+            self.spans_bytes = getattr(self, "spans_bytes", 0) + len(body)
+            return 200, "application/x-protobuf", b""
         if body:
             try:
                 doc = json.loads(body)
@@ -165,7 +169,7 @@ class StubEngine:
                     parts.append(f"{len(done):x}\r\n".encode() + done + b"\r\n0\r\n\r\n")
                     writer.write(b"".join(parts))
                 else:
-                    data = json.dumps(payload).encode()
+                    data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
                     writer.write((f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: "
                                   f"{len(data)}\r\nConnection: keep-alive\r\n\r\n").encode() + data)
                 await writer.drain()
