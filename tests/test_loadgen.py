@@ -379,3 +379,29 @@ def test_client_reuses_connections(engine):
 
 def test_block_is_64():
     assert BLOCK == 64
+
+
+def test_console_compare_page_shows_the_cli_table(tmp_path, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+
+    from agentobs.console import APP
+
+    a, b = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
+    _store(a, [("lg-aa-s1", 0, 1000, 0, 0.5, 10), ("lg-aa-s1", 4, 1200, 992, 0.1, 10)])
+    _store(b, [("lg-bb-s1", 0, 1000, 0, 0.5, 10), ("lg-bb-s1", 4, 1200, 0, 0.4, 10)])
+    monkeypatch.setenv("AGENTOBS_DB", str(a))
+    monkeypatch.delenv("AGENTOBS_CONFIG", raising=False)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    at.switch_page("views/loadgen_compare.py")
+    at.query_params["b"] = str(b)
+    at.query_params["reps"] = "50"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value == "Load-generator compare"
+    shown = at.dataframe[0].value
+    want = display_table(compare(a, b, reps=50, seed=0)).to_pandas()
+    assert shown.to_dict("records") == want.to_dict("records")
+    # A's turn-resume call hit (992 of 1200 cached: 82.7 %), B's did not
+    row = shown[shown["quantity"] == "session hit rate ΣC/ΣP"].iloc[0]
+    assert (row["A"], row["B"], row["B − A"]) == ("45.1 %", "0.0 %", "-45.1 pp")
