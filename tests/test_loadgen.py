@@ -5,8 +5,6 @@ as usage.prompt_tokens_details.cached_tokens), and loadgen --compare on small ha
 from __future__ import annotations
 
 import json
-import threading
-import time
 
 import pytest
 from cli_run import run_cli
@@ -205,37 +203,21 @@ def test_stop_keeps_what_ran(tmp_path):
         tr = Tracing(store=str(tmp_path / "s.duckdb"), settings=Settings())
         box = {}
 
-        def stopper():
-            while "r" not in box:
-                time.sleep(0.01)
-            while box["r"].stats.calls < 5:
-                time.sleep(0.01)
-            box["r"].stop("interrupted")
+        def on_record(rec):  # what Ctrl-C does (the signal handler calls runner.stop), after the 5th call
+            if box["r"].stats.calls >= 5:
+                box["r"].stop("interrupted")
 
-        from agentobs.loadgen import runner as rmod
-
-        orig = rmod.Runner.__init__
-
-        def init(self, *a, **k):
-            orig(self, *a, **k)
-            box["r"] = self
-
-        rmod.Runner.__init__ = init
-        try:
-            th = threading.Thread(target=stopper, daemon=True)
-            th.start()
-            r = run(opts, plan, pf, tr, install_signals=False)
-        finally:
-            rmod.Runner.__init__ = orig
+        r = run(opts, plan, pf, tr, install_signals=False, on_record=on_record, started=lambda x: box.update(r=x))
         tr.close()
         assert r.stats.stopped == "interrupted"
         assert 5 <= r.stats.calls < sum(s.n_calls for s in plan.sessions)
         con = connect(tmp_path / "s.duckdb", read_only=True)
         stored = con.sql("SELECT count(*) FROM llm_calls").fetchall()[0][0]
+        errors = con.sql("SELECT count(*) FROM llm_calls WHERE status = 'error'").fetchall()[0][0]
         con.close()
-        # every finished call is stored; a call cut off by the stop is stored as an error (cancelled)
+        # every finished call is stored; a call cut off by the stop is stored too, as an error (cancelled)
         cancelled = sum(1 for x in r.records if x.error == "cancelled")
-        assert stored == r.stats.calls + cancelled
+        assert stored == r.stats.calls + cancelled and errors == cancelled
     finally:
         eng.stop()
 

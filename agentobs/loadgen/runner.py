@@ -535,8 +535,9 @@ def size_check(records: list[CallRecord]) -> SizeCheck | None:
 
 
 def run(opts: Options, plan: Plan, pf: Preflight, tracing: Tracing, progress=None, on_record=None,
-        install_signals: bool = True) -> Runner:
-    """Run to the end (or ``--duration``, or SIGINT/SIGTERM: stop cleanly, keep what ran); returns the runner."""
+        install_signals: bool = True, started: Callable[[Runner], None] | None = None) -> Runner:
+    """Run to the end (or ``--duration``, or SIGINT/SIGTERM: stop cleanly, keep what ran); returns the runner.
+    ``started(runner)`` is called once the runner exists (``runner.stop()`` ends the run from a callback)."""
     import signal
 
     runner: Runner | None = None
@@ -544,6 +545,8 @@ def run(opts: Options, plan: Plan, pf: Preflight, tracing: Tracing, progress=Non
     async def main():
         nonlocal runner
         runner = Runner(opts, plan, pf, tracing, on_record)
+        if started:
+            started(runner)
         loop = asyncio.get_running_loop()
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
