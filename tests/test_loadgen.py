@@ -387,3 +387,37 @@ def test_console_compare_page_shows_the_cli_table(tmp_path, monkeypatch):
     # A's turn-resume call hit (992 of 1200 cached: 82.7 %), B's did not
     row = shown[shown["quantity"] == "session hit rate ΣC/ΣP"].iloc[0]
     assert (row["A"], row["B"], row["B − A"]) == ("45.1 %", "0.0 %", "-45.1 pp")
+
+
+def test_ctrl_c_stops_the_cli_cleanly_and_keeps_what_ran(engine, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    db = tmp_path / "int.duckdb"
+    repo = Path(__file__).resolve().parent.parent
+    p = subprocess.Popen([sys.executable, "-m", "agentobs.cli", "loadgen", "--target", engine.url, "--workload",
+                          "synthetic", "--sessions", "500", "--concurrency", "4", "--time-scale", "0.001",
+                          "--token-scale", "0.0625", "--db", str(db)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(repo), "COLUMNS": "300"})
+    try:
+        t0 = time.monotonic()
+        while sum(q["path"] == "/v1/chat/completions" for q in engine.requests) < 20:
+            assert p.poll() is None and time.monotonic() - t0 < 60, p.stderr.read() if p.poll() is not None else ""
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 0, err
+    assert "stopped (interrupted)" in err
+    sent = sum(q["path"] == "/v1/chat/completions" for q in engine.requests)
+    con = connect(db, read_only=True)
+    stored = con.sql("SELECT count(*) FROM llm_calls").fetchall()[0][0]
+    con.close()
+    # every request the engine got is a stored call (finished, or cancelled by the stop and stored as an error)
+    assert 20 <= stored == sent
