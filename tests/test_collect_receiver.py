@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
+import math
 import threading
 
 import grpc
@@ -194,7 +195,7 @@ def test_gzip_and_partial_success_keeps_the_valid_spans(store):
     assert ps["rejectedSpans"] == "1" and "spans[2]: spanId 'zz'" in ps["errorMessage"]
     assert sorted(r[0] for r in con.execute("SELECT span_id FROM spans").fetchall()) == ["1111111111111111",
                                                                                      "2d6f0b4c8e3a5f72"]
-    assert health.value("agentobs_otlp_spans_rejected_total", {"reason": "invalid_span"}) == 1
+    assert health.value("agentobs_otlp_spans_rejected_total", {"reason": "invalid_id"}) == 1
 
 
 def test_grpc_garbage_is_invalid_argument(store):
@@ -324,3 +325,180 @@ def _proto_of(doc: dict, n: int) -> bytes:
         s.start_time_unix_nano = int(src["startTimeUnixNano"])
         s.end_time_unix_nano = int(src["endTimeUnixNano"])
     return req.SerializeToString()
+
+
+# -- one bad span among good ones: rejected alone, over every transport -------------------------------------
+def _field(num: int, payload: bytes) -> bytes:
+    """One length-delimited protobuf field (wire type 2)."""
+    n, out = len(payload), bytearray()
+    key = num << 3 | 2
+    for v in (key, n):
+        while True:
+            b = v & 0x7F
+            v >>= 7
+            out.append(b | (0x80 if v else 0))
+            if not v:
+                break
+    return bytes(out) + payload
+
+
+def _deep_pb(levels: int) -> bytes:
+    """An AnyValue nested ``levels`` arrays deep, as wire bytes (upb will not build one past its limit)."""
+    v = b"\x18\x01"  # AnyValue{int_value: 1}
+    for _ in range(levels):
+        v = _field(5, _field(1, v))  # AnyValue{array_value: ArrayValue{values: [v]}}
+    return v
+
+
+def _deep_json(levels: int) -> str:
+    return '{"arrayValue": {"values": [' * levels + '{"intValue": "1"}' + "]}}" * levels
+
+
+TOKENS = {"gen_ai.usage.input_tokens": 1200, "gen_ai.usage.output_tokens": 80}
+
+
+def _a(key, value):
+    """An OTLP/JSON attribute and the protobuf KeyValue of the same value."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    if isinstance(value, float):
+        j = {"doubleValue": value if math.isfinite(value) else {math.inf: "Infinity", -math.inf: "-Infinity"}.get(
+            value, "NaN")}
+        return {"key": key, "value": j}, KeyValue(key=key, value=AnyValue(double_value=value))
+    return ({"key": key, "value": {"intValue": str(value)}}, KeyValue(key=key, value=AnyValue(int_value=value)))
+
+
+def _attrs(**over):
+    return [_a(k, v) for k, v in {**TOKENS, **over}.items()]
+
+
+# (id, span fields for OTLP/JSON (or raw JSON text of the attributes), the same for protobuf (a function of the Span
+# message returning its bytes; None: JSON only), text of the rejection, health reason)
+BAD_SPANS = [
+    # promote's int() ran outside the per-span try on the protobuf path: one NaN dropped the batch
+    ("NaN token count", {"attrs": _attrs(**{"gen_ai.usage.input_tokens": math.nan})},
+     "attribute gen_ai.usage.input_tokens nan is not a whole number", "invalid_count"),
+    ("infinite token count", {"attrs": _attrs(**{"gen_ai.usage.output_tokens": math.inf})},
+     "attribute gen_ai.usage.output_tokens inf is not a whole number", "invalid_count"),
+    # 1e19 >= 2^63: Arrow's int64 overflow was raised in Decoded.table(), for the whole batch
+    ("token count 2^63", {"attrs": _attrs(**{"gen_ai.usage.output_tokens": 1e19})},
+     "attribute gen_ai.usage.output_tokens 1e+19 is above 9223372036854775807", "invalid_count"),
+    # input -5 with 9,200 read and 103 written: "cached > input" made it -5 + 9200 + 103 = 9,298, stored silently
+    ("negative token count", {"attrs": _attrs(**{"gen_ai.usage.input_tokens": -5,
+                                                 "gen_ai.usage.cache_read.input_tokens": 9200,
+                                                 "gen_ai.usage.cache_creation.input_tokens": 103})},
+     "attribute gen_ai.usage.input_tokens -5 is negative", "invalid_count"),
+    ("non-integral token count", {"attrs": _attrs(**{"gen_ai.usage.output_tokens": 12.5})},
+     "attribute gen_ai.usage.output_tokens 12.5 is not a whole number", "invalid_count"),
+    ("kind 200", {"kind": 200}, "kind 200 is out of range (0-127", "invalid_enum"),
+    ("status code 200", {"status": 200}, "status.code 200 is out of range (0-127", "invalid_enum"),
+    ("attempt 2^31", {"attrs": _attrs(**{"agentobs.attempt": 2**31})},
+     "attribute agentobs.attempt 2147483648 is above 2147483647", "invalid_count"),
+    ("start time 2^63", {"start": 2**63, "end": 0},
+     "startTimeUnixNano 9223372036854775808 is beyond 2^63-1 ns", "invalid_time"),
+    # 40 arrays deep: both parsers take it, the attribute is deeper than MAX_ATTR_DEPTH (32)
+    ("attribute nested 40 deep", {"deep": 40}, "attribute value nested deeper than 32 levels", "too_deep"),
+]
+# cases only one encoding can carry: (id, transport kinds, span fields, text, reason)
+BAD_JSON_ONLY = [
+    ("lone surrogate in the name", {"name": "chat \ud800"}, "name 'chat \\ud800' is not valid Unicode", "invalid_text"),
+    # 5,000 arrays deep (10,000 JSON levels): past both parsers' recursion limits
+    ("JSON nested 5,000 deep", {"deep": 5000}, "JSON nested deeper than 128 levels", "too_deep"),
+    ("intValue beyond int64", {"raw_attr": '{"key": "n", "value": {"intValue": "9223372036854775808"}}'},
+     "intValue '9223372036854775808' is out of the int64 range", "invalid_value"),
+]
+BAD_PB_ONLY = [
+    # invalid UTF-8 in a string field: upb refuses the whole request; the request is taken apart span by span
+    ("invalid UTF-8 in the name", {"name": "BADNAME!"}, "not a valid Span (String field had bad UTF-8)",
+     "invalid_text"),
+    ("protobuf nested 5,000 deep", {"deep": 5000}, "not a valid Span (", "too_deep"),
+]
+START = 1_791_969_669_318_000_000
+TRACE = "7f3a9c1e5b2d48f6a0c4e8b1d3f59a27"
+
+
+def _json_span(i: int, f: dict | None) -> str:
+    f = f or {}
+    span = {"traceId": TRACE, "spanId": f"{i:016x}", "name": f.get("name", "chat m"), "kind": f.get("kind", 3),
+            "startTimeUnixNano": str(f.get("start", START)), "endTimeUnixNano": str(f.get("end", START + 10**9)),
+            "status": {"code": f.get("status", 0)}, "attributes": [a for a, _ in f.get("attrs", _attrs())]}
+    text = json.dumps(span)
+    extra = []
+    if "deep" in f:
+        extra.append('{"key": "deep", "value": ' + _deep_json(f["deep"]) + "}")
+    if "raw_attr" in f:
+        extra.append(f["raw_attr"])
+    if extra:
+        head, _, tail = text.rpartition("]")  # "attributes" is the last key
+        text = head + ", " + ", ".join(extra) + "]" + tail
+    return text
+
+
+def _pb_span(i: int, f: dict | None) -> bytes:
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span
+
+    f = f or {}
+    s = Span(trace_id=bytes.fromhex(TRACE), span_id=i.to_bytes(8, "big"), name=f.get("name", "chat m"),
+             kind=f.get("kind", 3), start_time_unix_nano=f.get("start", START), end_time_unix_nano=f.get("end", START + 10**9))
+    s.status.code = f.get("status", 0)
+    s.attributes.extend(kv for _, kv in f.get("attrs", _attrs()))
+    raw = s.SerializeToString()
+    if f.get("name") == "BADNAME!":
+        raw = raw.replace(b"BADNAME!", b"\xff\xfeBADNA")  # same length: the field lengths stay right
+    if "deep" in f:
+        raw += _field(9, _field(1, b"deep") + _field(2, _deep_pb(f["deep"])))  # one more attribute (field 9)
+    return raw
+
+
+def _three(bad: dict, encoding: str) -> bytes:
+    """spans[0] and spans[2] good, spans[1] the bad one: the request body in ``encoding``."""
+    if encoding == "json":
+        spans = ", ".join(_json_span(i, bad if i == 2 else None) for i in (1, 2, 3))
+        return ('{"resourceSpans": [{"resource": {"attributes": [{"key": "service.name", "value": {"stringValue": '
+                '"agent"}}]}, "scopeSpans": [{"scope": {"name": "t"}, "spans": [' + spans + "]}]}]}").encode()
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+    from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+    res = Resource(attributes=[KeyValue(key="service.name", value=AnyValue(string_value="agent"))])
+    ss = _field(1, _field(1, b"t")) + b"".join(_field(2, _pb_span(i, bad if i == 2 else None)) for i in (1, 2, 3))
+    return _field(1, _field(1, res.SerializeToString()) + _field(2, ss))
+
+
+_CASES = [(c[0], t, c[1], c[2], c[3]) for c in BAD_SPANS for t in ("json", "protobuf", "grpc")] \
+    + [(c[0], "json", *c[1:]) for c in BAD_JSON_ONLY] \
+    + [(c[0], t, *c[1:]) for c in BAD_PB_ONLY for t in ("protobuf", "grpc")]
+
+
+@pytest.mark.parametrize("name,transport,bad,text,reason", _CASES, ids=[f"{c[0]}-{c[1]}" for c in _CASES])
+def test_one_bad_span_is_rejected_alone(store, name, transport, bad, text, reason):
+    con, w = store
+    ing, health, hs, gs = _servers(w)
+    body = _three(bad, "json" if transport == "json" else "protobuf")
+    try:
+        if transport == "grpc":
+            ch = grpc.insecure_channel(f"127.0.0.1:{gs.port}")
+            call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+            resp = ExportTraceServiceResponse.FromString(call(body, timeout=30))
+            ch.close()
+            rejected, message = resp.partial_success.rejected_spans, resp.partial_success.error_message
+        elif transport == "json":
+            code, _, data = _post(hs.port, body, "application/json")
+            assert code == 200
+            ps = json.loads(data)["partialSuccess"]
+            rejected, message = int(ps["rejectedSpans"]), ps["errorMessage"]
+        else:
+            code, _, data = _post(hs.port, body)
+            assert code == 200
+            ps = ExportTraceServiceResponse.FromString(data).partial_success
+            rejected, message = ps.rejected_spans, ps.error_message
+    finally:
+        hs.stop()
+        gs.stop(0)
+    where = "body" if transport != "grpc" else "request"
+    assert rejected == 1
+    assert f"{where}: resourceSpans[0].scopeSpans[0].spans[1]: {text}" in message
+    # the good neighbours are stored, exactly as sent
+    assert con.execute("SELECT span_id, input_tokens, output_tokens, service_name FROM spans ORDER BY span_id"
+                       ).fetchall() == [("0000000000000001", 1200, 80, "agent"), ("0000000000000003", 1200, 80, "agent")]
+    assert health.value("agentobs_otlp_spans_rejected_total", {"reason": reason}) == 1
+    assert health.value("agentobs_otlp_spans_received_total", {"transport": "grpc" if transport == "grpc" else "http"}) == 2

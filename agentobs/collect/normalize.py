@@ -88,6 +88,14 @@ INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
 
 
+def bad(reason: str, message: str) -> ValueError:
+    """The ValueError that rejects a span, with the ``reason`` its health counter is labelled with
+    (``agentobs_otlp_spans_rejected_total{reason=...}``; docs/collectors.md lists them)."""
+    e = ValueError(message)
+    e.reason = reason  # type: ignore[attr-defined]
+    return e
+
+
 def _num(attrs: dict[str, Any], keys: Sequence[str], warnings: list[str]) -> float | None:
     """The first of ``keys`` present as a float; not a number, NaN or infinite: a warning and None."""
     for k in keys:
@@ -119,7 +127,7 @@ def whole(v: Any, what: str, hi: int = INT64_MAX) -> int:
         n = v
     elif isinstance(v, float):
         if not v.is_integer():  # NaN and ±inf too
-            raise ValueError(f"{what} {v!r} is not a whole number")
+            raise bad("invalid_count", f"{what} {v!r} is not a whole number")
         n = int(v)
     else:
         try:
@@ -127,12 +135,12 @@ def whole(v: Any, what: str, hi: int = INT64_MAX) -> int:
         except ValueError:
             f = float(v)  # ValueError: the caller's "not a number" case
             if not f.is_integer():
-                raise ValueError(f"{what} {v!r} is not a whole number") from None
+                raise bad("invalid_count", f"{what} {v!r} is not a whole number") from None
             n = int(f)
     if n < 0:
-        raise ValueError(f"{what} {v!r} is negative")
+        raise bad("invalid_count", f"{what} {v!r} is negative")
     if n > hi:
-        raise ValueError(f"{what} {v!r} is above {hi}")
+        raise bad("invalid_count", f"{what} {v!r} is above {hi}")
     return n
 
 
@@ -492,7 +500,7 @@ def promote_row(
                                 "cache (P := P + cache reads + cache writes)")
             p = p + c + (_count(attrs, CACHE_WRITE_KEYS, warnings) or 0)
             if p > INT64_MAX:
-                raise ValueError(f"input tokens with cache reads and writes ({p}) are above {INT64_MAX}")
+                raise bad("invalid_count", f"input tokens with cache reads and writes ({p}) are above {INT64_MAX}")
     system_tokens = _count(attrs, ("agentobs.prompt.system_tokens",), warnings) \
         if "agentobs.prompt.system_tokens" in attrs else None
     tool_def_tokens = _count(attrs, ("agentobs.prompt.tool_tokens",), warnings) \

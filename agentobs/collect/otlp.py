@@ -36,7 +36,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Sp
 
 from ..config import Settings
 from ..errors import InputError
-from .normalize import COLUMNS, alias_keys, promote_row
+from .normalize import COLUMNS, alias_keys, bad, promote_row
 
 SPAN_SCHEMA = pa.schema(
     [
@@ -113,6 +113,7 @@ class Decoded:
         self.rejected = 0
         self.errors: list[str] = []
         self.warnings: list[str] = []
+        self.reasons: dict[str, int] = {}  # rejected spans by reason (normalize.bad)
 
     @property
     def columns(self) -> dict[str, list]:
@@ -138,7 +139,7 @@ class Decoded:
     def _table_dropping_bad_rows(self) -> pa.Table:
         cols = self.columns
         n = len(cols["trace_id"])
-        bad: dict[int, str] = {}
+        bad_rows: dict[int, str] = {}
         for f in SPAN_SCHEMA:
             values = cols[f.name]
             try:
@@ -147,17 +148,19 @@ class Decoded:
             except (pa.ArrowException, OverflowError, ValueError, TypeError):
                 pass
             for i, v in enumerate(values):  # the failing column only: find its bad values
-                if i in bad:
+                if i in bad_rows:
                     continue
                 try:
                     pa.array([v], type=f.type)
                 except (pa.ArrowException, OverflowError, ValueError, TypeError) as e:
-                    bad[i] = f"{f.name} {_short(v)} cannot be stored as {f.type} ({type(e).__name__})"
-        keep = [i for i in range(n) if i not in bad]
-        for i, why in sorted(bad.items()):
+                    bad_rows[i] = f"{f.name} {_short(v)} cannot be stored as {f.type} ({type(e).__name__})"
+        keep = [i for i in range(n) if i not in bad_rows]
+        for i, why in sorted(bad_rows.items()):
             self.errors.append(f"span {cols['span_id'][i]}: {why}")
-        self.accepted -= len(bad)
-        self.rejected += len(bad)
+        self.accepted -= len(bad_rows)
+        self.rejected += len(bad_rows)
+        if bad_rows:
+            self.reasons["unstorable"] = self.reasons.get("unstorable", 0) + len(bad_rows)
         for name in cols:
             col = cols[name]
             cols[name] = [col[i] for i in keep]
@@ -168,6 +171,8 @@ class Decoded:
             self.columns[k].extend(v)
         self.accepted += other.accepted
         self.rejected += other.rejected
+        for k, n in other.reasons.items():
+            self.reasons[k] = self.reasons.get(k, 0) + n
         self.errors.extend(other.errors)
         self.warnings.extend(other.warnings)
 
@@ -185,7 +190,7 @@ def _text(v: Any, what: str) -> str:
         try:
             v.encode()
         except UnicodeEncodeError as e:
-            raise ValueError(f"{what} {_short(v)} is not valid Unicode (lone surrogate at character {e.start})") \
+            raise bad("invalid_text", f"{what} {_short(v)} is not valid Unicode (lone surrogate at character {e.start})") \
                 from None
     return v
 
@@ -195,7 +200,7 @@ def _encode(obj: Any, what: str) -> str:
     try:
         return _json_enc.encode(obj).decode()
     except UnicodeEncodeError as e:
-        raise ValueError(f"{what} hold {_short(e.object[max(0, e.start - 10):e.end + 10])}: not valid Unicode "
+        raise bad("invalid_text", f"{what} hold {_short(e.object[max(0, e.start - 10):e.end + 10])}: not valid Unicode "
                          "(lone surrogate)") from None
 
 
@@ -207,54 +212,54 @@ def _service(v: Any) -> str | None:
 def check_span(kind: int, start_ns: int, end_ns: int, code: int) -> None:
     """The span-level values every decoder checks before a row is built (ValueError: the span is rejected)."""
     if end_ns and end_ns < start_ns:
-        raise ValueError(f"endTimeUnixNano {end_ns} is before startTimeUnixNano {start_ns}")
+        raise bad("invalid_time", f"endTimeUnixNano {end_ns} is before startTimeUnixNano {start_ns}")
     if start_ns <= 0:
-        raise ValueError("startTimeUnixNano missing or zero")
+        raise bad("invalid_time", "startTimeUnixNano missing or zero")
     if end_ns > INT64_MAX:  # start <= end here, or end is 0
-        raise ValueError(f"endTimeUnixNano {end_ns} is beyond 2^63-1 ns (the int64 column)")
+        raise bad("invalid_time", f"endTimeUnixNano {end_ns} is beyond 2^63-1 ns (the int64 column)")
     if start_ns > INT64_MAX:
-        raise ValueError(f"startTimeUnixNano {start_ns} is beyond 2^63-1 ns (the int64 column)")
+        raise bad("invalid_time", f"startTimeUnixNano {start_ns} is beyond 2^63-1 ns (the int64 column)")
     if not 0 <= kind <= INT8_MAX:
-        raise ValueError(f"kind {kind} is out of range (0-{INT8_MAX}; OTLP's span kinds are 0-5)")
+        raise bad("invalid_enum", f"kind {kind} is out of range (0-{INT8_MAX}; OTLP's span kinds are 0-5)")
     if not 0 <= code <= INT8_MAX:
-        raise ValueError(f"status.code {code} is out of range (0-{INT8_MAX}; OTLP's status codes are 0-2)")
+        raise bad("invalid_enum", f"status.code {code} is out of range (0-{INT8_MAX}; OTLP's status codes are 0-2)")
 
 
 # -- ids ---------------------------------------------------------------------------------------
 def _id_from_json(v: Any, nbytes: int, what: str) -> str:
     if not isinstance(v, str):
-        raise ValueError(f"{what} must be a hex string, got {type(v).__name__}")
+        raise bad("invalid_id", f"{what} must be a hex string, got {type(v).__name__}")
     if len(v) == nbytes * 2:
         try:
             bytes.fromhex(v)
             h = v.lower()
         except ValueError:
-            raise ValueError(f"{what} {v!r} is not hex") from None
+            raise bad("invalid_id", f"{what} {v!r} is not hex") from None
     else:
         try:
             raw = base64.b64decode(v, validate=True)
         except (binascii.Error, ValueError):
             raw = b""
         if len(raw) != nbytes:
-            raise ValueError(f"{what} {v!r} must be {nbytes * 2} hex characters")
+            raise bad("invalid_id", f"{what} {v!r} must be {nbytes * 2} hex characters")
         h = raw.hex()
     if h == "0" * (nbytes * 2):
-        raise ValueError(f"{what} is all zeros (invalid)")
+        raise bad("invalid_id", f"{what} is all zeros (invalid)")
     return h
 
 
 def _id_from_bytes(b: bytes, nbytes: int, what: str) -> str:
     if len(b) != nbytes:
-        raise ValueError(f"{what} must be {nbytes} bytes, got {len(b)}")
+        raise bad("invalid_id", f"{what} must be {nbytes} bytes, got {len(b)}")
     h = b.hex()
     if h == "0" * (nbytes * 2):
-        raise ValueError(f"{what} is all zeros (invalid)")
+        raise bad("invalid_id", f"{what} is all zeros (invalid)")
     return h
 
 
 # -- attribute values --------------------------------------------------------------------------
 def _too_deep() -> ValueError:
-    return ValueError(f"attribute value nested deeper than {MAX_ATTR_DEPTH} levels")
+    return bad("too_deep", f"attribute value nested deeper than {MAX_ATTR_DEPTH} levels")
 
 
 def _json_any(v: Any, depth: int = 0) -> Any:
@@ -268,9 +273,9 @@ def _json_any(v: Any, depth: int = 0) -> Any:
         try:
             n = int(iv)
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"intValue {_short(iv)} is not an integer") from None
+            raise bad("invalid_value", f"intValue {_short(iv)} is not an integer") from None
         if not -INT64_MAX - 1 <= n <= INT64_MAX:
-            raise ValueError(f"intValue {_short(iv)} is out of the int64 range")
+            raise bad("invalid_value", f"intValue {_short(iv)} is out of the int64 range")
         return n
     if "doubleValue" in v:
         dv = v["doubleValue"]
@@ -289,7 +294,7 @@ def _json_any(v: Any, depth: int = 0) -> Any:
     if "bytesValue" in v:
         return v["bytesValue"]
     if REJECT_KEY in v:  # parse_json_bytes cut out a value nested too deep
-        raise ValueError(str(v[REJECT_KEY]))
+        raise bad("too_deep", str(v[REJECT_KEY]))
     return None
 
 
@@ -299,7 +304,7 @@ def _json_attrs(lst: Any, where: str, cap: int | None = None) -> dict[str, Any]:
         return {}
     if not isinstance(lst, list):
         if isinstance(lst, dict) and REJECT_KEY in lst:
-            raise ValueError(str(lst[REJECT_KEY]))
+            raise bad("too_deep", str(lst[REJECT_KEY]))
         raise ValueError(f"{where}.attributes must be a list")
     if cap is not None and len(lst) > cap:
         lst = lst[:cap]
@@ -412,7 +417,7 @@ class Salvaged:
     each span position (a placeholder span stands there in the request) and unparseable pieces whose
     spans cannot be counted (each counts as one rejected span)."""
 
-    spans: dict[tuple[int, int, int], str] = field(default_factory=dict)
+    spans: dict[tuple[int, int, int], tuple[str, str]] = field(default_factory=dict)  # (reason, message)
     pieces: list[str] = field(default_factory=list)
 
 
@@ -421,8 +426,10 @@ def decode_protobuf(data: bytes, settings: Settings, source: str = "otlp", where
     return decode_request(req, settings, source, where, salvaged)
 
 
-def _reject(out: Decoded, message: str, n: int = 1) -> None:
+def _reject(out: Decoded, message: str, n: int = 1, e: Exception | None = None) -> None:
+    reason = getattr(e, "reason", "invalid_span")
     out.rejected += n
+    out.reasons[reason] = out.reasons.get(reason, 0) + n
     out.errors.append(message)
 
 
@@ -434,10 +441,10 @@ def decode_request(req: ExportTraceServiceRequest, settings: Settings, source: s
     cap = settings.max_span_attributes
     rows_append = out._rows.append
     enc = _json_enc.encode
-    bad = salvaged.spans if salvaged else None
+    salvaged_bad = salvaged.spans if salvaged else None
     if salvaged:
         for piece in salvaged.pieces:
-            _reject(out, f"{where}: {piece}")
+            _reject(out, f"{where}: {piece}", 1, bad("unparseable", piece))
     for ri, rs in enumerate(req.resource_spans):
         try:
             resource = _pb_attrs(rs.resource.attributes, cap)
@@ -445,14 +452,14 @@ def decode_request(req: ExportTraceServiceRequest, settings: Settings, source: s
             service = _service(resource.get("service.name"))
         except _SPAN_ERRORS as e:
             n = sum(len(ss.spans) for ss in rs.scope_spans)
-            _reject(out, f"{where}: resourceSpans[{ri}].resource: {e} ({n} spans rejected)", n)
+            _reject(out, f"{where}: resourceSpans[{ri}].resource: {e} ({n} spans rejected)", n, e)
             continue
         for si, ss in enumerate(rs.scope_spans):
             scope = ss.scope.name
             for pi, sp in enumerate(ss.spans):
                 try:
-                    if bad and (ri, si, pi) in bad:
-                        raise ValueError(bad[ri, si, pi])
+                    if salvaged_bad and (ri, si, pi) in salvaged_bad:
+                        raise bad(*salvaged_bad[ri, si, pi])
                     tid = _id_from_bytes(sp.trace_id, 16, "traceId")
                     sid = _id_from_bytes(sp.span_id, 8, "spanId")
                     psid = sp.parent_span_id
@@ -477,7 +484,7 @@ def decode_request(req: ExportTraceServiceRequest, settings: Settings, source: s
                         service, scope, resource_json, enc(attrs).decode(), enc(events).decode() if events else None,
                         *promoted, source))
                 except _SPAN_ERRORS as e:
-                    _reject(out, f"{where}: resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]: {e}")
+                    _reject(out, f"{where}: resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]: {e}", 1, e)
                     continue
                 out.accepted += 1
                 if nattrs > cap:
@@ -517,7 +524,7 @@ def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: s
                 raise ValueError("scopeSpans must be a list")
         except _SPAN_ERRORS as e:
             n = _count_spans(rs)
-            _reject(out, f"{rw}: {e} ({n} spans rejected)", n)
+            _reject(out, f"{rw}: {e} ({n} spans rejected)", n, e)
             continue
         for si, ss in enumerate(scope_spans):
             sw = f"{rw}.scopeSpans[{si}]"
@@ -529,7 +536,7 @@ def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: s
                               "scope.name")
             except _SPAN_ERRORS as e:
                 n = len(ss["spans"])
-                _reject(out, f"{sw}: {e} ({n} spans rejected)", n)
+                _reject(out, f"{sw}: {e} ({n} spans rejected)", n, e)
                 continue
             for pi, sp in enumerate(ss.get("spans", [])):
                 w = f"{sw}.spans[{pi}]"
@@ -537,7 +544,7 @@ def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: s
                     if not isinstance(sp, dict):
                         raise ValueError("span must be an object")
                     if REJECT_KEY in sp:  # parse_json_bytes cut it out
-                        raise ValueError(str(sp[REJECT_KEY]))
+                        raise bad("too_deep", str(sp[REJECT_KEY]))
                     tid = _id_from_json(sp.get("traceId"), 16, "traceId")
                     sid = _id_from_json(sp.get("spanId"), 8, "spanId")
                     p = sp.get("parentSpanId")
@@ -571,7 +578,7 @@ def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: s
                          message, service, scope, resource,
                          _json_attrs(attr_list, "span", cap), events, resource_json)
                 except _SPAN_ERRORS as e:
-                    _reject(out, f"{w}: {e}")
+                    _reject(out, f"{w}: {e}", 1, e)
                     continue
                 if isinstance(attr_list, list) and len(attr_list) > cap:
                     out.warnings.append(f"{w} (span {sid}): {_capped(len(attr_list), cap)}")
@@ -700,6 +707,15 @@ def _len_fields(buf: bytes) -> list[tuple[int, bytes]]:
     return out
 
 
+def _unparseable(message: str) -> tuple[str, str]:
+    """(reason, message) of a piece upb refused: its reason from upb's words."""
+    if "UTF-8" in message:
+        return "invalid_text", message
+    if "Depth" in message or "depth" in message:
+        return "too_deep", message
+    return "unparseable", message
+
+
 def _why(e: DecodeError) -> str:
     return str(e).split(": ", 1)[-1] if ": " in str(e) else str(e)
 
@@ -762,12 +778,12 @@ def _salvage(data: bytes) -> tuple[ExportTraceServiceRequest, Salvaged]:
                             sp.CopyFrom(Span.FromString(b))
                             continue
                         except DecodeError as e:
-                            sal.spans[ri, si, pi] = f"not a valid Span ({_why(e)})"
+                            sal.spans[ri, si, pi] = _unparseable(f"not a valid Span ({_why(e)})")
                             continue
-                    sal.spans[ri, si, pi] = scope_err
+                    sal.spans[ri, si, pi] = _unparseable(scope_err)
             if scope_err is not None:  # a scope after its spans on the wire: reject them all
                 for k in range(pi + 1):
-                    sal.spans[ri, si, k] = scope_err
+                    sal.spans[ri, si, k] = _unparseable(scope_err)
     return req, sal
 
 

@@ -105,10 +105,11 @@ class Ingest:
                            f"{self.queue_spans}); retry later", retry_after_s=self.retry_after_s)
         try:
             dec: otlp.Decoded = decode()
-            if dec.rejected:
-                h.spans_rejected.labels("invalid_span").inc(dec.rejected)
+            table = dec.table() if dec.accepted else None  # first: it may reject a row Arrow cannot store
+            for reason, n in dec.reasons.items():
+                h.spans_rejected.labels(reason).inc(n)
             if dec.accepted:
-                ticket = self.writer.submit("spans", dec.table())
+                ticket = self.writer.submit("spans", table)
                 try:
                     ticket.wait(self.commit_timeout_s)
                 except (TimeoutError, StoreError) as e:
