@@ -502,3 +502,201 @@ def test_one_bad_span_is_rejected_alone(store, name, transport, bad, text, reaso
                        ).fetchall() == [("0000000000000001", 1200, 80, "agent"), ("0000000000000003", 1200, 80, "agent")]
     assert health.value("agentobs_otlp_spans_rejected_total", {"reason": reason}) == 1
     assert health.value("agentobs_otlp_spans_received_total", {"transport": "grpc" if transport == "grpc" else "http"}) == 2
+
+
+# -- bounds: what is checked before the body is read, budgets, connections, deadlines --------------------------
+def _bounded(w, **values):
+    from agentobs.config import Settings
+
+    health = Health()
+    ing = Ingest(w, Settings(values=values), health)
+    return ing, health, OtlpHttpServer(ing, "127.0.0.1", 0, token=values.get("receiver_token")).start()
+
+
+def _head_only(port, length, headers=None, sent=b""):
+    """A POST that announces ``length`` bytes and sends only ``sent``: the answer the server gives without the body."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.putrequest("POST", "/v1/traces")
+    for k, v in {"Content-Type": "application/x-protobuf", "Content-Length": str(length), **(headers or {})}.items():
+        c.putheader(k, v)
+    c.endheaders()
+    if sent:
+        c.send(sent)
+    r = c.getresponse()
+    out = r.status, dict(r.getheaders()), r.read()
+    c.close()
+    return out
+
+
+def test_bearer_is_checked_before_the_body_and_the_scheme_is_case_insensitive(store):
+    con, w = store
+    ing, health, hs = _bounded(w, receiver_token="s3cret")
+    body = _three({}, "protobuf")
+    try:
+        # 60 MiB announced, 1 KiB sent: 401 at once, the connection closed, the body never read
+        code, headers, _ = _head_only(hs.port, 60 * 1024 * 1024, sent=b"\0" * 1024)
+        assert (code, headers["Connection"]) == (401, "close")
+        # RFC 9110: the scheme is case-insensitive
+        for scheme in ("bearer", "BEARER", "Bearer"):
+            assert _post(hs.port, body, headers={"Authorization": f"{scheme} s3cret"})[0] == 200
+        assert _post(hs.port, body, headers={"Authorization": "Basic s3cret"})[0] == 401
+    finally:
+        hs.stop()
+    assert health.value("agentobs_otlp_requests_total", {"transport": "http", "outcome": "unauthorized"}) == 2
+    assert con.execute("SELECT count(*) FROM spans").fetchone()[0] == 3  # 3 exports of the same 3 spans
+
+
+def test_grpc_bearer_scheme_is_case_insensitive(store):
+    con, w = store
+    ing, health, hs, gs = _servers(w, token="s3cret")
+    try:
+        ch = grpc.insecure_channel(f"127.0.0.1:{gs.port}")
+        call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        call(b"", timeout=10, metadata=(("authorization", "bearer s3cret"),))
+        with pytest.raises(grpc.RpcError) as ei:
+            call(b"", timeout=10, metadata=(("authorization", "bearer wrong"),))
+        assert ei.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        ch.close()
+    finally:
+        hs.stop()
+        gs.stop(0)
+
+
+def test_body_and_inflated_size_are_bounded(store):
+    con, w = store
+    ing, health, hs = _bounded(w, receiver_max_body_mb=1)
+    try:
+        code, headers, data = _head_only(hs.port, 1024 * 1024 + 1)  # announced over 1 MiB: 413 before reading
+        assert (code, headers["Connection"]) == (413, "close")
+        assert "exceeds the limit of 1048576" in status_pb2.Status.FromString(data).message
+        # 2 MiB of zeros gzip to ~2 kB: refused while inflating, at the limit
+        code, _, data = _post(hs.port, gzip.compress(b"\0" * (2 * 1024 * 1024)), encoding="gzip")
+        assert code == 413 and "decompressed body exceeds 1048576 bytes" in status_pb2.Status.FromString(data).message
+    finally:
+        hs.stop()
+    assert health.value("agentobs_otlp_requests_total", {"transport": "http", "outcome": "too_large"}) == 2
+
+
+def test_bytes_in_flight_are_bounded_on_both_transports(store):
+    """A budget of 1 MiB with 1 MiB already held by another request: the next one gets 429 / RESOURCE_EXHAUSTED
+    with a retry delay, and is served once the budget is free."""
+    from google.rpc.error_details_pb2 import RetryInfo
+
+    from agentobs.collect.limits import ByteBudget
+
+    con, w = store
+    ing, health, _, _ = _servers(w)
+    budget = ByteBudget(1024 * 1024, health.inflight_bytes)
+    hs = OtlpHttpServer(ing, "127.0.0.1", 0, budget=budget).start()
+    gs = OtlpGrpcServer(ing, "127.0.0.1", 0, budget=budget).start()
+    body = _three({}, "protobuf")
+    try:
+        assert budget.take(1024 * 1024)
+        code, headers, _ = _post(hs.port, body)
+        assert (code, headers["Retry-After"]) == (429, "1")
+        ch = grpc.insecure_channel(f"127.0.0.1:{gs.port}")
+        call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        with pytest.raises(grpc.RpcError) as ei:
+            call(body, timeout=10)
+        assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        md = dict(ei.value.trailing_metadata())
+        assert RetryInfo.FromString(md["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
+        budget.give(1024 * 1024)
+        assert _post(hs.port, body)[0] == 200
+        call(body, timeout=10)
+        ch.close()
+    finally:
+        hs.stop()
+        gs.stop(0)
+    assert budget.used == 0 and health.value("agentobs_otlp_inflight_bytes") == 0
+    assert health.value("agentobs_otlp_requests_total", {"transport": "http", "outcome": "overloaded"}) == 1
+    assert health.value("agentobs_otlp_requests_total", {"transport": "grpc", "outcome": "overloaded"}) == 1
+
+
+def _closed_by_server(sock, within: float = 10.0) -> bool:
+    """True when the server closes the socket (recv returns EOF or a reset) within ``within`` seconds."""
+    import socket
+
+    sock.settimeout(within)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_idle_and_stalled_connections_are_closed(store):
+    import socket
+
+    con, w = store
+    ing, health, hs = _bounded(w, receiver_idle_timeout_s=0.3, receiver_read_timeout_s=0.6)
+    try:
+        idle = socket.create_connection(("127.0.0.1", hs.port))  # connects, never sends
+        stalled = socket.create_connection(("127.0.0.1", hs.port))  # sends half a request, then nothing
+        stalled.sendall(b"POST /v1/traces HTTP/1.1\r\nContent-Type: application/x-protobuf\r\nContent-Length: 100\r\n"
+                        b"\r\n" + b"\0" * 10)
+        assert _closed_by_server(idle) and _closed_by_server(stalled)
+        idle.close()
+        stalled.close()
+        # the server still serves
+        assert _post(hs.port, _three({}, "protobuf"))[0] == 200
+    finally:
+        hs.stop()
+    assert health.value("agentobs_otlp_http_connections_closed_total", {"reason": "idle_timeout"}) >= 1
+    assert health.value("agentobs_otlp_http_connections_closed_total", {"reason": "read_timeout"}) == 1
+
+
+def test_connection_cap_closes_an_idle_connection_for_a_new_one(store):
+    """Two connections allowed, both held open idle by clients: a third client is served (the longest-idle one is
+    closed for it), and no more than two handler threads ever run."""
+    import socket
+
+    con, w = store
+    ing, health, hs = _bounded(w, receiver_max_connections=2, receiver_idle_timeout_s=60.0)
+    try:
+        a = socket.create_connection(("127.0.0.1", hs.port))
+        b = socket.create_connection(("127.0.0.1", hs.port))
+        deadline = __import__("time").monotonic() + 10
+        while health.value("agentobs_otlp_http_connections") < 2 and __import__("time").monotonic() < deadline:
+            threading.Event().wait(0.02)
+        assert health.value("agentobs_otlp_http_connections") == 2
+        assert _post(hs.port, _three({}, "protobuf"))[0] == 200
+        assert _closed_by_server(a)  # the first, longest idle, made room
+        b.close()
+        a.close()
+    finally:
+        hs.stop()
+    assert health.value("agentobs_otlp_http_connections_closed_total", {"reason": "evicted"}) == 1
+    assert hs.httpd.request_queue_size == SETTINGS.receiver_backlog == 1024
+
+
+def test_attributes_per_span_are_capped(store):
+    from agentobs.collect import otlp
+    from agentobs.config import Settings
+
+    doc = json.loads(json.dumps(GOOD_JSON))
+    span = doc["resourceSpans"][0]["scopeSpans"][0]["spans"][0]
+    span["attributes"] = [{"key": f"k{i}", "value": {"intValue": str(i)}} for i in range(5)]
+    dec = otlp.decode_json_obj(doc, Settings(values={"max_span_attributes": 3}))
+    assert (dec.accepted, dec.rejected) == (1, 0)
+    assert json.loads(dec.table().column("attributes")[0].as_py()) == {"k0": 0, "k1": 1, "k2": 2}
+    assert dec.warnings == ["payload: resourceSpans[0].scopeSpans[0].spans[0] (span 2d6f0b4c8e3a5f72): 2 of its 5 "
+                            "attributes dropped (max_span_attributes = 3)"]
+    pb = otlp.decode_protobuf(_proto_of(GOOD_JSON, 1), Settings(values={"max_span_attributes": 0}))
+    assert pb.accepted == 1 and pb.warnings == []  # _proto_of spans have no attributes: nothing dropped
+
+
+def test_table_drops_a_row_arrow_cannot_store():
+    """The safety net behind the decoders' checks: a row with a value no column takes is rejected, not the batch."""
+    from agentobs.collect import otlp
+
+    dec = otlp.decode_json_obj(json.loads(_three({}, "json")), SETTINGS)
+    assert dec.accepted == 3
+    row = list(dec._rows[1])
+    row[otlp.SPAN_SCHEMA.get_field_index("kind")] = 300  # past the int8 column, as no decoder lets through
+    dec._rows[1] = tuple(row)
+    t = dec.table()
+    assert t.column("span_id").to_pylist() == ["0000000000000001", "0000000000000003"]
+    assert (dec.accepted, dec.rejected, dec.reasons) == (2, 1, {"unstorable": 1})
+    assert dec.errors == ["span 0000000000000002: kind 300 cannot be stored as int8 (ArrowInvalid)"]

@@ -129,15 +129,16 @@ class _Handler(BaseHTTPRequestHandler):
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
         reply_type = JSON if ctype == JSON else PROTOBUF
         n = _length(self.headers.get("Content-Length"))
+        if self.token is not None and not bearer_ok(self.headers.get("Authorization"), self.token):
+            ing.refuse("http", "unauthorized", 0, "unauthorized")  # first: nothing else is said to a stranger
+            return self._refuse(n if n is not None else DRAIN_MAX + 1, 401, "missing or wrong bearer token",
+                                reply_type)
         if n is None:
             ing.refuse("http", "bad_request", 0, "malformed")
             return self._error(411, "Content-Length required", reply_type, close=True)
         if n > self.max_body:
             ing.refuse("http", "too_large", 0, "too_large")
             return self._error(413, f"body of {n} bytes exceeds the limit of {self.max_body}", reply_type, close=True)
-        if self.token is not None and not bearer_ok(self.headers.get("Authorization"), self.token):
-            ing.refuse("http", "unauthorized", 0, "unauthorized")
-            return self._refuse(n, 401, "missing or wrong bearer token", reply_type)
         if self.path.split("?")[0] != "/v1/traces":
             return self._refuse(n, 404, f"no such path {self.path!r}; OTLP traces go to /v1/traces", reply_type)
         if ctype not in (PROTOBUF, JSON):
