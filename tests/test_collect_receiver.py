@@ -615,7 +615,6 @@ def test_bytes_in_flight_are_bounded_on_both_transports(store):
 
 def _closed_by_server(sock, within: float = 10.0) -> bool:
     """True when the server closes the socket (recv returns EOF or a reset) within ``within`` seconds."""
-
     sock.settimeout(within)
     try:
         return sock.recv(1) == b""
