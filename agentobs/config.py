@@ -106,7 +106,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("receiver_token", "", "Bearer token OTLP clients must send (empty: none). Prefer $AGENTOBS_RECEIVER_TOKEN.", str),
     Setting("receiver_queue_spans", 200000, "Spans admitted but not yet committed before OTLP answers 429/RESOURCE_EXHAUSTED.", int),
     Setting("receiver_max_body_mb", 16, "Largest OTLP request body, in MiB: the Content-Length and the gzip-decompressed size (HTTP), the gRPC message (decompressed); checked before the body is read or inflated.", int),
-    Setting("receiver_max_inflight_mb", 64, "OTLP request bodies being read, decoded or committed at once, in MiB, both transports together: a request that does not fit gets 429/RESOURCE_EXHAUSTED with Retry-After (bounds the receivers' memory).", int),
+    Setting("receiver_max_inflight_mb", 32, "OTLP request bodies being read, decoded or committed at once, in MiB, both transports together: a request that does not fit gets 429/RESOURCE_EXHAUSTED with Retry-After (bounds the receivers' memory).", int),
     Setting("receiver_max_connections", 256, "Concurrent OTLP/HTTP connections (one thread each); at the cap an idle keep-alive connection is closed for the new one, else the new one waits in the listen backlog.", int),
     Setting("receiver_max_concurrent_rpcs", 64, "Concurrent OTLP/gRPC calls; more are answered RESOURCE_EXHAUSTED by gRPC.", int),
     Setting("receiver_backlog", 1024, "Listen backlog of the OTLP/HTTP socket (connections the kernel holds until accepted; capped by net.core.somaxconn).", int),

@@ -111,12 +111,19 @@ class _Handler(BaseHTTPRequestHandler):
             body = status_pb2.Status(code=_GRPC_CODE.get(code, 2), message=message).SerializeToString()
         self._reply(code, body, ctype, retry_after, close)
 
-    def _refuse(self, n: int, code: int, message: str, ctype: str, retry_after: float | None = None):
-        """Answer without reading the body: a small one is read and dropped (keep-alive), a large one is
-        left unread and the connection closed."""
-        if n <= DRAIN_MAX:
-            got = self.rfile.read(n) if n else b""
-            self._error(code, message, ctype, retry_after, close=len(got) < n)
+    def _refuse(self, n: int, code: int, message: str, ctype: str, retry_after: float | None = None,
+                drain: int = DRAIN_MAX):
+        """Answer without keeping the body: up to ``drain`` bytes are read and dropped in 64 KiB pieces (the
+        client sees the answer, the connection stays open), a larger body is left unread and the
+        connection closed."""
+        if n <= drain:
+            left = n
+            while left:
+                got = self.rfile.read(min(left, DRAIN_MAX))
+                if not got:
+                    break
+                left -= len(got)
+            self._error(code, message, ctype, retry_after, close=left > 0)
         else:
             self._error(code, message, ctype, retry_after, close=True)
 
@@ -151,8 +158,10 @@ class _Handler(BaseHTTPRequestHandler):
         budget = self.server.budget
         if not budget.take(n):
             ing.refuse("http", "overloaded", 0, "inflight_bytes")
+            # an authorised client within the body limit: its body is read and dropped (memory stays flat) so that
+            # it sees the 429 and its Retry-After rather than a closed connection
             return self._refuse(n, 429, f"{budget.used} bytes of requests in flight (limit {budget.limit}); retry "
-                                "later", reply_type, retry_after=ing.retry_after_s)
+                                "later", reply_type, retry_after=ing.retry_after_s, drain=self.max_body)
         held = n
         try:
             data = self.rfile.read(n)
