@@ -27,14 +27,18 @@ def default_snapshot_path(db: str) -> str:
     return str(p.with_name(p.stem + ".read.duckdb"))
 
 
-def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> float:
-    """Copy the open store to ``path`` atomically; returns the seconds it took."""
+def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
+            cur: duckdb.DuckDBPyConnection | None = None) -> float:
+    """Copy the open store to ``path`` atomically; returns the seconds it took. ``cur``: a cursor of ``con``
+    to copy with, which the caller may ``interrupt()`` (a stopping collector does); the copy is then
+    abandoned and the previous snapshot stays."""
     t0 = time.perf_counter()
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     for f in (tmp, Path(str(tmp) + ".wal")):
         f.unlink(missing_ok=True)
-    cur = con.cursor()
+    own = cur is None
+    cur = con.cursor() if own else cur
     try:
         src = cur.execute("SELECT current_database()").fetchone()[0]
         cur.execute("ATTACH ? AS agentobs_snapshot", [str(tmp)])
@@ -46,10 +50,21 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> float:
             for table in tables:
                 cur.execute(f'CREATE TABLE agentobs_snapshot.main."{table}" AS SELECT * FROM "{src}".main."{table}"')
             cur.execute("COMMIT")
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
         finally:
             cur.execute("DETACH agentobs_snapshot")
+    except BaseException:
+        for f in (tmp, Path(str(tmp) + ".wal")):
+            f.unlink(missing_ok=True)
+        raise
     finally:
-        cur.close()
+        if own:
+            cur.close()
     snap = connect(tmp)  # creates the model views in the copy
     from ..store.kvindex import refresh
 
