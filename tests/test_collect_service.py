@@ -7,11 +7,11 @@ from __future__ import annotations
 import http.client
 import os
 import random
-import threading
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path

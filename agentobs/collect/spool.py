@@ -213,7 +213,7 @@ class Spool:
             start = self._sizes[seq]
             recs = []
             pos = start
-            for p, n, fmt, tr in batch:
+            for _p, n, fmt, tr in batch:
                 recs.append(Record(seq, pos + HEADER.size, n - HEADER.size, fmt, tr))
                 pos += n
             try:
