@@ -145,6 +145,8 @@ class Loader:
         if self.processes > 0:
             self.pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("forkserver"),
                                             initializer=_init_worker, initargs=(self.settings,))
+            for f in [self.pool.submit(os.getpid) for _ in range(self.processes)]:
+                f.result()  # the processes start now (a second or so of imports), not on the first export
         self._thread = threading.Thread(target=self._run, name="agentobs-loader", daemon=True)
         self._thread.start()
         return self

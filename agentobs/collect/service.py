@@ -14,6 +14,7 @@ link, replaced atomically): with the collector gone, readers open the store, nev
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -34,6 +35,8 @@ from .otlp_http import OtlpHttpServer
 from .receiver import Ingest
 from .scraper import Scraper
 from .spool import Spool
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -118,6 +121,11 @@ class Service:
                 f"last commit {st.last_commit_s * 1000:.0f} ms · rows {st.rows_inserted:,}")
 
     def stop(self) -> None:
+        t0 = time.perf_counter()
+
+        def step(what: str) -> None:
+            log.info("stop: %s done at %.2f s", what, time.perf_counter() - t0)
+
         self.ingest.closing = True
         self.stop_event.set()
         snap_cur = getattr(self, "_snap_cur", None)
@@ -131,13 +139,18 @@ class Service:
         if self.grpc:
             self.grpc.stop(grace=2.0)
         self.spool.close()  # everything acknowledged is on disk
+        step("receivers, spool")
         self.loader.stop()  # stores the batches being decoded; the rest loads at the next start
+        step("loader")
         for t in self.threads:
             t.join(timeout=5)
+        step("threads")
         self.writer.close()
+        step("writer")
         if self.health_srv:
             self.health_srv.shutdown()
         self.con.close()
+        step("store closed")
         if self.fleet.snapshot_every_s > 0:
             self._point_snapshot_at_store()
 
