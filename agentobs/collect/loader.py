@@ -174,6 +174,13 @@ class Loader:
                     break
                 inflight.append((recs, self._submit(recs)))
                 read_pos = (recs[-1].seq, recs[-1].end)
+            if stopping and inflight:
+                # batches not yet picked up by a decoder stay in the spool; the ones being decoded are stored
+                for _r, f in inflight:
+                    f.cancel()
+                keep = next((i for i, (_r, f) in enumerate(inflight) if f.cancelled()), len(inflight))
+                while len(inflight) > keep:
+                    inflight.pop()
             if not inflight:
                 with self._idle:
                     self._idle.notify_all()
