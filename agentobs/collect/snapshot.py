@@ -83,7 +83,7 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
             f.unlink(missing_ok=True)
         raise
     snap = connect(tmp)  # creates the model views in the copy
-    from ..store.kvindex import refresh
+    from ..model.kvindex import refresh
 
     try:
         refresh(snap)  # the KV-event index of the copied events (readers' metric runs skip that step)
