@@ -16,11 +16,11 @@ from click.testing import CliRunner
 
 from agentobs.cli import cli
 from agentobs.config import Settings
+from agentobs.model.kvindex import refresh
 from agentobs.sim.bundle import import_bundle
 from agentobs.sim.run import simulate
 from agentobs.sim.scenarios import scenario
 from agentobs.store.db import connect
-from agentobs.store.kvindex import refresh
 from agentobs.store.writer import Writer
 
 SAMPLE = Path(__file__).parent.parent / "sample_data" / "fleet"

@@ -388,7 +388,7 @@ def test_itl_rule_reads_every_instance_in_one_query_with_the_per_instance_number
     s = settings()
     run_, close = prepare(store[0], since=WINDOW[0], until=WINDOW[1], settings=s)
     try:
-        from agentobs.metrics.run import itl_gap_params
+        from agentobs.model.itl import itl_gap_params
 
         ctx = Context(run_.cur, s, WINDOW[0], WINDOW[1], run=run_)
         base = {"long_tokens": 8192, **itl_gap_params(s)}

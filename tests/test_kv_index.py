@@ -1,4 +1,4 @@
-"""The stored KV-event index (agentobs.store.kvindex): same call_reuse rows as the inline KV section, used only
+"""The stored KV-event index (agentobs.model.kvindex): same call_reuse rows as the inline KV section, used only
 while it is the index of kv_events as they are, rebuilt by the writers that add KV events."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from test_metrics_golden import T0, _ts, call, make_db
 from agentobs.collect.snapshot import publish
 from agentobs.config import Settings
 from agentobs.metrics import prepare
-from agentobs.store import kvindex
+from agentobs.model import kvindex
 from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 

@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 from agentobs.config import Settings
-from agentobs.metrics import MetricRun, reuse
+from agentobs.metrics import MetricRun
 from agentobs.metrics.cost import parse_cost
+from agentobs.model import reuse
 from agentobs.store.db import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -80,7 +81,7 @@ def test_sample_fleet_m_calls_equal_v1(sample_db, tmp_path):
     # shared store: the same rows
     import shutil
 
-    from agentobs.store import kvindex
+    from agentobs.model import kvindex
 
     path = tmp_path / "sample.duckdb"
     shutil.copyfile(sample_db, path)

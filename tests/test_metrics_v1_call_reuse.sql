@@ -1,5 +1,5 @@
 -- call_reuse: one row per model call with the per-call quantities of METRICS.md §1 and §4.
--- Reads four relations the caller binds as CTEs (agentobs/metrics/reuse.py composes them):
+-- Reads four relations the caller binds as CTEs (agentobs/model/reuse.py composes them):
 --   calls_src    llm_calls columns (call_id, session_id, branch, instance, start_s, end_s, P, C, O, ...)
 --   cfg_src      instance_config (block_size, prefix_caching)
 --   kv_src       kv_events (BlockStored with session_id, BlockRemoved, AllBlocksCleared)

@@ -66,13 +66,11 @@ class _Servicer:
     def _export(self, data: bytes, context):
         ing = self.ingest
         try:
-            request, salvaged = otlp.parse_protobuf(data, "request")
+            request, _ = otlp.parse_protobuf(data, "request")  # salvageable: spooled, the loader rejects the bad spans
         except InputError as e:
             ing.refuse("grpc", "bad_request", 0, "malformed")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        n = count_spans(request)
-        out = ing.export(n, lambda: otlp.decode_request(request, ing.settings, "otlp-grpc", "request", salvaged),
-                         "grpc")
+        out = ing.export(count_spans(request), data, "protobuf", "grpc")
         if out.status == "overloaded":
             context.set_trailing_metadata(_retry_md(out.retry_after_s))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, out.message)

@@ -1,11 +1,10 @@
 """OTLP/HTTP trace receiver: ``POST /v1/traces`` (protobuf or JSON, optional gzip).
 
 A threaded stdlib HTTP/1.1 server with keep-alive: each export is one request, so at 512 spans per
-batch 100k spans/s is ~200 requests/s — the request rate the server must sustain is small, the cost
-is in decoding and committing (bench/ingest_otlp.py measures the server alone too).
+batch 100k spans/s is ~200 requests/s. A request is answered once its (decompressed) body is durable
+in the spool (receiver.py); decoding and storing happen later, in the loader.
 
-Answers follow the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` (``partial_success`` when
-some spans were rejected), 400 with a ``google.rpc.Status`` for an undecodable payload, 429/503 with
+Answers follow the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` once spooled, 400 with a ``google.rpc.Status`` for an undecodable payload, 429/503 with
 ``Retry-After`` when overloaded/unavailable, 401 without the configured bearer token, 413 over the
 size limit, 415 for another content type or encoding. The body of every answer uses the request's
 content type (protobuf or JSON).
@@ -190,10 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _export(self, data: bytes, ctype: str, reply_type: str):
         ing = self.ingest
         if ctype == PROTOBUF:
-            req, salvaged = otlp.parse_protobuf(data, "body")
-            spans = count_spans(req)
-            out = ing.export(spans, lambda: otlp.decode_request(req, ing.settings, "otlp-http", "body", salvaged),
-                             "http")
+            req, _ = otlp.parse_protobuf(data, "body")  # a request upb refuses whole but that salvages is spooled
+            out = ing.export(count_spans(req), data, "protobuf", "http")
         else:
             doc = otlp.parse_json_bytes(data, "body")
             if doc == {}:
@@ -201,8 +198,7 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
                 raise InputError("expected an OTLP/JSON ExportTraceServiceRequest object with a "
                                  "'resourceSpans' list", "body")
-            spans = count_json_spans(doc)
-            out = ing.export(spans, lambda: otlp.decode_json_obj(doc, ing.settings, "otlp-http", "body"), "http")
+            out = ing.export(count_json_spans(doc), data, "json", "http")
         if out.status == "overloaded":
             return self._error(429, out.message, reply_type, retry_after=out.retry_after_s)
         if out.status == "unavailable":

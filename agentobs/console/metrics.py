@@ -189,14 +189,14 @@ def describe(name: str) -> str:
 
 @st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
 def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame:
-    """The metrics API's ``call_reuse`` body (agentobs.metrics.reuse.reuse_sql) over ONE session's calls:
+    """The metrics API's ``call_reuse`` body (agentobs.model.reuse.reuse_sql) over ONE session's calls:
     reuse is defined within a session (prev(c), earlier blocks of the session), so restricting the input to
     the session gives the same rows as the fleet-wide run, without materializing every call.
 
     On ClickHouse the session's calls are first copied into a run table (``m_src``, a Memory table the
     cursor drops at close), as the metric run does: planning the body over the ``llm_calls`` view stack
     inline takes tens of seconds on chDB (docs/clickhouse.md)."""
-    from agentobs.metrics.reuse import CALL_COLUMNS, reuse_sql
+    from agentobs.model.reuse import CALL_COLUMNS, reuse_sql
 
     params = {"sid": session_id, "default_block_size": default_block_size}
     if data.is_clickhouse(stamp):
@@ -212,12 +212,12 @@ def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame
         finally:
             cur.close()
     else:
-        from agentobs.store import kvindex
+        from agentobs.model import kvindex
 
         con = data.open_ro(stamp)
         try:
             # the KV section from the stored KV-event index when current: the session's calls are few, the
-            # store's KV events are not (agentobs/store/kvindex.py)
+            # store's KV events are not (agentobs/model/kvindex.py)
             sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size",
                             kv_index=kvindex.usable(con))
             df = con.sql(sql, params=params).pl()

@@ -116,14 +116,14 @@ class Context:
 
     # -- queries ---------------------------------------------------------------------------------
     def with_itl_gaps(self, sql: str, params: dict, inline: bool = False) -> tuple[str, dict]:
-        """``sql`` (a query starting with ``WITH`` that reads ``m_itl_gap``, agentobs/metrics/itl_gaps.sql) as it
+        """``sql`` (a query starting with ``WITH`` that reads ``m_itl_gap``, agentobs/model/itl_gaps.sql) as it
         runs here: on the metric run's table when the run already made it for this window and the settings' ITL
         parameters (the weekly report computes ``itl_tail`` first: one tail gap × prefill join for both), else with
         the gaps as an inline CTE (the console's Overview runs the findings without ``itl_tail``; writing the
         table there cost more than the query). Returns the query and its parameters: ``params``, plus the gaps'
         (``itl_gap_params(settings)``) when they are inline. ``inline``: always the inline form (a finding's
         evidence: one query that runs on any metric run)."""
-        from ..metrics.run import itl_gap_params, itl_gaps_sql
+        from ..model.itl import itl_gap_params, itl_gaps_sql
 
         if not inline and self.run is not None and self.run.has_itl_gaps(self.settings):
             return sql, params

@@ -36,8 +36,8 @@ from ..backends.source import is_clickhouse
 from ..collect.prom import KEPT_CREATED
 from ..config import Settings, load_settings
 from ..errors import QueryError, did_you_mean
-from ..store import kvindex
-from . import reuse
+from ..model import kvindex, reuse
+from ..model.itl import itl_gap_params, itl_gaps_sql
 from .catalog import BY_COLUMNS, Metric, catalogue
 from .cost import CostModel, cost_table, parse_cost
 
@@ -96,7 +96,7 @@ def names() -> list[str]:
 
 
 # -- the compact m_x (DuckDB) ------------------------------------------------------------------------------------
-# call_reuse's label columns and every value they take (agentobs/metrics/call_reuse.sql): stored as ENUMs in m_x,
+# call_reuse's label columns and every value they take (agentobs/model/call_reuse.sql): stored as ENUMs in m_x,
 # VARCHAR again in m_calls. A value missing here fails the preparation loudly (the CAST), never silently.
 _ENUM_COLUMNS = {
     "block_size_source": ("engine_config", "default"),
@@ -283,7 +283,7 @@ class MetricRun:
                       f"ki.inst_no,\n({in_filter}) AS in_filter,\n({in_filter}) AND {window} AS in_win")
             joins = ("LEFT JOIN m_inst ki ON ki.instance = coalesce(r.instance, '')\n"
                      "LEFT JOIN m_inst pk ON pk.instance = r.prev_instance")
-            # the KV section from the stored KV-event index when it is that of kv_events now (agentobs.store.kvindex)
+            # the KV section from the stored KV-event index when it is that of kv_events now (agentobs.model.kvindex)
             t0 = time.perf_counter()
             self.kv_index = kvindex.usable(self.cur)
             self.timings["kv_index_check"] = time.perf_counter() - t0
@@ -444,7 +444,7 @@ class MetricRun:
         return self._itl_gap_key == tuple(sorted(params.items()))
 
     def itl_gaps(self, settings: Settings | None = None) -> str:
-        """Make sure the temp table ``m_itl_gap`` (agentobs/metrics/itl_gaps.sql: every streamed gap in the
+        """Make sure the temp table ``m_itl_gap`` (agentobs/model/itl_gaps.sql: every streamed gap in the
         window with its tail flag and attributed prefill) holds the run's current window for these settings'
         ITL parameters; made at most once per window and parameters. The ``itl_tail`` metric makes it; the
         long-prefill ITL finding reads it when it is there (agentobs.findings.context.Context.with_itl_gaps).
@@ -503,23 +503,6 @@ class MetricRun:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def itl_gap_params(s: Settings) -> dict:
-    """The parameters of m_itl_gap (agentobs/metrics/itl_gaps.sql) from settings."""
-    mode = str(s.itl_tail_threshold)
-    if mode not in ("slo", "p99"):
-        raise QueryError(f"setting itl_tail_threshold must be 'slo' or 'p99', got {mode!r}")
-    return {"itl_tail_mode": mode, "itl_slo_ms": float(s.itl_slo_ms),
-            "long_prefill_tokens": int(s.long_prefill_tokens)}
-
-
-def itl_gaps_sql() -> str:
-    """The SELECT of m_itl_gap (agentobs/metrics/itl_gaps.sql): MetricRun.itl_gaps stores it, Context.with_itl_gaps
-    inlines it."""
-    from importlib import resources
-
-    return resources.files(__package__).joinpath("itl_gaps.sql").read_text()
 
 
 def _normalize_filters(filters: dict | None) -> dict[str, list[str]]:

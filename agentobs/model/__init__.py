@@ -32,7 +32,7 @@ def split_statements(sql: str) -> list[str]:
 def create_views(con: duckdb.DuckDBPyConnection) -> None:
     for stmt in split_statements(views_sql()):
         con.execute(stmt)
-    # call_reuse: the per-call reuse model of METRICS.md §1/§4 (its SQL lives in agentobs/metrics)
-    from ..metrics.reuse import create_view as create_call_reuse
+    # call_reuse: the per-call reuse model of METRICS.md §1/§4 (agentobs/model/call_reuse.sql)
+    from .reuse import create_view as create_call_reuse
 
     create_call_reuse(con)

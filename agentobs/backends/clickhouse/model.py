@@ -233,7 +233,7 @@ KV_EVENTS_SQL = "CREATE OR REPLACE VIEW kv_events AS SELECT * FROM agentobs_kv_e
 
 
 def reuse_schema() -> dict[str, tuple[str, ...]]:
-    from ...metrics.reuse import CALL_COLUMNS
+    from ...model.reuse import CALL_COLUMNS
 
     return {"calls_src": tuple(c.strip() for c in CALL_COLUMNS.split(","))}
 
@@ -244,7 +244,7 @@ def exporter_ddl() -> list[str]:
 
 def model_statements(settings: Settings | None = None) -> list[str]:
     """Every CREATE VIEW of the model on ClickHouse, in order."""
-    from ...metrics.reuse import reuse_sql
+    from ...model.reuse import reuse_sql
 
     settings = settings if settings is not None else load_settings()
     out = [ENGINE_CONFIG_SQL, KV_EVENTS_SQL]

@@ -5,7 +5,7 @@ p99 of the model's gaps with ``itl_tail_threshold = p99``) at least ``findings_i
 overlap a prefill window ``[t0 + queue, t1]`` of another call on the same instance whose attributed
 prefill (the overlapping one computing the most tokens P − C; a tie: the greater call id) computed
 ≥ ``long_prefill_tokens``; at least ``findings_itl_min_tail_gaps`` tail gaps. The gaps and their
-attribution are the ``itl_tail`` metric's (the table m_itl_gap, agentobs/metrics/itl_gaps.sql).
+attribution are the ``itl_tail`` metric's (the table m_itl_gap, agentobs/model/itl_gaps.sql).
 
 Evidence: gaps, tail gaps, the share attributed to long prefills, p50/p99 ITL with and without an
 overlapping long prefill (the p50 barely moves — the damage is in the tail), the offending prefills
@@ -36,7 +36,7 @@ GROUP BY ALL
 
 
 # every instance of $instances in one query, a row each; the evidence shows it with $instances = [the finding's
-# instance]. The gaps, tail flags and attributions are m_itl_gap (agentobs/metrics/itl_gaps.sql): the itl_tail
+# instance]. The gaps, tail flags and attributions are m_itl_gap (agentobs/model/itl_gaps.sql): the itl_tail
 # metric's, so the finding and the metric count the same tail gaps and name the same offending prefills. The
 # query reads the run's table when itl_tail made it already (the report), else the gaps inline (Context.
 # with_itl_gaps; the evidence always shows the inline form). ``ikey`` is the instance as the findings name it

@@ -15,7 +15,7 @@
 -- grain: one row per group (default: instance; session/task: the offending prefill's session/task)
 -- sources: llm_calls (itl_ms, ttft_s, queue_s, P, C), call_reuse (miss cause, retries), metric_samples (fallback)
 -- by: instance, model, session, task
--- the gaps, their tail flags and attributions: m_itl_gap (agentobs/metrics/itl_gaps.sql), made once per run and
+-- the gaps, their tail flags and attributions: m_itl_gap (agentobs/model/itl_gaps.sql), made once per run and
 -- read by the long-prefill ITL finding too; m_calls is read here only for the offending prefills' calls (the
 -- gaps that have one)
 WITH offender AS (

@@ -1,5 +1,5 @@
 -- call_reuse: one row per model call with the per-call quantities of METRICS.md §1 and §4.
--- Reads four relations the caller binds as CTEs (agentobs/metrics/reuse.py composes them):
+-- Reads four relations the caller binds as CTEs (agentobs/model/reuse.py composes them):
 --   calls_src    llm_calls columns (call_id, session_id, branch, instance, start_s, end_s, P, C, O, ...)
 --   cfg_src      instance_config (block_size, prefix_caching)
 --   kv_src       kv_events (BlockStored with session_id, BlockRemoved, AllBlocksCleared)
@@ -163,7 +163,7 @@ z AS MATERIALIZED (
                     false) AS is_retry
     FROM y
 ),
--- kv index begin (kv_sess … kv_rm_chain read kv_src alone: agentobs.store.kvindex stores their result)
+-- kv index begin (kv_sess … kv_rm_chain read kv_src alone: agentobs.model.kvindex stores their result)
 -- KV events: removals of blocks a session stored, tagged with that session (AllBlocksCleared hits all)
 -- kv_sess: the sessions that stored blocks, each with an integer name sk (instance and session in one, numbered
 -- in their order, so the same every run)

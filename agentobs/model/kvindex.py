@@ -1,6 +1,6 @@
 """The KV-event index: the part of ``call_reuse`` that reads ``kv_events`` alone, stored in the store.
 
-``call_reuse`` (agentobs/metrics/call_reuse.sql) turns KV-cache events into two small relations before it
+``call_reuse`` (agentobs/model/call_reuse.sql) turns KV-cache events into two small relations before it
 meets any call: ``kv_sess`` (the sessions that stored blocks, each with an integer name ``sk``) and
 ``kv_rm_chain`` (every removal of a session's block, with the block's chain position and when it was stored
 and superseded). Building them unnests every stored and removed block hash — most of what ``m_calls`` takes on a
@@ -46,7 +46,7 @@ INDEXED = ("kv_sess AS (SELECT instance, session_id, sk FROM kv_index_sessions),
 @cache
 def section() -> str:
     """The CTEs of call_reuse.sql that read kv_src alone (kv_sess … kv_rm_chain), each ending with a comma."""
-    from ..metrics.reuse import body_sql
+    from .reuse import body_sql
 
     body = body_sql()
     start, end = body.index(BEGIN), body.index(END)

@@ -61,10 +61,10 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
     m_src: no numbering pass at all; the CTE is then never materialized, each use scans the table). ``narrow``: the
     body without its final join back onto ``calls`` (see body_sql): the metric run stores that and puts the call
     columns beside it with a positional join. ``kv_index``: read the KV section's result from the stored KV-event
-    index (agentobs.store.kvindex; the caller checked it is current) instead of computing it from kv_events."""
+    index (agentobs.model.kvindex; the caller checked it is current) instead of computing it from kv_events."""
     body = body_sql(narrow)
     if kv_index:
-        from ..store import kvindex
+        from . import kvindex
 
         if kvindex.section() not in body:  # the body and the section come from one file: cannot happen
             raise AssertionError("call_reuse.sql has no KV index section")

@@ -1,0 +1,14 @@
+"""The ``agentobs`` command line: one module per command group, each thin over the library.
+
+Every command takes ``--db PATH`` (default ``$AGENTOBS_DB`` or ./agentobs.duckdb) and ``--config``.
+Errors print one line and exit non-zero; ``--debug`` shows the traceback. ``base`` holds the group, the
+shared options and the output helpers; importing this package registers every command on ``cli``.
+"""
+
+from __future__ import annotations
+
+from . import clickhouse, collect, console, findings, ingest, metrics, query, report, sim  # noqa: F401 - registers
+from .base import _filters, cli, main
+from .sim import HEADLINE_SQL
+
+__all__ = ["HEADLINE_SQL", "_filters", "cli", "main"]
