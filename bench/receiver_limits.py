@@ -2,8 +2,10 @@
 
     .venv/bin/python bench/receiver_limits.py [--scenario all|unauth|big|stalled] [--max-body-mb 64]
 
-Each scenario starts a fresh receiver process (Ingest + OtlpHttpServer + Writer on a temporary store, the
-settings' defaults but ``--max-body-mb``; a bearer token is set) and samples its VmRSS every 20 ms:
+Each scenario starts a fresh receiver process (OtlpHttpServer + Ingest on a temporary store: the spool and a
+loader decoding in the same process, or, on a checkout before issue 21, the in-request Writer; the settings'
+defaults but ``--max-body-mb``; a bearer token is set) and samples its VmRSS every 20 ms until the
+requests are answered and 0.3 s more (``big`` and ``many``: until the loader has stored them, 3 s):
 
 * ``unauth``: 12 concurrent POSTs of 60 MiB with a wrong bearer token (the issue's 233 -> 715 MB case);
 * ``big``: one authorised protobuf batch of ~46 MiB (bench/_spans.py spans);
@@ -38,17 +40,27 @@ def serve(max_body_mb: int) -> None:
     from agentobs.collect.receiver import Ingest
     from agentobs.config import load_settings
     from agentobs.store.db import connect
-    from agentobs.store.writer import Writer
 
     tmp = tempfile.mkdtemp()
     con = connect(os.path.join(tmp, "b.duckdb"))
-    w = Writer(con, flush_s=0.05)
-    ing = Ingest(w, load_settings(env={}))
+    settings = load_settings(env={})
+    try:  # the spool + loader receiver (issue 21); the loader decodes in this process, so its memory counts
+        from agentobs.collect.loader import Loader
+        from agentobs.collect.spool import Spool
+
+        spool = Spool(Path(tmp) / "spool")
+        loader = Loader(spool, con, settings, processes=0).start()
+        ing, close = Ingest(spool, settings), lambda: (spool.close(), loader.stop())
+    except ImportError:  # the receiver before it: decode and commit in the request
+        from agentobs.store.writer import Writer
+
+        w = Writer(con, flush_s=0.05)
+        ing, close = Ingest(w, settings), w.close
     hs = OtlpHttpServer(ing, "127.0.0.1", 0, token=TOKEN, max_body=max_body_mb * 1024 * 1024).start()
     print(hs.port, flush=True)
     sys.stdin.read()  # until the parent closes it
     hs.stop()
-    w.close()
+    close()
 
 
 class Sampler:
@@ -130,7 +142,7 @@ def scenario(name: str, max_body_mb: int) -> None:
             answers["held_open"] = len(socks)
             for x in socks:
                 x.close()
-        time.sleep(0.3)
+        time.sleep(3.0 if name in ("big", "many") else 0.3)
     finally:
         s.stop()
         proc.stdin.close()
