@@ -157,12 +157,14 @@ def compare_runs(out: Path, a: str, b: str) -> dict:
     from agentobs.output import render
 
     c = compare(out / a / "agentobs.duckdb", out / b / "agentobs.duckdb", reps=200, seed=0)
+    import io
+
     from rich.console import Console
 
-    con = Console(record=True, width=140)
+    buf = io.StringIO()
     render(display_table(c), "table", title=f"A = {a}, B = {b} ({'paired' if c.paired else 'independent'})",
-           console=con)
-    (out / f"compare_{a}_vs_{b}.txt").write_text(con.export_text())
+           console=Console(file=buf, width=140))
+    (out / f"compare_{a}_vs_{b}.txt").write_text(buf.getvalue())
     rows = {r.quantity: r.as_dict() for r in c.rows}
     (out / f"compare_{a}_vs_{b}.json").write_text(json.dumps(rows, indent=2) + "\n")
     hit = rows["session hit rate ΣC/ΣP"]
