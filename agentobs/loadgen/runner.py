@@ -26,8 +26,8 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from opentelemetry import propagate
 from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..errors import ConfigError, did_you_mean
 from ..sim.workload import CallSpec, Session
@@ -35,6 +35,8 @@ from .client import Client, HttpError, Target
 from .prompts import LocalTokenizer, PromptBuilder, RemoteTokenizer, Tokenizer, Vocabulary, vocabulary
 from .tracing import Tracing
 from .workloads import BLOCK, Plan
+
+_W3C = TraceContextTextMapPropagator()  # the traceparent header (no baggage: the run sets none)
 
 
 @dataclass
@@ -412,7 +414,7 @@ class Runner:
         rec = CallRecord(sid, branch, turn, attempt, rid, want, n_out, time.time())
         with self.tracer.start_as_current_span(f"chat {pf.model}", kind=SpanKind.CLIENT, attributes=attrs,
                                                record_exception=False, set_status_on_exception=False) as span:
-            propagate.inject(headers)
+            _W3C.inject(headers)
             ctx = span.get_span_context()
             if ctx.is_valid:
                 rec.trace_id, rec.span_id = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
@@ -468,32 +470,35 @@ class Runner:
                     finish = ch.get("finish_reason") or finish
             if first is not None:
                 rec.ttft_s = first
-                span.set_attribute("gen_ai.response.time_to_first_chunk", first)
+                stream_attrs = {"gen_ai.response.time_to_first_chunk": first}
                 if len(chunks) > 1:
-                    span.set_attribute("agentobs.itl_ms", [round((b - a) * 1000, 3) for a, b in
-                                                           zip(chunks, chunks[1:], strict=False)])
+                    stream_attrs["agentobs.itl_ms"] = [round((b - a) * 1000, 3) for a, b in
+                                                       zip(chunks, chunks[1:], strict=False)]
+                span.set_attributes(stream_attrs)
         else:
             doc = resp.json()
             rec.response_id = doc.get("id")
             usage = doc.get("usage")
             ch = (doc.get("choices") or [{}])[0]
             finish = ch.get("finish_reason")
+        attrs = {}
         if rec.response_id:
-            span.set_attribute("gen_ai.response.id", rec.response_id)
-            span.set_attribute("gen_ai.response.model", self.pf.model)
+            attrs["gen_ai.response.id"] = rec.response_id
+            attrs["gen_ai.response.model"] = self.pf.model
         if finish:
-            span.set_attribute("gen_ai.response.finish_reasons", [finish])
+            attrs["gen_ai.response.finish_reasons"] = [finish]
         if usage:
             rec.prompt_tokens = usage.get("prompt_tokens")
             rec.output_tokens = usage.get("completion_tokens")
             details = usage.get("prompt_tokens_details") or {}
             rec.cached_tokens = details.get("cached_tokens")
             if rec.prompt_tokens is not None:
-                span.set_attribute("gen_ai.usage.input_tokens", int(rec.prompt_tokens))
+                attrs["gen_ai.usage.input_tokens"] = int(rec.prompt_tokens)
             if rec.output_tokens is not None:
-                span.set_attribute("gen_ai.usage.output_tokens", int(rec.output_tokens))
+                attrs["gen_ai.usage.output_tokens"] = int(rec.output_tokens)
             if rec.cached_tokens is not None:
-                span.set_attribute("gen_ai.usage.cache_read.input_tokens", int(rec.cached_tokens))
+                attrs["gen_ai.usage.cache_read.input_tokens"] = int(rec.cached_tokens)
+        span.set_attributes(attrs)
 
     def _record(self, rec: CallRecord) -> None:
         st = self.stats
