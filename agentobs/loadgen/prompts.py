@@ -16,10 +16,12 @@ achieved sizes are checked against the engine's ``usage.prompt_tokens`` per call
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 import urllib.error
-import urllib.request
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from ..errors import ConfigError
 from ..sim.chain import Chain
@@ -67,12 +69,32 @@ class RemoteTokenizer(Tokenizer):
 
     def __init__(self, base: str, model: str, headers: dict[str, str], timeout_s: float = 30.0):
         self.base, self.model, self.headers, self.timeout_s = base, model, headers, timeout_s
+        u = urlsplit(base)
+        self._host, self._port, self._path = u.hostname, u.port or 80, u.path.rstrip("/") + "/tokenize"
+        self._conn: http.client.HTTPConnection | None = None
 
     def _post(self, body: dict) -> dict:
-        req = urllib.request.Request(self.base + "/tokenize", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **self.headers})
-        with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-            return json.loads(r.read())
+        """One request on a kept-alive connection (the vocabulary check sends a few hundred)."""
+        data = json.dumps(body).encode()
+        for attempt in (0, 1):
+            if self._conn is None:
+                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=self.timeout_s)
+            try:
+                self._conn.request("POST", self._path, body=data,
+                                   headers={"Content-Type": "application/json", **self.headers})
+                r = self._conn.getresponse()
+                payload = r.read()
+            except (OSError, http.client.HTTPException):
+                self._conn.close()
+                self._conn = None
+                if attempt:
+                    raise
+                continue
+            if r.status != 200:
+                raise urllib.error.HTTPError(self.base + "/tokenize", r.status, r.reason, r.headers,
+                                             io.BytesIO(payload))
+            return json.loads(payload)
+        raise OSError("unreachable")
 
     def count(self, text: str) -> int:
         return int(self._post({"model": self.model, "prompt": text, "add_special_tokens": False})["count"])

@@ -154,7 +154,7 @@ class StubEngine:
                     headers[k.strip().lower()] = v.strip()
                 n = int(headers.get("content-length") or 0)
                 body = await reader.readexactly(n) if n else b""
-                if self.delay_s:
+                if self.delay_s and path.startswith("/v1/chat/"):  # a model's time; the rest answers at once
                     await asyncio.sleep(self.delay_s)
                 status, ctype, payload = self.handle(method, path.split("?")[0], headers, body)
                 reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}.get(status, "Error")
