@@ -222,6 +222,32 @@ def test_stop_keeps_what_ran(tmp_path):
         eng.stop()
 
 
+def test_rate_and_duration(tmp_path):
+    eng = StubEngine(delay_s=0.01).start()
+    try:
+        plan = load_plan("synthetic", sessions=200, seed=3, mix="coding=1")
+        # 4 session arrivals per second for 1.5 s: the launch stops at the deadline, what runs is cancelled
+        opts = Options(target=eng.url, time_scale=0.0, token_scale=1 / 16, concurrency=50, rate=4.0, duration_s=1.5,
+                       seed=5)
+        pf = preflight(opts, plan)
+        tr = Tracing(store=str(tmp_path / "d.duckdb"), settings=Settings())
+        r = run(opts, plan, pf, tr, install_signals=False)
+        tr.close()
+        import random
+
+        rng = random.Random(5)  # the same arrival draws: how many fall before 1.5 s
+        t, due = 0.0, 0
+        while True:
+            t += rng.expovariate(4.0)
+            if t >= 1.5:
+                break
+            due += 1
+        assert r.stats.stopped == "duration reached"
+        assert r.stats.sessions_started in (due, due - 1)  # the last one may straddle the deadline
+    finally:
+        eng.stop()
+
+
 def test_workloads_load():
     cc = load_plan("claude-code", sessions=12, seed=0)
     assert len(cc.sessions) == 12 and len({s.sid for s in cc.sessions}) == 12  # 9 bundled, then repeated
