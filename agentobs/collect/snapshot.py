@@ -27,16 +27,29 @@ def default_snapshot_path(db: str) -> str:
     return str(p.with_name(p.stem + ".read.duckdb"))
 
 
-def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike, derive=None) -> float:
-    """Copy the open store to ``path`` atomically; returns the seconds it took. ``derive(con)``: brings the copy's
-    derived tables up to date before it is published (the CLI passes the session model's refresh); None: the
-    KV-event index only."""
+class Cancelled(Exception):
+    pass
+
+
+def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
+            cur: duckdb.DuckDBPyConnection | None = None, cancel=None, derive=None) -> float:
+    """Copy the open store to ``path`` atomically; returns the seconds it took. ``cur``: a cursor of ``con``
+    to copy with, which the caller may ``interrupt()``; ``cancel``: a ``threading.Event`` checked between
+    steps (a stopping collector sets it and interrupts ``cur``). A cancelled copy raises ``Cancelled``,
+    its file is deleted and the previous snapshot stays. ``derive(con)``: brings the copy's derived tables up to date
+    before it is published (the CLI passes the session model's refresh); None: the KV-event index only."""
+
+    def check():
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("snapshot cancelled")
+
     t0 = time.perf_counter()
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    for f in (tmp, Path(str(tmp) + ".wal")):
+    for f in path.parent.glob(path.name + ".tmp*"):  # this one's, and any a killed collector left
         f.unlink(missing_ok=True)
-    cur = con.cursor()
+    own = cur is None
+    cur = con.cursor() if own else cur
     try:
         src = cur.execute("SELECT current_database()").fetchone()[0]
         cur.execute("ATTACH ? AS agentobs_snapshot", [str(tmp)])
@@ -46,18 +59,36 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike, derive=None
             ).fetchall()]
             cur.execute("BEGIN")  # one read transaction: every table as of the same moment
             for table in tables:
+                check()
                 cur.execute(f'CREATE TABLE agentobs_snapshot.main."{table}" AS SELECT * FROM "{src}".main."{table}"')
             cur.execute("COMMIT")
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
         finally:
             cur.execute("DETACH agentobs_snapshot")
+    except BaseException:
+        for f in (tmp, Path(str(tmp) + ".wal")):
+            f.unlink(missing_ok=True)
+        raise
     finally:
-        cur.close()
+        if own:
+            cur.close()
+    try:
+        check()
+    except Cancelled:
+        for f in (tmp, Path(str(tmp) + ".wal")):
+            f.unlink(missing_ok=True)
+        raise
     snap = connect(tmp)  # creates the model views in the copy
     if derive is None:
         from ..model.kvindex import refresh as derive
     try:
         derive(snap)  # the derived tables of the copied data (readers' metric runs skip those steps)
-    except Exception as e:  # noqa: BLE001 - publish anyway: without a current index, readers derive it inline
+    except Exception as e:  # noqa: BLE001 - publish anyway: without them, readers derive inline
         log.warning("snapshot %s: derived tables not brought up to date (%s: %s)", path, type(e).__name__, e)
     snap.execute("CHECKPOINT")
     snap.close()
