@@ -46,7 +46,7 @@ WITH c AS (
            (hash(i, 1) % 10000) / 10000.0 AS u1, (hash(i, 2) % 10000) / 10000.0 AS u2,
            (hash(i, 3) % 10000) / 10000.0 AS u3, (hash(i - 1, 1) % 10000) / 10000.0 AS u1_prev,
            (hash(i, 5) % 10000) / 10000.0 AS u5, (hash(i // 15, 4) % 10000) / 10000.0 AS us
-    FROM range($lo, $n) t(i)
+    FROM range($n) t(i)
 ),
 t AS (
     SELECT *,
@@ -70,6 +70,9 @@ SELECT printf('t%015x', s), printf('%016x', i), 'chat', 3,
 FROM t
 """
 
+# a batch of calls numbered [lo, n): the next sessions, inside the same day (the incremental refresh's input)
+BATCH = GENERATE.replace("range($n)", "range($lo, $n)")
+
 BASELINE = """
 SELECT sum(prev_p) FROM (
     SELECT lag(prompt_tokens) OVER (PARTITION BY session_id ORDER BY start_ts) AS prev_p FROM llm_calls
@@ -91,7 +94,7 @@ def main() -> None:
     con = connect(path)
     con.execute("SET memory_limit = ?", [args.memory_limit])
     t = time.perf_counter()
-    con.execute(GENERATE, {"lo": 0, "n": args.calls})
+    con.execute(GENERATE, {"n": args.calls})
     con.execute("CHECKPOINT")
     gen_s = time.perf_counter() - t
     derived = None
@@ -140,7 +143,7 @@ def main() -> None:
     incs = []
     for b in range(args.batches):
         lo = args.calls + b * args.batch
-        con.execute(GENERATE, {"lo": lo, "n": lo + args.batch})
+        con.execute(BATCH, {"lo": lo, "n": lo + args.batch})
         incs.append(state.refresh(con, Settings()))
     con.close()
 

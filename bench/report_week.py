@@ -47,7 +47,7 @@ def main() -> None:
     path = args.db or str(Path(tmp.name) / "bench.duckdb")
     con = connect(path)
     t = time.perf_counter()
-    con.execute(GENERATE, {"lo": 0, "n": args.calls})
+    con.execute(GENERATE, {"n": args.calls})
     con.execute("CHECKPOINT")
     gen_s = time.perf_counter() - t
     if not args.no_state:  # what imports and collect keep current (agentobs.model.state)

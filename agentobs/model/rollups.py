@@ -103,10 +103,17 @@ def _sketch_sql(rel: str) -> str:
 _SKETCH_KEYS = ("hour", "model", "instance", "series", "gap_lo", "hit_class", "bin")
 
 
+def _keyed(sql: str, keys: tuple) -> str:
+    """``sql``'s rows with ``k``, a hash of the key columns: deltas find the stored rows of a key by an equality join
+    on it (a collision only makes a row of another key be read and written back unchanged: the rows are regrouped
+    by the key columns themselves)."""
+    return f"SELECT hash({', '.join(keys)}) AS k, * FROM ({sql})"
+
+
 def rebuild(cur: duckdb.DuckDBPyConnection, table: str) -> None:
     """Both made whole from ``table`` (model_calls), inside the caller's transaction."""
-    cur.execute(f"CREATE OR REPLACE TABLE {TASK} AS {_TASK_SQL.format(rel=table)}")
-    cur.execute(f"CREATE OR REPLACE TABLE {SKETCH} AS {_sketch_sql(table)}")
+    cur.execute(f"CREATE OR REPLACE TABLE {TASK} AS {_keyed(_TASK_SQL.format(rel=table), _TASK_KEYS)}")
+    cur.execute(f"CREATE OR REPLACE TABLE {SKETCH} AS {_keyed(_sketch_sql(table), _SKETCH_KEYS)}")
 
 
 def apply_delta(cur: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
@@ -120,22 +127,22 @@ def _delta(cur, table: str, keys: tuple, sums: tuple, old_sql: str, new_sql: str
     neg = ", ".join(f"-{c} AS {c}" for c in sums)
     pos = ", ".join(sums)
     total = ", ".join(f"CAST(sum({c}) AS BIGINT) AS {c}" for c in sums)
-    match = " AND ".join(f"t.{c} IS NOT DISTINCT FROM d.{c}" for c in keys)
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE roll_d AS
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE roll_d AS SELECT hash({k}) AS k, * FROM (
         SELECT {k}, {total} FROM (SELECT {k}, {pos} FROM ({new_sql}) UNION ALL SELECT {k}, {neg} FROM ({old_sql}))
-        GROUP BY ALL""")
-    # the stored rows of the changed keys, with the deltas added; then they replace those rows
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE roll_m AS
+        GROUP BY ALL)""")
+    # the stored rows of the changed keys (by row id), with the deltas added; then they replace those rows
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE roll_r AS SELECT rowid AS r FROM {table} "
+                "WHERE k IN (SELECT k FROM roll_d)")
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE roll_m AS SELECT hash({k}) AS k, * FROM (
         SELECT {k}, {total} FROM (
-            SELECT {", ".join("t." + c for c in keys)}, {", ".join("t." + c for c in sums)}
-            FROM {table} t SEMI JOIN roll_d d ON {match}
+            SELECT {k}, {pos} FROM {table} WHERE rowid IN (SELECT r FROM roll_r)
             UNION ALL SELECT {k}, {pos} FROM roll_d)
-        GROUP BY ALL""")
-    cur.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT t.rowid FROM {table} t SEMI JOIN roll_d d ON {match})")
+        GROUP BY ALL)""")
+    cur.execute(f"DELETE FROM {table} WHERE rowid IN (SELECT r FROM roll_r)")
     first = sums[0]  # calls / n: a key with none left is dropped
     cur.execute(f"INSERT INTO {table} BY NAME SELECT * FROM roll_m WHERE {first} <> 0")
-    cur.execute("DROP TABLE roll_d")
-    cur.execute("DROP TABLE roll_m")
+    for t in ("roll_d", "roll_r", "roll_m"):
+        cur.execute(f"DROP TABLE {t}")
 
 
 def hour_aligned(since: float | None, until: float | None) -> bool:

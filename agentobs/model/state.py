@@ -172,10 +172,22 @@ class Refreshed:
     steps: dict = field(default_factory=dict)  # seconds per step (an incremental refresh's)
 
 
-def _derive_sql(src: str, kv_index: bool, settings: Settings, fin_cols: list[str]) -> str:
-    """call_reuse over the calls in temp table ``src`` (columns CALL_COLUMNS), as model_calls' rows."""
+_DATA_END = "(SELECT max(end_ns) FROM spans)"
+
+
+def _derive_sql(src: str, kv_index: bool, settings: Settings, fin_cols: list[str], data_end_ns: int | None = None
+                ) -> str:
+    """call_reuse over the calls in temp table ``src`` (columns CALL_COLUMNS), as model_calls' rows. ``data_end_ns``:
+    the end of the data already read (the marks), so that a few calls do not scan every span for it."""
     call = ", ".join(f"cs.{c}" for c in _CALL_COLS)
     own = ", ".join(f"r.{c}" for c in fin_cols)
+    sql = _reuse(src, settings, call, own, kv_index)
+    if data_end_ns is not None:
+        sql = sql.replace(_DATA_END, f"CAST({int(data_end_ns)} AS BIGINT)")
+    return sql
+
+
+def _reuse(src: str, settings: Settings, call: str, own: str, kv_index: bool) -> str:
     return reuse_sql(src, str(int(settings.default_block_size)), f"{skey('cs')} AS skey, {call}, {own}",
                      "JOIN calls_src cs ON cs.rid = r.rid",
                      abandoned_after_s=settings.abandoned_after_s, has_rid=True, rid="rid", narrow=True,
@@ -369,7 +381,7 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
                 "WHERE rowid IN (SELECT r FROM inc_rows UNION ALL SELECT r FROM inc_old)")
     cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_rows UNION ALL SELECT r FROM inc_old)")
     cur.step("derive")
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_out AS {_derive_sql('inc_src', kv, settings, fin)}")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_out AS {_derive_sql('inc_src', kv, settings, fin, now.data_end_ns)}")
     cur.execute(f"INSERT INTO {TABLE} SELECT * FROM inc_out")
     cur.step("rollups")
     rollups.apply_delta(cur, "inc_gone", "inc_out")
