@@ -196,6 +196,26 @@ def test_task_cost_from_rollup_equals_per_call(sample_copy):
     con.close()
 
 
+def test_duty_cycle_from_session_rollup_equals_per_call(sample_copy):
+    con = connect(sample_copy)
+    s = Settings()
+    state.rebuild(con, s)
+    run, close = mr.prepare(con, settings=s)
+    try:
+        got = run.compute("duty_cycle")
+        assert run.from_rollup == {"duty_cycle"}
+        run.rollups = False
+        want = run.compute("duty_cycle")
+        assert want.height > 700  # one row per session with a life span (sample_data: 753 sessions)
+        _same(want, got, "duty_cycle")
+        run.rollups = True
+        run.compute("duty_cycle", "task")  # another grouping: per call
+        assert run.from_rollup == {"duty_cycle"} and run.timings
+    finally:
+        close()
+    con.close()
+
+
 def test_sketch_quantiles_within_stated_error(sample_copy):
     """Quantiles from the hourly sketches, merged over hours and keys, are within the stated relative error of the
     exact ones (the value at rank floor(q·(n − 1)) of the same population), for TTFT by hit class, e2e and ITL."""

@@ -15,7 +15,10 @@ from ..model import rollups
 # metric -> (its rollup SQL file, filter name -> the rollup's column)
 _TASK_FILTERS = {"instance": "instance", "model": "model", "task_type": "task_type", "tenant": "tenant",
                  "session": "session_id", "session_id": "session_id", "task": "task_id", "task_id": "task_id"}
-FORMS = {"task_cost": ("rollup_task_cost.sql", _TASK_FILTERS)}
+FORMS = {"task_cost": ("rollup_task_cost.sql", _TASK_FILTERS),
+         # per session over every call: no window, no filter, grouped by session
+         "duty_cycle": ("rollup_duty_cycle.sql", {})}
+_WHOLE_STORE_ONLY = {"duty_cycle": ("session",)}  # metric -> the groupings its rollup serves
 
 
 def form(name: str, since: float | None, until: float | None, filters: dict[str, list[str]],
@@ -27,6 +30,8 @@ def form(name: str, since: float | None, until: float | None, filters: dict[str,
     file, columns = FORMS[name]
     if any(k not in columns for k in filters):
         return None
+    if name in _WHOLE_STORE_ONLY and (since is not None or until is not None or by not in _WHOLE_STORE_ONLY[name]):
+        return None
     sql = resources.files(__package__).joinpath(file).read_text()
     params = {"by": by, "h0": None if since is None else int(since // 3600),
               "h1": None if until is None else int(until // 3600)}
@@ -34,4 +39,5 @@ def form(name: str, since: float | None, until: float | None, filters: dict[str,
     for i, (k, values) in enumerate(sorted(filters.items())):
         preds.append(f"list_contains($f{i}, r.{columns[k]})")
         params[f"f{i}"] = values
-    return sql.replace("{filter}", " AND ".join(preds) or "true"), params
+    sql = sql.replace("{filter}", " AND ".join(preds) or "true")
+    return sql, {k: v for k, v in params.items() if f"${k}" in sql}  # the parameters this form reads

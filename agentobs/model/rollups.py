@@ -5,6 +5,8 @@
   computed on the final path, wasted, control-plane), and the token sums the cost columns are linear in (so the $
   are computed at read time from the cost model, which is a setting: changing it needs no rebuild). Any grouping of
   task_cost (task, task type, session, model, instance) and any hour-aligned window reads it.
+- ``model_rollup_session``: per session, the union of its call intervals and its life span (``duty_cycle`` by
+  session over the whole store reads it).
 - ``model_sketch_hour``: per hour × model × instance × series × gap bucket × hit class, a mergeable log-bucket
   quantile sketch (DDSketch's mapping: bin i holds values in (γ^(i−1), γ^i], γ = (1 + α)/(1 − α)) of the latency
   series: ``ttft`` (calls 2…n with a hit class: turn_resume_ttft's population, by gap bucket and hit class),
@@ -27,7 +29,8 @@ GAMMA = (1 + ALPHA) / (1 - ALPHA)
 _LOG_GAMMA = math.log(GAMMA)
 TASK = "model_rollup_task"
 SKETCH = "model_sketch_hour"
-TABLES = (TASK, SKETCH)
+SESSION = "model_rollup_session"
+TABLES = (TASK, SKETCH, SESSION)
 # values at or below this are counted in one bin (-2^31) read back as 0 (a zero TTFT, an empty ITL gap)
 _TINY = 1e-9
 _ZERO_BIN = -(2 ** 31)
@@ -103,6 +106,21 @@ def _sketch_sql(rel: str) -> str:
 _SKETCH_KEYS = ("hour", "model", "instance", "series", "gap_lo", "hit_class", "bin")
 
 
+# per session (a unit the state re-derives whole, so it is replaced, not patched): the union of its call intervals
+# (busy_s) and its life span, as duty_cycle computes them over a session's calls (metrics/defs/duty_cycle.sql);
+# sessions with a zero life span are left out, as there
+_SESSION_SQL = """
+SELECT session_id, sum(greatest(end_s - greatest(start_s, coalesce(reach, start_s)), 0)) AS busy_s,
+       max(end_s) - min(start_s) AS life_s, count(*) AS calls
+FROM (SELECT session_id, start_s, end_s,
+             max(end_s) OVER (PARTITION BY session_id ORDER BY start_s, end_s
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach
+      FROM {rel} WHERE session_id IS NOT NULL AND end_s >= start_s)
+GROUP BY session_id
+HAVING max(end_s) > min(start_s)
+"""
+
+
 def _keyed(sql: str, keys: tuple) -> str:
     """``sql``'s rows with ``k``, a hash of the key columns: deltas find the stored rows of a key by an equality join
     on it (a collision only makes a row of another key be read and written back unchanged: the rows are regrouped
@@ -114,12 +132,17 @@ def rebuild(cur: duckdb.DuckDBPyConnection, table: str) -> None:
     """Both made whole from ``table`` (model_calls), inside the caller's transaction."""
     cur.execute(f"CREATE OR REPLACE TABLE {TASK} AS {_keyed(_TASK_SQL.format(rel=table), _TASK_KEYS)}")
     cur.execute(f"CREATE OR REPLACE TABLE {SKETCH} AS {_keyed(_sketch_sql(table), _SKETCH_KEYS)}")
+    cur.execute(f"CREATE OR REPLACE TABLE {SESSION} AS {_SESSION_SQL.format(rel=table)}")
 
 
 def apply_delta(cur: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
-    """Subtract the rollups of the rows in ``old`` (removed from model_calls) and add those of ``new`` (inserted)."""
+    """Subtract the rollups of the rows in ``old`` (removed from model_calls) and add those of ``new`` (inserted);
+    the sessions of either are replaced whole (``new`` holds every call of each session it has)."""
     _delta(cur, TASK, _TASK_KEYS, _TASK_SUMS, _TASK_SQL.format(rel=old), _TASK_SQL.format(rel=new))
     _delta(cur, SKETCH, _SKETCH_KEYS, ("n",), _sketch_sql(old), _sketch_sql(new))
+    cur.execute(f"DELETE FROM {SESSION} WHERE session_id IN (SELECT session_id FROM {old} UNION "
+                f"SELECT session_id FROM {new})")
+    cur.execute(f"INSERT INTO {SESSION} {_SESSION_SQL.format(rel=new)}")
 
 
 def _delta(cur, table: str, keys: tuple, sums: tuple, old_sql: str, new_sql: str) -> None:
