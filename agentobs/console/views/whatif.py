@@ -1,0 +1,73 @@
+"""What-if: the view's sessions replayed through the simulator as configured and with a configuration change
+(agentobs.findings.whatif, the replay the findings' recoverable tax is simulated on): before → after, and the
+simulator's calibration error on the unchanged replay."""
+
+from __future__ import annotations
+
+import importlib
+
+import streamlit as st
+
+from agentobs.console import data, ui
+
+ctx = ui.page("What-if", "The sessions of the view's window and filters (at most findings_sim_sessions, a contiguous "
+              "slice chosen by findings_sim_seed: the findings' replay) run through agentobs.sim as configured and with "
+              "the change. Tokens and $ are scaled to the window by prompt tokens and to a week as the findings' tax; "
+              "$ = computed prefill ÷ prefill tokens/s × $/s (the tax's GPU-time basis). Turn-resume TTFT = TTFT of "
+              "calls 2…n (METRICS.md §5). Calibration: the unchanged replay vs what was observed of the same sessions.")
+
+PRESETS = ["prefix_cache=on", "hicache=on", "router=session_affinity", "kv_capacity=x2", "offload_gib=64",
+           "schedule_policy=lpm"]
+
+
+@st.cache_data(show_spinner="replaying the observed sessions through the simulator…", max_entries=32, ttl=3600)
+def _whatif(stamp, since, until, filters: tuple, changes: tuple, sessions: int | None):
+    mod = importlib.import_module("agentobs.findings.whatif")
+    return mod.run(data.source(stamp), list(changes), since=since, until=until, filters=dict(filters) or None,
+                   sessions=sessions)
+
+
+qp_changes = st.query_params.get_all("change")
+left, right = st.columns([3, 1])
+picked = left.multiselect("Changes (applied together)", sorted(set(PRESETS) | set(qp_changes)),
+                          default=qp_changes or ["prefix_cache=on"], key="whatif_pick",
+                          help="key=value[@instance]: prefix_cache=on|off, hicache=on|off, hicache_ratio=R, "
+                               "offload_gib=N, kv_capacity=x2 (or tokens), router=POLICY, schedule_policy=fcfs|lpm")
+extra = left.text_input("More changes (comma-separated, e.g. kv_capacity=x2@10.0.0.1:8000)", key="whatif_extra")
+sessions = right.number_input("Sessions replayed (0 = setting)", min_value=0, value=0, step=50, key="whatif_sessions")
+changes = tuple(picked) + tuple(c.strip() for c in extra.split(",") if c.strip())
+st.query_params["change"] = list(changes)
+if not changes:
+    st.info("Pick at least one change.")
+    st.stop()
+
+flt = tuple(sorted((k, tuple(v)) for k, v in ctx.filters.lists().items()))
+try:
+    w = _whatif(ctx.stamp, ctx.since, ctx.until, flt, changes, int(sessions) or None)
+except Exception as e:  # noqa: BLE001 - a change that cannot be applied is shown with its message
+    st.error(str(e))
+    st.stop()
+
+for line in w.headline()[:2]:
+    st.caption(ui.md(line))
+f = w.row("fleet")
+c = st.columns(4)
+c[0].metric(f"computed prefill{w.per}", ui.n(f.after.computed_tokens),
+            delta=f"{ui.n(f.after.computed_tokens - f.before.computed_tokens)} tokens", delta_color="inverse")
+c[1].metric(f"computed prefill ${w.per}", "–" if f.after.usd is None else f"${f.after.usd:,.2f}",
+            delta=None if f.after.usd is None or f.before.usd is None else f"${f.after.usd - f.before.usd:,.2f}",
+            delta_color="inverse")
+c[2].metric("turn-resume TTFT p50", ui.secs(f.after.ttft_p50_s),
+            delta=None if f.after.ttft_p50_s is None or f.before.ttft_p50_s is None
+            else ui.secs(f.after.ttft_p50_s - f.before.ttft_p50_s), delta_color="inverse")
+c[3].metric("turn-resume TTFT p99", ui.secs(f.after.ttft_p99_s),
+            delta=None if f.after.ttft_p99_s is None or f.before.ttft_p99_s is None
+            else ui.secs(f.after.ttft_p99_s - f.before.ttft_p99_s), delta_color="inverse")
+for n in w.notes:
+    st.warning(n)
+st.subheader("Before → after")
+ui.table(w.table(), column_config={"change": st.column_config.NumberColumn("change", format="percent")})
+st.subheader("Calibration")
+st.caption("The unchanged replay against what was observed of the same sessions (not scaled): error = simulated ÷ "
+           "observed − 1. A large error on a figure says how far to trust that figure's change.")
+ui.table(w.calibration_table(), column_config={"error": st.column_config.NumberColumn("error", format="percent")})
