@@ -117,3 +117,26 @@ def test_cli_json(sample_db):
                                                        "ttft_p99_s"}
     bad = run_cli("whatif", "--db", sample_db, "--change", "router=random")
     assert bad.returncode != 0 and "router takes one of" in bad.stderr
+
+
+def test_console_page_shows_the_same_replay(sample_db, cache_on, monkeypatch, tmp_path):
+    from console_checks import df_of, goto
+    from streamlit.testing.v1 import AppTest
+
+    from agentobs.console import APP
+
+    monkeypatch.setenv("AGENTOBS_DB", str(sample_db))
+    monkeypatch.setenv("AGENTOBS_CONSOLE_QUERIES", str(tmp_path / "q.json"))
+    monkeypatch.delenv("AGENTOBS_CONFIG", raising=False)
+    at = AppTest.from_file(str(APP), default_timeout=120)
+    at.run()
+    goto(at, "whatif.py", change=["prefix_cache=on"])
+    # the page's before → after table is the library's, row for row
+    shown = df_of(at)
+    want = cache_on.table().to_pylist()
+    assert shown["figure"].to_list() == [r["figure"] for r in want]
+    assert shown["after"].to_list() == pytest.approx([r["after"] for r in want])
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["computed prefill/week"] == f"{cache_on.row('fleet').after.computed_tokens:,.0f}"
+    cal = df_of(at, 1)
+    assert cal["error"].to_list() == pytest.approx([c.error for c in cache_on.calibration])
