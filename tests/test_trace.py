@@ -107,4 +107,5 @@ def test_console_trace_page_from_a_call(worked_db, monkeypatch, tmp_path):
     rows = df_of(at)
     assert rows["kind"].to_list() == ["agent", "gateway", "tool", "gateway", "tool", "gateway"]
     at.selectbox(key="trace_span").set_value("3e7a1c5d9f4b6083").run()
+    assert any(m.value.startswith("**chat Qwen/Qwen3-32B** — gateway") for m in at.markdown)
     assert any(WORKED_SESSION in str(j.value) for j in at.json)

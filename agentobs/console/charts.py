@@ -191,8 +191,11 @@ def waterfall_data(trace) -> pl.DataFrame:
 def waterfall(df: pl.DataFrame, select=None) -> alt.Chart:
     order = df.filter(pl.col("layer") == "span").sort("order")["row"].to_list()
     color = alt.Color("kind:N", title="span role / engine phase",
-                      scale=alt.Scale(domain=list(ROLE_COLORS), range=list(ROLE_COLORS.values())))
-    y = alt.Y("row:N", sort=order, title=None, axis=alt.Axis(labelLimit=360, labelFont="monospace"))
+                      scale=alt.Scale(domain=list(ROLE_COLORS), range=list(ROLE_COLORS.values())),
+                      legend=alt.Legend(orient="bottom", columns=len(ROLE_COLORS)))
+    # every row labelled (Vega drops overlapping labels by default: half the tree would be unnamed)
+    y = alt.Y("row:N", sort=order, title=None,
+              axis=alt.Axis(labelLimit=360, labelFont="monospace", labelOverlap=False))
     x = alt.X("start_s:Q", title="seconds from the trace's start")
     tip = ["row", "kind", "span_id", alt.Tooltip("start_s:Q", format=".3f"), alt.Tooltip("duration_s:Q", format=".3f"),
            "detail"]
@@ -202,4 +205,4 @@ def waterfall(df: pl.DataFrame, select=None) -> alt.Chart:
         spans = spans.add_params(select).encode(opacity=alt.condition(select, alt.value(1.0), alt.value(0.45)))
     phases = alt.Chart(df.filter(pl.col("layer") == "phase")).mark_bar(height=6).encode(
         x=x, x2="end_s:Q", y=y, color=color, tooltip=tip)
-    return alt.layer(spans, phases).properties(height=40 + 20 * len(order))
+    return alt.layer(spans, phases).properties(height=alt.Step(22))

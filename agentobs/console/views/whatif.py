@@ -9,6 +9,7 @@ import importlib
 import streamlit as st
 
 from agentobs.console import data, ui
+from agentobs.console.findings import money
 
 ctx = ui.page("What-if", "The sessions of the view's window and filters (at most findings_sim_sessions, a contiguous "
               "slice chosen by findings_sim_seed: the findings' replay) run through agentobs.sim as configured and with "
@@ -51,18 +52,24 @@ except Exception as e:  # noqa: BLE001 - a change that cannot be applied is show
 for line in w.headline()[:2]:
     st.caption(ui.md(line))
 f = w.row("fleet")
+
+
+def _delta(a, b, fmt):
+    """after − before as the metric's delta, none when either is unknown or they are equal."""
+    return None if a is None or b is None or a == b else fmt(b - a)
+
+
 c = st.columns(4)
 c[0].metric(f"computed prefill{w.per}", ui.n(f.after.computed_tokens),
-            delta=f"{ui.n(f.after.computed_tokens - f.before.computed_tokens)} tokens", delta_color="inverse")
-c[1].metric(f"computed prefill ${w.per}", "–" if f.after.usd is None else f"${f.after.usd:,.2f}",
-            delta=None if f.after.usd is None or f.before.usd is None else f"${f.after.usd - f.before.usd:,.2f}",
+            delta=_delta(f.before.computed_tokens, f.after.computed_tokens, lambda d: f"{ui.n(d)} tokens"),
+            delta_color="inverse")
+c[1].metric(f"computed prefill ${w.per}", money(f.after.usd),
+            delta=_delta(f.before.usd, f.after.usd, lambda d: ("-" if d < 0 else "") + money(abs(d))),
             delta_color="inverse")
 c[2].metric("turn-resume TTFT p50", ui.secs(f.after.ttft_p50_s),
-            delta=None if f.after.ttft_p50_s is None or f.before.ttft_p50_s is None
-            else ui.secs(f.after.ttft_p50_s - f.before.ttft_p50_s), delta_color="inverse")
+            delta=_delta(f.before.ttft_p50_s, f.after.ttft_p50_s, ui.secs), delta_color="inverse")
 c[3].metric("turn-resume TTFT p99", ui.secs(f.after.ttft_p99_s),
-            delta=None if f.after.ttft_p99_s is None or f.before.ttft_p99_s is None
-            else ui.secs(f.after.ttft_p99_s - f.before.ttft_p99_s), delta_color="inverse")
+            delta=_delta(f.before.ttft_p99_s, f.after.ttft_p99_s, ui.secs), delta_color="inverse")
 for n in w.notes:
     st.warning(n)
 st.subheader("Before → after")
