@@ -1,5 +1,5 @@
 """OTLP receiver: the real OpenTelemetry SDK exporting over gRPC and HTTP, malformed payloads,
-partial success, bearer token, backpressure without loss."""
+invalid spans counted at load, bearer token, spool backpressure without loss, retries stored once."""
 
 from __future__ import annotations
 
@@ -21,29 +21,49 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
 
 from agentobs.collect.health import Health
+from agentobs.collect.loader import Loader
 from agentobs.collect.otlp_grpc import OtlpGrpcServer
 from agentobs.collect.otlp_http import OtlpHttpServer
 from agentobs.collect.receiver import Ingest
+from agentobs.collect.spool import Spool
 from agentobs.config import load_settings
 from agentobs.store.db import connect
-from agentobs.store.writer import Writer
 
 SETTINGS = load_settings(env={})
 
 
+class Pipeline:
+    """Spool + loader (decoding in its own thread: processes=0) on one store, as `agentobs collect` runs them."""
+
+    def __init__(self, tmp_path, **spool_kw):
+        self.con = connect(tmp_path / "r.duckdb")
+        self.health = Health()
+        self.spool = Spool(tmp_path / "spool", **spool_kw)
+        self.loader = Loader(self.spool, self.con, SETTINGS, self.health, processes=0)
+
+    def start(self):
+        self.loader.start()
+        return self
+
+    def settle(self):
+        assert self.loader.wait_idle(30), "the loader did not store the spool in time"
+
+    def close(self):
+        self.spool.close()
+        self.loader.stop()
+        self.con.close()
+
+
 @pytest.fixture()
 def store(tmp_path):
-    con = connect(tmp_path / "r.duckdb")
-    w = Writer(con, flush_s=0)
-    yield con, w
-    w.close()
-    con.close()
+    p = Pipeline(tmp_path).start()
+    yield p.con, p
+    p.close()
 
 
-def _servers(w, token=None, **kw):
-    health = Health()
-    ing = Ingest(w, SETTINGS, health, **kw)
-    return ing, health, OtlpHttpServer(ing, "127.0.0.1", 0, token=token).start(), OtlpGrpcServer(
+def _servers(p, token=None, **kw):
+    ing = Ingest(p.spool, SETTINGS, p.health, **kw)
+    return ing, p.health, OtlpHttpServer(ing, "127.0.0.1", 0, token=token).start(), OtlpGrpcServer(
         ing, "127.0.0.1", 0, token=token).start()
 
 
@@ -80,6 +100,7 @@ def test_sdk_export_lands_as_exact_rows(store, transport):
     finally:
         hs.stop()
         gs.stop(0)
+    w.settle()
     rows = con.execute("SELECT name, role, session_id, instance, input_tokens, cached_tokens, output_tokens, "
                    "finish_reason, service_name, ingest_source, parent_span_id IS NULL AS root "
                    "FROM spans ORDER BY name").fetchall()
@@ -92,7 +113,7 @@ def test_sdk_export_lands_as_exact_rows(store, transport):
     # the chat span is the child of the agent span, in the same trace
     (same,) = con.execute("SELECT count(DISTINCT trace_id) FROM spans").fetchone()
     assert same == 1
-    # acknowledged == committed: the two spans are counted once each (SimpleSpanProcessor: 2 exports)
+    # acknowledged (spooled) and stored: the two spans are counted once each (SimpleSpanProcessor: 2 exports)
     assert health.value("agentobs_otlp_spans_received_total", {"transport": transport}) == 2
 
 
@@ -134,12 +155,10 @@ MALFORMED = [
     ("empty protobuf batch", b"", "application/x-protobuf", None, 200, "", 0),
     ("empty JSON object", b"{}", "application/json", None, 200, "{}", 0),
     ("empty resourceSpans", b'{"resourceSpans": []}', "application/json", None, 200, "{}", 0),
-    ("short trace id", _json_with(traceId="abcd"), "application/json", None, 200,
-     "traceId 'abcd' must be 32 hex characters", 0),
-    ("all-zero span id", _json_with(spanId="0000000000000000"), "application/json", None, 200,
-     "spanId is all zeros (invalid)", 0),
-    ("end before start", _json_with(endTimeUnixNano="1"), "application/json", None, 200,
-     "endTimeUnixNano 1 is before startTimeUnixNano", 0),
+    # invalid spans: the request is acknowledged once spooled; the loader rejects the span and counts it
+    ("short trace id", _json_with(traceId="abcd"), "application/json", None, 200, "{}", 0),
+    ("all-zero span id", _json_with(spanId="0000000000000000"), "application/json", None, 200, "{}", 0),
+    ("end before start", _json_with(endTimeUnixNano="1"), "application/json", None, 200, "{}", 0),
     # a 200 kB attribute value is stored, truncated to 64 KiB (MAX_ATTR_BYTES)
     ("huge attribute", _json_with(attributes=[{"key": "gen_ai.input.messages", "value": {"stringValue": HUGE}}]),
      "application/json", None, 200, "{}", 1),
@@ -156,15 +175,10 @@ def test_malformed_http_payloads(store, case):
     finally:
         hs.stop()
         gs.stop(0)
+    w.settle()
     assert code == status
     if ctype == "application/json" and status == 200:
-        answer = json.loads(data)
-        if text == "{}":
-            assert answer == {}
-        else:  # partial success: the one span rejected, named, with the reason
-            assert answer["partialSuccess"]["rejectedSpans"] == "1"
-            assert text in answer["partialSuccess"]["errorMessage"]
-            assert "resourceSpans[0].scopeSpans[0].spans[0]" in answer["partialSuccess"]["errorMessage"]
+        assert json.loads(data) == {}
     elif status == 200:
         assert ExportTraceServiceResponse.FromString(data) == ExportTraceServiceResponse()
     elif ctype == "application/json":
@@ -172,12 +186,14 @@ def test_malformed_http_payloads(store, case):
     else:
         assert text in status_pb2.Status.FromString(data).message
     assert con.execute("SELECT count(*) FROM spans").fetchone()[0] == stored
+    invalid = case[0] in ("short trace id", "all-zero span id", "end before start")
+    assert health.value("agentobs_otlp_spans_rejected_total", {"reason": "invalid_span"}) == (1 if invalid else 0)
     if case[0] == "huge attribute":
         (n,) = con.execute("SELECT length(attributes->>'$.\"gen_ai.input.messages\"') FROM spans").fetchone()
         assert n == 64 * 1024
 
 
-def test_gzip_and_partial_success_keeps_the_valid_spans(store):
+def test_gzip_and_an_invalid_span_keeps_the_valid_spans(store):
     con, w = store
     doc = json.loads(json.dumps(GOOD_JSON))
     spans = doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
@@ -189,9 +205,8 @@ def test_gzip_and_partial_success_keeps_the_valid_spans(store):
     finally:
         hs.stop()
         gs.stop(0)
-    assert code == 200
-    ps = json.loads(data)["partialSuccess"]
-    assert ps["rejectedSpans"] == "1" and "spans[2]: spanId 'zz'" in ps["errorMessage"]
+    assert code == 200 and json.loads(data) == {}  # acknowledged when spooled, before decoding
+    w.settle()
     assert sorted(r[0] for r in con.execute("SELECT span_id FROM spans").fetchall()) == ["1111111111111111",
                                                                                      "2d6f0b4c8e3a5f72"]
     assert health.value("agentobs_otlp_spans_rejected_total", {"reason": "invalid_span"}) == 1
@@ -236,24 +251,28 @@ def test_bearer_token(store):
     assert health.value("agentobs_otlp_requests_total", {"transport": "http", "outcome": "unauthorized"}) == 2
 
 
-def test_backpressure_answers_429_with_retry_after_and_loses_nothing(tmp_path):
-    """A queue of 600 spans and a writer that commits at most every 0.5 s: of four concurrent
-    exports of 512 spans only one fits at a time, the others get 429 + Retry-After and retry (as the
-    SDK exporters do) until all 4 x 512 spans are stored exactly once."""
+def _payload(n, seed):
     import sys
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "bench"))
     from _spans import payload
 
-    con = connect(tmp_path / "bp.duckdb")
-    w = Writer(con, flush_s=0.5, batch_rows=10**9)
-    ing, health, hs, gs = _servers(w, queue_spans=600, retry_after_s=1.0)
+    return payload(n, seed)
 
+
+def test_backpressure_answers_429_with_retry_after_and_loses_nothing(tmp_path):
+    """A spool that admits requests only while it holds under one export's bytes not yet loaded, and a
+    loader that starts late: of four concurrent exports of 512 spans the first is spooled, the others get
+    429 + Retry-After and retry (as the SDK exporters do) until all 4 x 512 spans are stored exactly once."""
+    body_len = len(_payload(512, 0))
+    p = Pipeline(tmp_path, max_unloaded_bytes=body_len // 2)
+    ing, health, hs, gs = _servers(p, retry_after_s=1.0)
     codes: list[int] = []
     first_429: list[dict] = []
+    got_429 = threading.Event()
 
     def send(seed):
-        body = payload(512, seed)
+        body = _payload(512, seed)
         while True:
             code, headers, _ = _post(hs.port, body)
             codes.append(code)
@@ -261,51 +280,122 @@ def test_backpressure_answers_429_with_retry_after_and_loses_nothing(tmp_path):
                 return
             if not first_429:
                 first_429.append(headers)
+            got_429.set()
             threading.Event().wait(float(headers["Retry-After"]) / 4)  # be quicker than told, to keep it short
 
     try:
         ts = [threading.Thread(target=send, args=(s,)) for s in range(4)]
         for t in ts:
             t.start()
+        assert got_429.wait(30)
+        p.loader.start()  # now the spool drains, and the retries get in
         for t in ts:
             t.join(60)
+        p.settle()
     finally:
         hs.stop()
         gs.stop(0)
-        w.close()
     assert codes.count(200) == 4
     assert codes.count(429) >= 1
     assert first_429[0]["Retry-After"] == "1"
-    assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (2048, 2048)
-    assert health.value("agentobs_otlp_spans_rejected_total", {"reason": "queue_full"}) == 512 * codes.count(429)
-    con.close()
+    assert p.con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (2048, 2048)
+    assert health.value("agentobs_otlp_spans_rejected_total", {"reason": "spool_full"}) == 512 * codes.count(429)
+    p.close()
 
 
 def test_grpc_overload_is_resource_exhausted_with_retry_info(tmp_path):
     from google.rpc.error_details_pb2 import RetryInfo
 
-    con = connect(tmp_path / "g.duckdb")
-    w = Writer(con, flush_s=0)
-    ing, health, hs, gs = _servers(w, queue_spans=10)
-    ing._admit(5)  # five spans in flight from another export
-    req = ExportTraceServiceRequest.FromString(_proto_of(GOOD_JSON, 6))
+    p = Pipeline(tmp_path, max_unloaded_bytes=10)
+    ing, health, hs, gs = _servers(p)
+    first = _proto_of(GOOD_JSON, 5)
+    req = _proto_of(GOOD_JSON, 6)  # the same 5 spans and one more
     try:
         ch = grpc.insecure_channel(f"127.0.0.1:{gs.port}")
         call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
+        call(first, timeout=10)  # spooled: the spool now holds more than 10 bytes not loaded
         with pytest.raises(grpc.RpcError) as ei:
-            call(req.SerializeToString(), timeout=10)
+            call(req, timeout=10)
         assert ei.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         md = dict(ei.value.trailing_metadata())
         assert RetryInfo.FromString(md["google.rpc.retryinfo-bin"]).retry_delay.seconds == 1
-        ing._release(5)
-        call(req.SerializeToString(), timeout=10)
+        assert "not yet loaded" in ei.value.details()
+        p.loader.start()
+        p.settle()
+        call(req, timeout=10)
+        p.settle()
         ch.close()
     finally:
         hs.stop()
         gs.stop(0)
-        w.close()
-    assert con.execute("SELECT count(*) FROM spans").fetchone()[0] == 6
-    con.close()
+    # 6 spans: the five of the first export are not stored a second time (span-level dedupe)
+    assert p.con.execute("SELECT count(*) FROM spans").fetchone()[0] == 6
+    p.close()
+
+
+def test_the_same_export_three_times_is_stored_once(store):
+    con, p = store
+    ing, health, hs, gs = _servers(p)
+    body = _payload(50, 7)
+    try:
+        for _ in range(3):
+            assert _post(hs.port, body)[0] == 200
+        ch = grpc.insecure_channel(f"127.0.0.1:{gs.port}")
+        ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")(body, timeout=10)
+        ch.close()
+    finally:
+        hs.stop()
+        gs.stop(0)
+    p.settle()
+    assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (50, 50)
+    # spooled once: the three retries were recognised by the body's hash and written nowhere
+    assert health.value("agentobs_otlp_requests_total", {"transport": "http", "outcome": "duplicate"}) == 2
+    assert health.value("agentobs_otlp_requests_total", {"transport": "grpc", "outcome": "duplicate"}) == 1
+    assert health.value("agentobs_otlp_spans_received_total", {"transport": "http"}) == 50
+    assert con.execute("SELECT sum(requests) FROM spool_loaded").fetchone()[0] == 1
+
+
+def test_a_retry_after_a_client_timeout_is_stored_once(store):
+    """The exporter gives up waiting (its timeout) after the request reached the receiver, then sends it
+    again: the spool wrote it the first time, the retry is recognised, nothing is stored twice."""
+    import socket
+
+    con, p = store
+    ing, health, hs, gs = _servers(p)
+    body = _payload(20, 11)
+    try:
+        with socket.create_connection(("127.0.0.1", hs.port), timeout=10) as sk:
+            sk.sendall(b"POST /v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-protobuf\r\n"
+                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            # the client times out: it closes without reading the answer
+        deadline = __import__("time").monotonic() + 10
+        while health.value("agentobs_otlp_spans_received_total", {"transport": "http"}) < 20:
+            assert __import__("time").monotonic() < deadline
+            threading.Event().wait(0.01)
+        assert _post(hs.port, body)[0] == 200  # the retry
+    finally:
+        hs.stop()
+        gs.stop(0)
+    p.settle()
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (20, 20)
+    assert health.value("agentobs_otlp_requests_total", {"transport": "http", "outcome": "duplicate"}) == 1
+
+
+def test_the_same_spans_in_another_batch_are_stored_once(store):
+    """An exporter that re-batches: the bodies differ (no hash match) but the spans are the same; the loader
+    skips the spans already stored."""
+    con, p = store
+    ing, health, hs, gs = _servers(p)
+    try:
+        assert _post(hs.port, _proto_of(GOOD_JSON, 3))[0] == 200
+        p.settle()
+        assert _post(hs.port, _proto_of(GOOD_JSON, 5))[0] == 200  # spans 1-3 again, and 4, 5
+    finally:
+        hs.stop()
+        gs.stop(0)
+    p.settle()
+    assert con.execute("SELECT count(*), count(DISTINCT span_id) FROM spans").fetchone() == (5, 5)
+    assert health.value("agentobs_writer_rows_total") == 5
 
 
 def _proto_of(doc: dict, n: int) -> bytes:

@@ -2,10 +2,10 @@
 
 vLLM and SGLang export over gRPC by default. The method is registered with a pass-through request
 deserializer so that bytes which are not an ExportTraceServiceRequest get INVALID_ARGUMENT with a
-message (gRPC's own deserializer would answer INTERNAL). Answers: OK with ``partial_success`` when
-some spans were rejected, RESOURCE_EXHAUSTED with a
-``google.rpc.RetryInfo`` (the OpenTelemetry exporters retry only then) when the queue is full,
-UNAVAILABLE when the store does not commit, UNAUTHENTICATED without the configured bearer token.
+message (gRPC's own deserializer would answer INTERNAL). Answers: OK once the request is durable in
+the spool (receiver.py), RESOURCE_EXHAUSTED with a ``google.rpc.RetryInfo`` (the OpenTelemetry
+exporters retry only then) when the spool is full, UNAVAILABLE when the spool cannot write,
+UNAUTHENTICATED without the configured bearer token.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from . import otlp
 from .receiver import Ingest, count_spans
 
 
@@ -53,8 +52,7 @@ class _Servicer:
             ing.refuse("grpc", "bad_request", 0, "malformed")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                           f"request: not an OTLP ExportTraceServiceRequest protobuf ({e})")
-        n = count_spans(request)
-        out = ing.export(n, lambda: otlp.decode_request(request, ing.settings, "otlp-grpc", "request"), "grpc")
+        out = ing.export(count_spans(request), data, "protobuf", "grpc")
         if out.status == "overloaded":
             context.set_trailing_metadata(_retry_md(out.retry_after_s))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, out.message)

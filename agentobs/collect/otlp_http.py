@@ -1,11 +1,10 @@
 """OTLP/HTTP trace receiver: ``POST /v1/traces`` (protobuf or JSON, optional gzip).
 
 A threaded stdlib HTTP/1.1 server with keep-alive: each export is one request, so at 512 spans per
-batch 100k spans/s is ~200 requests/s — the request rate the server must sustain is small, the cost
-is in decoding and committing (bench/ingest_otlp.py measures the server alone too).
+batch 100k spans/s is ~200 requests/s. A request is answered once its (decompressed) body is durable
+in the spool (receiver.py); decoding and storing happen later, in the loader.
 
-Answers follow the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` (``partial_success`` when
-some spans were rejected), 400 with a ``google.rpc.Status`` for an undecodable payload, 429/503 with
+Answers follow the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` once spooled, 400 with a ``google.rpc.Status`` for an undecodable payload, 429/503 with
 ``Retry-After`` when overloaded/unavailable, 401 without the configured bearer token, 413 over the
 size limit, 415 for another content type or encoding. The body of every answer uses the request's
 content type (protobuf or JSON).
@@ -117,8 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
                     req = ExportTraceServiceRequest.FromString(data)
                 except DecodeError as e:
                     raise InputError(f"not an OTLP ExportTraceServiceRequest protobuf ({e})", "body") from None
-                spans = count_spans(req)
-                out = ing.export(spans, lambda: otlp.decode_request(req, ing.settings, "otlp-http", "body"), "http")
+                out = ing.export(count_spans(req), data, "protobuf", "http")
             else:
                 doc = otlp.parse_json_bytes(data, "body")
                 if doc == {}:
@@ -126,8 +124,7 @@ class _Handler(BaseHTTPRequestHandler):
                 if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
                     raise InputError("expected an OTLP/JSON ExportTraceServiceRequest object with a "
                                      "'resourceSpans' list", "body")
-                spans = count_json_spans(doc)
-                out = ing.export(spans, lambda: otlp.decode_json_obj(doc, ing.settings, "otlp-http", "body"), "http")
+                out = ing.export(count_json_spans(doc), data, "json", "http")
         except OverflowError as e:
             ing.refuse("http", "too_large", 0, "too_large")
             return self._error(413, str(e), reply_type, close=True)
