@@ -17,16 +17,16 @@ from dataclasses import dataclass, field
 from ..errors import AgentobsError
 
 FIND_SQL = """
-SELECT trace_id FROM spans WHERE trace_id = $id OR span_id = $id
-ORDER BY (trace_id = $id) DESC LIMIT 1
+SELECT trace_id FROM spans WHERE trace_id = $trace_ident OR span_id = $trace_ident
+ORDER BY (trace_id = $trace_ident) DESC LIMIT 1
 """
 
 SPANS_SQL = """
 SELECT trace_id, span_id, parent_span_id, name, kind, start_ns, end_ns, status_code, status_message, service_name,
        role, op, session_id, task_id, agent_name, branch, attempt, model, engine, instance, input_tokens,
        cached_tokens, output_tokens, ttft_s, queue_s, prefill_s, decode_s, tool_name, finish_reason, error_type,
-       request_id, response_id, attributes, events
-FROM spans WHERE trace_id = $trace ORDER BY start_ns, span_id
+       request_id, response_id, attributes{events}
+FROM spans WHERE trace_id = $trace_id ORDER BY start_ns, span_id
 """
 
 MAX_SPANS = 5000
@@ -66,12 +66,16 @@ class Node:
         return out
 
     def attributes(self) -> dict:
+        """The span's attributes: JSON text (DuckDB store), or a map (ClickHouse: key/value pairs)."""
         a = self.span.get("attributes")
         if isinstance(a, str):
             try:
                 a = json.loads(a)
             except ValueError:
                 return {"attributes": a}
+        if isinstance(a, list):
+            return {(kv["key"] if isinstance(kv, dict) else kv[0]): (kv["value"] if isinstance(kv, dict) else kv[1])
+                    for kv in a}
         return dict(a or {})
 
     def events(self) -> list:
@@ -155,18 +159,19 @@ def _secs(v) -> str:
 Query = Callable[[str, dict], list[dict]]
 
 
-def load(query: Query, ident: str) -> Trace:
+def load(query: Query, ident: str, events: bool = True) -> Trace:
     """The trace holding ``ident`` (a trace id or any of its span ids; hex, any case). ``query(sql, params)``
-    returns rows as dicts (a DuckDB connection: :func:`duckdb_query`; the console: its backend's query)."""
+    returns rows as dicts (a DuckDB connection: :func:`duckdb_query`; the console: its backend's query).
+    ``events``: read the spans' events too (the DuckDB store keeps them; the ClickHouse model does not)."""
     key = (ident or "").strip().lower()
     if not key:
         raise TraceNotFound("no trace id given")
-    found = query(FIND_SQL, {"id": key})
+    found = query(FIND_SQL, {"trace_ident": key})
     if not found:
         raise TraceNotFound(f"no span with trace id or span id {ident!r} in the store (ids are hex, as "
                             "`agentobs calls` prints call_id and `agentobs sql \"SELECT trace_id FROM llm_calls\"`)")
     tid = found[0]["trace_id"]
-    spans = query(SPANS_SQL, {"trace": tid})
+    spans = query(SPANS_SQL.format(events=", events" if events else ""), {"trace_id": tid})
     truncated = len(spans) > MAX_SPANS
     spans = spans[:MAX_SPANS]
     return build(tid, spans, truncated)

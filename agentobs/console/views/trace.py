@@ -33,7 +33,7 @@ def _rows(sql: str, params: dict) -> list[dict]:
 
 
 try:
-    tr = load(_rows, ident)
+    tr = load(_rows, ident, events=not data.is_clickhouse(ctx.stamp))
 except TraceNotFound as e:
     st.error(str(e))
     st.stop()
