@@ -276,6 +276,21 @@ def test_findings_page_equals_duckdb(view, stores):
     assert len(view.main.expander) == len(duck)
 
 
+def test_whatif_page_equals_duckdb(view, stores):
+    # the same replay from ClickHouse as from the DuckDB store (agentobs.findings.whatif.run on each)
+    from agentobs.findings.whatif import run
+
+    db, _ = stores
+    goto(view, "whatif.py", change=["prefix_cache=off"])
+    assert not view.error, [e.value for e in view.error]
+    duck = run(str(db), ["prefix_cache=off"])
+    shown = df_of(view)
+    want = duck.table().to_pylist()
+    assert shown["figure"].to_list() == [r["figure"] for r in want]
+    assert shown["before"].to_list() == pytest.approx([r["before"] for r in want], nan_ok=True)
+    assert shown["after"].to_list() == pytest.approx([r["after"] for r in want], nan_ok=True)
+
+
 def _duck_expanders(items):
     class E:  # the expander label the page renders for a finding (agentobs/console/findings.py render)
         def __init__(self, f):

@@ -28,16 +28,23 @@ def _whatif(stamp, since, until, filters: tuple, changes: tuple, sessions: int |
                    sessions=sessions)
 
 
-qp_changes = st.query_params.get_all("change")
+# the URL's changes pick the changes when the page is opened with them (a link, a reload); afterwards the widget
+# writes them into the URL — a URL that differs from what this page last wrote is a new link to follow
+url = st.query_params.get_all("change")
+ss = st.session_state
+if url and url != ss.get("_whatif_url"):
+    ss["whatif_pick"] = list(url)
+ss.setdefault("whatif_pick", ["prefix_cache=on"])
 left, right = st.columns([3, 1])
-picked = left.multiselect("Changes (applied together)", sorted(set(PRESETS) | set(qp_changes)),
-                          default=qp_changes or ["prefix_cache=on"], key="whatif_pick",
+picked = left.multiselect("Changes (applied together)", sorted(set(PRESETS) | set(url) | set(ss["whatif_pick"])),
+                          key="whatif_pick",
                           help="key=value[@instance]: prefix_cache=on|off, hicache=on|off, hicache_ratio=R, "
                                "offload_gib=N, kv_capacity=x2 (or tokens), router=POLICY, schedule_policy=fcfs|lpm")
 extra = left.text_input("More changes (comma-separated, e.g. kv_capacity=x2@10.0.0.1:8000)", key="whatif_extra")
 sessions = right.number_input("Sessions replayed (0 = setting)", min_value=0, value=0, step=50, key="whatif_sessions")
 changes = tuple(picked) + tuple(c.strip() for c in extra.split(",") if c.strip())
 st.query_params["change"] = list(changes)
+ss["_whatif_url"] = list(changes)
 if not changes:
     st.info("Pick at least one change.")
     st.stop()
