@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 import pyarrow as pa
@@ -50,12 +50,14 @@ class Batch:
     rejected: int
     malformed: int  # requests that did not decode at all
     notes: list[str]
+    reasons: dict[str, int] = field(default_factory=dict)  # rejected spans by reason (otlp.Decoded.reasons)
 
 
 def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: Settings | None = None) -> Batch:
     """Decode spooled requests: ``items`` are (segment path, offset, length, format, transport, seq)."""
     settings = settings or _settings
     tables, acc, rej, bad, notes = [], 0, 0, 0, []
+    reasons: dict[str, int] = {}
     f = None
     cur_path = None
     try:
@@ -86,6 +88,8 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
                 tables.append(t)
             acc += dec.accepted
             rej += dec.rejected
+            for k, v in dec.reasons.items():
+                reasons[k] = reasons.get(k, 0) + v
             notes.extend(dec.errors[:MAX_NOTES - len(notes)])
     finally:
         if f:
@@ -97,7 +101,7 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
         with pa.ipc.new_stream(sink, table.schema) as w:
             w.write_table(table)
         ipc = sink.getvalue().to_pybytes()
-    return Batch(ipc, len(items), acc, rej, bad, notes)
+    return Batch(ipc, len(items), acc, rej, bad, notes, reasons)
 
 
 def _read_ipc(ipc: bytes) -> pa.Table:
@@ -221,8 +225,8 @@ class Loader:
         self.spool.mark_loaded(*end)
         h = self.health
         h.on_commit(time.perf_counter() - t0, inserted)
-        if b.rejected:
-            h.spans_rejected.labels("invalid_span").inc(b.rejected)
+        for reason, n in b.reasons.items():  # invalid_id, invalid_count, too_deep, ...: docs/collectors.md
+            h.spans_rejected.labels(reason).inc(n)
         if b.malformed:
             h.requests.labels("loader", "malformed").inc(b.malformed)
         for n in b.notes:

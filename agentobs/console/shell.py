@@ -51,6 +51,7 @@ PAGES = (
     ("whatif.py", "What-if", "whatif", ":material/science:", "Agent metrics"),
     ("engines.py", "Engines", "engines", ":material/dns:", "Explore"),
     ("trace.py", "Trace", "trace", ":material/account_tree:", "Explore"),
+    ("loadgen_compare.py", "Load-generator compare", "loadgen-compare", ":material/compare_arrows:", "Explore"),
     ("sql.py", "SQL", "sql", ":material/terminal:", "Explore"),
 )
 
