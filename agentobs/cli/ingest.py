@@ -46,8 +46,9 @@ def import_tracelab_cmd(ctx: Ctx, paths):
     con = _open(ctx)
     with _writer(con, ctx) as w:
         res = import_tracelab(paths, w, ctx.settings)
-    con.close()
     _summary(res, "tracelab rounds → spans")
+    _model_state(con, ctx)
+    con.close()
     _exit_for(res)
 
 
