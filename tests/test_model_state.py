@@ -115,7 +115,7 @@ def test_late_span_moves_a_call_and_data_end(tmp_path):
 
 
 def _same(a: pl.DataFrame, b: pl.DataFrame, name: str) -> None:
-    assert a.columns == b.columns and a.height == b.height, name
+    assert a.schema == b.schema and a.height == b.height, name  # the same columns of the same types
     keys = [c for c, t in a.schema.items() if t in (pl.String, pl.Boolean)]
     if keys:
         a, b = a.sort(keys, nulls_last=True), b.sort(keys, nulls_last=True)

@@ -38,9 +38,9 @@ costs AS (
 ),
 sums AS (
 SELECT grp,
-       sum(calls) AS calls,
-       sum(retries) AS retries,
-       sum(failed_calls) AS failed_calls,
+       CAST(sum(calls) AS BIGINT) AS calls,
+       CAST(sum(retries) AS BIGINT) AS retries,
+       CAST(sum(failed_calls) AS BIGINT) AS failed_calls,
        CAST(CASE WHEN sum(n_p) > 0 THEN sum(prompt_tokens) END AS BIGINT) AS prompt_tokens,
        CAST(CASE WHEN sum(n_c) > 0 THEN sum(cached_tokens) END AS BIGINT) AS cached_tokens,
        CAST(CASE WHEN sum(n_p) > 0 THEN sum(computed_prompt_tokens) END AS BIGINT) AS computed_prompt_tokens,
