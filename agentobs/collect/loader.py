@@ -25,9 +25,9 @@ import duckdb
 import pyarrow as pa
 
 from ..config import Settings
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..store.writer import insert_spans
-from . import otlp
+from . import otlp, otlp_native
 from .health import Health
 from .spool import Record, Spool
 
@@ -53,43 +53,51 @@ class Batch:
 
 
 def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: Settings | None = None) -> Batch:
-    """Decode spooled requests: ``items`` are (segment path, offset, length, format, transport, seq)."""
+    """Decode spooled requests: ``items`` are (segment path, offset, length, format, transport, seq).
+
+    Protobuf bodies go through the native decoder (``otlp_native``: one Arrow pass over the whole batch)
+    when ``loader_decoder`` is ``native``; the requests it leaves (rare shapes) and JSON bodies through
+    ``otlp.py``. A batch ptars cannot parse is decoded by ``otlp.py`` request by request."""
     settings = settings or _settings
     tables, acc, rej, bad, notes = [], 0, 0, 0, []
-    f = None
-    cur_path = None
-    try:
-        for path, off, n, fmt, transport, seq in items:
-            if path != cur_path:
-                if f:
-                    f.close()
-                f = open(path, "rb")
-                cur_path = path
-            f.seek(off)
-            body = f.read(n)
-            where = f"spool segment {seq} offset {off}"
+    bodies = _read_bodies(items)
+    python_idx = list(range(len(items)))
+    if settings.loader_decoder == "native":
+        pb = [k for k, it in enumerate(items) if it[3] != "json"]
+        if pb:
             try:
-                if fmt == "json":
-                    doc = otlp.parse_json_bytes(body, where)
-                    if doc == {}:
-                        continue
-                    dec = otlp.decode_json_obj(doc, settings, f"otlp-{transport}", where)
-                else:
-                    dec = otlp.decode_protobuf(body, settings, f"otlp-{transport}", where)
-                t = dec.table() if dec.accepted else None
-            except (InputError, ValueError, TypeError, OverflowError, pa.ArrowException) as e:
-                bad += 1
-                if len(notes) < MAX_NOTES:
-                    notes.append(f"{where}: {e}")
-                continue
-            if t is not None:
-                tables.append(t)
-            acc += dec.accepted
-            rej += dec.rejected
-            notes.extend(dec.errors[:MAX_NOTES - len(notes)])
-    finally:
-        if f:
-            f.close()
+                res = otlp_native.decode_bodies([bodies[k] for k in pb], [f"otlp-{items[k][4]}" for k in pb], settings)
+            except Exception as e:  # noqa: BLE001 - ptars refused the batch: otlp.py decodes it and says why
+                log.debug("native decode of %d requests failed (%s: %s)", len(pb), type(e).__name__, e)
+            else:
+                if res.table is not None:
+                    tables.append(res.table)
+                acc += sum(res.accepted)
+                fallback = {pb[k] for k in res.fallback_requests}
+                python_idx = [k for k in python_idx if k not in pb or k in fallback]
+    for k in python_idx:
+        _path, off, _n, fmt, transport, seq = items[k]
+        body = bodies[k]
+        where = f"spool segment {seq} offset {off}"
+        try:
+            if fmt == "json":
+                doc = otlp.parse_json_bytes(body, where)
+                if doc == {}:
+                    continue
+                dec = otlp.decode_json_obj(doc, settings, f"otlp-{transport}", where)
+            else:
+                dec = otlp.decode_protobuf(body, settings, f"otlp-{transport}", where)
+            t = dec.table() if dec.accepted else None
+        except (InputError, ValueError, TypeError, OverflowError, pa.ArrowException) as e:
+            bad += 1
+            if len(notes) < MAX_NOTES:
+                notes.append(f"{where}: {e}")
+            continue
+        if t is not None:
+            tables.append(t)
+        acc += dec.accepted
+        rej += dec.rejected
+        notes.extend(dec.errors[:MAX_NOTES - len(notes)])
     ipc = None
     if tables:
         table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
@@ -98,6 +106,25 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
             w.write_table(table)
         ipc = sink.getvalue().to_pybytes()
     return Batch(ipc, len(items), acc, rej, bad, notes)
+
+
+def _read_bodies(items: list[tuple[str, int, int, str, str, int]]) -> list[bytes]:
+    out = []
+    f = None
+    cur_path = None
+    try:
+        for path, off, n, *_ in items:
+            if path != cur_path:
+                if f:
+                    f.close()
+                f = open(path, "rb")
+                cur_path = path
+            f.seek(off)
+            out.append(f.read(n))
+    finally:
+        if f:
+            f.close()
+    return out
 
 
 def _read_ipc(ipc: bytes) -> pa.Table:
@@ -121,6 +148,8 @@ class Loader:
 
     def __init__(self, spool: Spool, con: duckdb.DuckDBPyConnection, settings: Settings,
                  health: Health | None = None, processes: int | None = None, batch_bytes: int | None = None):
+        if settings.loader_decoder not in ("native", "python"):
+            raise ConfigError(f"setting loader_decoder: {settings.loader_decoder!r} is not one of native, python")
         self.spool = spool
         self.cur = con.cursor()
         self.settings = settings
