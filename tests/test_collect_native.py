@@ -270,3 +270,13 @@ def test_loader_decoder_setting_is_checked(tmp_path):
 def test_table_schema():
     res = otlp_native.decode_bodies([_bench_requests()[0][1]], ["otlp-http"], SETTINGS)
     assert res.table.schema.equals(otlp.SPAN_SCHEMA) and isinstance(res.table, pa.Table)
+
+
+def test_collect_memory_limit():
+    from agentobs.store.db import connect, set_memory_limit
+
+    con = connect(":memory:")
+    set_memory_limit(con, "512MB")
+    assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "488.2 MiB"  # 512e6 bytes in MiB
+    with pytest.raises(ConfigError, match="'lots' is not a DuckDB size"):
+        set_memory_limit(con, "lots")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import Settings
-from ..store.db import connect
+from ..store.db import connect, set_memory_limit
 from ..store.writer import Writer
 from . import snapshot
 from .fleet import Fleet, split_hostport
@@ -52,6 +52,8 @@ class Service:
         self.grpc = self.http = self.health_srv = None
         self.threads: list[threading.Thread] = []
         self.con = connect(self.db)
+        if s.collect_memory_limit:
+            set_memory_limit(self.con, s.collect_memory_limit)
         self.writer = Writer(self.con, batch_rows=s.writer_batch_rows, flush_s=s.collect_commit_s,
                              on_commit=self.health.on_commit)
         mb = 1024 * 1024

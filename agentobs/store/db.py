@@ -7,7 +7,7 @@ from pathlib import Path
 
 import duckdb
 
-from ..errors import StoreError
+from ..errors import ConfigError, StoreError
 from .functions import ensure as ensure_functions
 from .schema import MIGRATIONS
 
@@ -61,6 +61,14 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False) -> duc
         raise StoreError(f"cannot open {path!r}: {e}") from None
     migrate(con)
     return ensure_functions(con)
+
+
+def set_memory_limit(con: duckdb.DuckDBPyConnection, limit: str) -> None:
+    """``SET memory_limit`` (DuckDB's buffer manager: beyond it, operators spill to disk or fail)."""
+    try:
+        con.execute("SET memory_limit = ?", [limit])
+    except duckdb.Error as e:
+        raise ConfigError(f"memory limit {limit!r} is not a DuckDB size (e.g. 512MB, 2GB): {e}") from None
 
 
 def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2GB") -> duckdb.DuckDBPyConnection:
