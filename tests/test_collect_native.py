@@ -280,3 +280,12 @@ def test_collect_memory_limit():
     assert con.execute("SELECT current_setting('memory_limit')").fetchone()[0] == "488.2 MiB"  # 512e6 bytes in MiB
     with pytest.raises(ConfigError, match="'lots' is not a DuckDB size"):
         set_memory_limit(con, "lots")
+
+
+def test_first_of_each_span():
+    t = pa.table({"trace_id": ["a" * 32, "b" * 32, "a" * 32, "a" * 32], "span_id": ["1" * 16, "1" * 16, "2" * 16, "1" * 16],
+                  "x": [0, 1, 2, 3]})
+    assert loader.first_of_each_span(t)["x"].to_pylist() == [0, 1, 2]  # row 3 repeats row 0
+    odd = pa.table({"trace_id": ["a", "bb", "a"], "span_id": ["1", "1", "1"], "x": [0, 1, 2]})  # not hex ids
+    assert loader.first_of_each_span(odd)["x"].to_pylist() == [0, 1]
+    assert loader.first_of_each_span(t.slice(0, 2)).num_rows == 2
