@@ -248,14 +248,21 @@ def test_unparseable_batch_is_decoded_by_the_python_path(tmp_path):
 
     sp = Spool(tmp_path / "spool", fsync=False)
     good = _bench_requests()[0][1]
-    for b in (good, b"\xff\xff\xff"):  # the second is no protobuf (the receiver refuses it; here it is spooled)
+    req = ExportTraceServiceRequest.FromString(_one({}, name="ABCD"))
+    not_utf8 = req.SerializeToString().replace(b"ABCD", b"AB\xff\xfe")  # upb and ptars refuse it
+    # not protobuf, and invalid UTF-8 (the receiver refuses both; here they are spooled): each one is
+    # decoded by otlp.py (malformed), the other bodies of the batch still natively
+    again = ExportTraceServiceRequest.FromString(good)
+    again.resource_spans[0].scope_spans[0].scope.name = "other"  # another body, the same spans
+    for b in (good, b"\xff\xff\xff", again.SerializeToString(), not_utf8, _bench_requests()[1][1]):
         sp.append(b, "protobuf", "http")
     recs = sp.read_from(0, 0, 10, 1 << 40)
     items = [(str(sp.path(r.seq)), r.offset, r.length, r.fmt, r.transport, r.seq) for r in recs]
     out = loader.decode_records(items, SETTINGS)
     sp.close()
-    assert (out.accepted, out.malformed) == (512, 1) and "not an OTLP" in out.notes[0]
-    assert loader._read_ipc(out.ipc).num_rows == 512
+    assert (out.accepted, out.malformed) == (3 * 512, 2) and all("not an OTLP" in n for n in out.notes)
+    # the same spans twice in a batch: once
+    assert loader._read_ipc(out.ipc).num_rows == 2 * 512
 
 
 def test_loader_decoder_setting_is_checked(tmp_path):

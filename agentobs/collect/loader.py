@@ -65,17 +65,26 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
     python_idx = list(range(len(items)))
     if settings.loader_decoder == "native":
         pb = [k for k, it in enumerate(items) if it[3] != "json"]
-        if pb:
+        fallback: set[int] = set()
+        groups = [pb]
+        while groups:
+            grp = groups.pop()
             try:
-                res = otlp_native.decode_bodies([bodies[k] for k in pb], [f"otlp-{items[k][4]}" for k in pb], settings)
-            except Exception as e:  # noqa: BLE001 - ptars refused the batch: otlp.py decodes it and says why
-                log.debug("native decode of %d requests failed (%s: %s)", len(pb), type(e).__name__, e)
-            else:
-                if res.table is not None:
-                    tables.append(res.table)
-                acc += sum(res.accepted)
-                fallback = {pb[k] for k in res.fallback_requests}
-                python_idx = [k for k in python_idx if k not in pb or k in fallback]
+                res = otlp_native.decode_bodies([bodies[k] for k in grp], [f"otlp-{items[k][4]}" for k in grp],
+                                                settings)
+            except Exception as e:  # noqa: BLE001 - ptars refused a body: the others natively, that one by otlp.py
+                if len(grp) > 1:
+                    groups += [grp[:len(grp) // 2], grp[len(grp) // 2:]]
+                else:
+                    fallback.add(grp[0])
+                    log.debug("native decode refused %s (%s: %s)", items[grp[0]][:2], type(e).__name__, e)
+                continue
+            if res.table is not None:
+                tables.append(res.table)
+            acc += sum(res.accepted)
+            fallback.update(grp[k] for k in res.fallback_requests)
+        pb_set = set(pb)
+        python_idx = [k for k in python_idx if k not in pb_set or k in fallback]
     for k in python_idx:
         _path, off, _n, fmt, transport, seq = items[k]
         body = bodies[k]
