@@ -287,7 +287,7 @@ class Values:
                 off = _offsets(parent, n)
                 if len(items):
                     esrc = Src()
-                    ev = self.elems = Values(h_any.list_to_record_batch(items.to_pylist()).to_struct_array(), esrc, 1)
+                    ev = self.elems = Values(h_any.array_to_record_batch(items).to_struct_array(), esrc, 1)
                     self.bad |= np.bincount(parent, weights=ev.bad, minlength=n) > 0
                     has = np.diff(off) > 0
                     self.first_idx[has] = off[:-1][has]
@@ -367,6 +367,7 @@ class KVs:
         self.json = _assemble(src, parent, n, codes, [_enc.encode(k).decode() + ":" for k in keys], self.values.val,
                               self.values.quoted, "{", "}")
         self._rows: dict[str, np.ndarray] = {}
+        self._by_code: tuple[np.ndarray, np.ndarray] | None = None
 
     def rows(self, key: str) -> np.ndarray:
         """Per parent, the row of ``key`` in the flattened key/values (-1: absent)."""
@@ -375,7 +376,13 @@ class KVs:
             r = np.full(self.n, -1, np.int64)
             j = self.key_code.get(key)
             if j is not None:
-                pos = np.flatnonzero(self.codes == j)
+                if self._by_code is None:  # rows grouped by key, once: each lookup is then a slice
+                    order = np.argsort(self.codes, kind="stable")
+                    start = np.zeros(len(self.key_code) + 1, np.int64)
+                    np.cumsum(np.bincount(self.codes, minlength=len(self.key_code)), out=start[1:])
+                    self._by_code = (order, start)
+                order, start = self._by_code
+                pos = order[start[j]:start[j + 1]]
                 r[self.parent[pos]] = pos
             self._rows[key] = r
         return r
