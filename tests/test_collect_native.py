@@ -226,8 +226,14 @@ def test_loader_decode_records_native_equals_python(tmp_path):
     from agentobs.collect.spool import Spool
 
     sp = Spool(tmp_path / "spool", fsync=False)
-    bodies = [b for _, b in _fixture_requests()[:30]] + [b for _, b in _bench_requests()] + \
-        [_one({"gen_ai.usage.input_tokens": -5})]
+    # the bad values of issue 21 (each rejects its span with a reason in otlp.py): handed back, counted the same
+    bad = [_one({"gen_ai.usage.input_tokens": v}) for v in (-5, 12.5, math.nan, math.inf, 2.0**63)] + \
+        [_one({"agentobs.attempt": 2**31}), _one({"gen_ai.usage.output_tokens": -1.0}),
+         _one({}, kind=200), _one({}, span_id=b"\x00" * 8), _one({}, end_time_unix_nano=5)]
+    st = ExportTraceServiceRequest.FromString(_one({}))
+    st.resource_spans[0].scope_spans[0].spans[0].status.code = 128
+    bodies = [b for _, b in _fixture_requests()[:30]] + [b for _, b in _bench_requests()] + bad + \
+        [st.SerializeToString()]
     for b in bodies:
         sp.append(b, "protobuf", "grpc")
     sp.append(json.dumps({"resourceSpans": []}).encode(), "json", "http")
@@ -236,7 +242,10 @@ def test_loader_decode_records_native_equals_python(tmp_path):
     a = loader.decode_records(items, SETTINGS)
     b = loader.decode_records(items, PYTHON)
     sp.close()
-    assert (a.requests, a.accepted, a.rejected, a.malformed) == (b.requests, b.accepted, b.rejected, b.malformed)
+    assert (a.requests, a.accepted, a.rejected, a.malformed, a.reasons) == \
+        (b.requests, b.accepted, b.rejected, b.malformed, b.reasons)
+    # 7 bad counts and attempts, the kind and the status code, the zero id, the end before the start
+    assert a.reasons == {"invalid_count": 7, "invalid_enum": 2, "invalid_id": 1, "invalid_time": 1}, a.reasons
     key = ["trace_id", "span_id"]
     ta = loader._read_ipc(a.ipc).sort_by([(k, "ascending") for k in key])
     tb = loader._read_ipc(b.ipc).sort_by([(k, "ascending") for k in key])
@@ -250,8 +259,9 @@ def test_unparseable_batch_is_decoded_by_the_python_path(tmp_path):
     good = _bench_requests()[0][1]
     req = ExportTraceServiceRequest.FromString(_one({}, name="ABCD"))
     not_utf8 = req.SerializeToString().replace(b"ABCD", b"AB\xff\xfe")  # upb and ptars refuse it
-    # not protobuf, and invalid UTF-8 (the receiver refuses both; here they are spooled): each one is
-    # decoded by otlp.py (malformed), the other bodies of the batch still natively
+    # not protobuf (the receiver refuses it; here it is spooled) and invalid UTF-8 in a span: ptars refuses
+    # both, each one is decoded by otlp.py alone (malformed; the span rejected as invalid_text), the other
+    # bodies of the batch still natively
     again = ExportTraceServiceRequest.FromString(good)
     again.resource_spans[0].scope_spans[0].scope.name = "other"  # another body, the same spans
     for b in (good, b"\xff\xff\xff", again.SerializeToString(), not_utf8, _bench_requests()[1][1]):
@@ -260,7 +270,8 @@ def test_unparseable_batch_is_decoded_by_the_python_path(tmp_path):
     items = [(str(sp.path(r.seq)), r.offset, r.length, r.fmt, r.transport, r.seq) for r in recs]
     out = loader.decode_records(items, SETTINGS)
     sp.close()
-    assert (out.accepted, out.malformed) == (3 * 512, 2) and all("not an OTLP" in n for n in out.notes)
+    assert (out.accepted, out.malformed, out.rejected, out.reasons) == (3 * 512, 1, 1, {"invalid_text": 1})
+    assert any("not an OTLP" in n for n in out.notes) and any("UTF-8" in n for n in out.notes), out.notes
     # the same spans twice in a batch: once
     assert loader._read_ipc(out.ipc).num_rows == 2 * 512
 

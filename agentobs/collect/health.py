@@ -22,6 +22,14 @@ class Health:
                                 ["transport", "outcome"], registry=r)
         self.spool_bytes = Gauge("agentobs_spool_unloaded_bytes", "OTLP request bytes spooled and not yet stored.",
                                  registry=r)
+        self.inflight_bytes = Gauge("agentobs_otlp_inflight_bytes", "Request body bytes being read, checked or "
+                                    "spooled (receiver_max_inflight_mb).", registry=r)
+        self.connections = Gauge("agentobs_otlp_http_connections", "Open OTLP/HTTP connections (one thread each).",
+                                 registry=r)
+        self.connections_closed = Counter("agentobs_otlp_http_connections_closed", "OTLP/HTTP connections the "
+                                          "receiver closed, by reason (idle_timeout, read_timeout, evicted: idle "
+                                          "one closed for a new one at receiver_max_connections).", ["reason"],
+                                          registry=r)
         self.scrapes = Counter("agentobs_scrapes", "Scrape attempts by outcome (ok/error).", ["outcome"], registry=r)
         self.scrape_errors = Counter("agentobs_scrape_errors", "Failed scrapes by target and reason.",
                                      ["target", "reason"], registry=r)

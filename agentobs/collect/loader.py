@@ -19,7 +19,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
@@ -51,6 +51,7 @@ class Batch:
     rejected: int
     malformed: int  # requests that did not decode at all
     notes: list[str]
+    reasons: dict[str, int] = field(default_factory=dict)  # rejected spans by reason (otlp.Decoded.reasons)
 
 
 def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: Settings | None = None) -> Batch:
@@ -61,6 +62,7 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
     ``otlp.py``. A batch ptars cannot parse is decoded by ``otlp.py`` request by request."""
     settings = settings or _settings
     tables, acc, rej, bad, notes = [], 0, 0, 0, []
+    reasons: dict[str, int] = {}
     bodies = _read_bodies(items)
     python_idx = list(range(len(items)))
     if settings.loader_decoder == "native":
@@ -107,6 +109,8 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
             tables.append(t)
         acc += dec.accepted
         rej += dec.rejected
+        for r, v in dec.reasons.items():
+            reasons[r] = reasons.get(r, 0) + v
         notes.extend(dec.errors[:MAX_NOTES - len(notes)])
     ipc = None
     if tables:
@@ -116,7 +120,7 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
         with pa.ipc.new_stream(sink, table.schema) as w:
             w.write_table(table)
         ipc = sink.getvalue().to_pybytes()
-    return Batch(ipc, len(items), acc, rej, bad, notes)
+    return Batch(ipc, len(items), acc, rej, bad, notes, reasons)
 
 
 def first_of_each_span(table: pa.Table) -> pa.Table:
@@ -295,8 +299,8 @@ class Loader:
         self.spool.mark_loaded(*end)
         h = self.health
         h.on_commit(time.perf_counter() - t0, inserted)
-        if b.rejected:
-            h.spans_rejected.labels("invalid_span").inc(b.rejected)
+        for reason, n in b.reasons.items():  # invalid_id, invalid_count, too_deep, ...: docs/collectors.md
+            h.spans_rejected.labels(reason).inc(n)
         if b.malformed:
             h.requests.labels("loader", "malformed").inc(b.malformed)
         for n in b.notes:

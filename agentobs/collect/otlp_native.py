@@ -14,7 +14,7 @@ request at a time, so the rows and the rejection/warning behaviour of such a req
 ``otlp.decode_protobuf``'s: a span the Python decoder rejects or warns about (bad or zero ids, bad
 times, kind/status outside 0..127, token counts that are not non-negative integers, an attempt beyond
 int32, cached > input tokens, NaN/infinite latencies), span events, kvlist/bytes values or nested
-arrays, a key repeated within one span, more than ``MAX_ATTRS`` attributes, LiteLLM's stringified
+arrays, a key repeated within one span, more than ``max_span_attributes`` attributes, LiteLLM's stringified
 dicts, and every alias value whose text the Python path would build with ``str()`` of something other
 than a string, an int or a bool. ``fallback_requests`` of the result lists them.
 """
@@ -37,7 +37,6 @@ from .otlp import MAX_ATTR_BYTES, SPAN_SCHEMA
 
 INT64_MAX = 2**63 - 1
 INT32_MAX = 2**31 - 1
-MAX_ATTRS = 1024  # more attributes on one span or resource: the Python path (it caps and warns)
 
 # which member of AnyValue's oneof is set
 W_ABSENT, W_NONE, W_STR, W_BOOL, W_INT, W_DOUBLE, W_ARRAY, W_OTHER = -1, 0, 1, 2, 3, 4, 5, 6
@@ -336,7 +335,7 @@ class KVs:
     """A list<KeyValue> column (attributes of spans or resources) flattened: the JSON object text per
     parent, lookups of single keys, and the parents this path does not handle."""
 
-    def __init__(self, lists: pa.Array, n: int):
+    def __init__(self, lists: pa.Array, n: int, cap: int):
         self.n = n
         src = Src()
         parent = _np_int(pc.list_parent_indices(lists)).astype(np.int64)
@@ -345,7 +344,7 @@ class KVs:
         key = _sf(kv, "key")
         self.values = Values(_sf(kv, "value"), src)
         cnt = np.bincount(parent, minlength=n)
-        bad = cnt > MAX_ATTRS
+        bad = cnt > cap  # max_span_attributes: otlp.py drops the rest and warns
         bad_kv = self.values.bad | (_np_int(_sf(kv, "key_strindex")) != 0)
         if bad_kv.any():
             bad[parent[bad_kv]] = True
@@ -557,8 +556,8 @@ def decode_bodies(bodies: list[bytes], sources: list[str], settings: Settings) -
 
     res_attrs = pc.fill_null(_sf(resource, "attributes"), pa.scalar([], _sf(resource, "attributes").type)) \
         if resource.null_count else _sf(resource, "attributes")
-    res_kv = KVs(res_attrs, nrs)
-    span_kv = KVs(_sf(sp, "attributes"), n)
+    res_kv = KVs(res_attrs, nrs, settings.max_span_attributes)
+    span_kv = KVs(_sf(sp, "attributes"), n, settings.max_span_attributes)
     a = Attrs(span_kv, res_kv, span_rs)
     # service.name: a string (anything else is stored as the Python path decides)
     svc_rows = res_kv.rows("service.name")

@@ -29,6 +29,7 @@ from . import snapshot
 from .fleet import Fleet, split_hostport
 from .health import Health
 from .kvsub import KVSubscriber
+from .limits import ByteBudget
 from .loader import Loader
 from .otlp_grpc import OtlpGrpcServer
 from .otlp_http import OtlpHttpServer
@@ -63,13 +64,14 @@ class Service:
         self.loader = Loader(self.spool, self.con, s, self.health).start()
         self.ingest = Ingest(self.spool, s, self.health)
         token = s.receiver_token or None
-        max_body = s.receiver_max_body_mb * 1024 * 1024
+        # one budget of request bytes in flight for both transports (receiver_max_inflight_mb)
+        budget = ByteBudget(s.receiver_max_inflight_mb * 1024 * 1024, self.health.inflight_bytes)
         if self.fleet.grpc:
             host, port = split_hostport(self.fleet.grpc, "receiver.grpc")
-            self.grpc = OtlpGrpcServer(self.ingest, host, port, token, max_body).start()
+            self.grpc = OtlpGrpcServer(self.ingest, host, port, token, budget=budget).start()
         if self.fleet.http:
             host, port = split_hostport(self.fleet.http, "receiver.http")
-            self.http = OtlpHttpServer(self.ingest, host, port, token, max_body).start()
+            self.http = OtlpHttpServer(self.ingest, host, port, token, budget=budget).start()
         if self.fleet.health:
             host, port = split_hostport(self.fleet.health, "health")
             self.health_srv, _ = self.health.serve(host, port)

@@ -49,6 +49,7 @@ PAGES = (
     ("cost.py", "Cost attribution", "cost", ":material/payments:", "Agent metrics"),
     ("findings.py", "Findings", "findings", ":material/lightbulb:", "Agent metrics"),
     ("engines.py", "Engines", "engines", ":material/dns:", "Explore"),
+    ("loadgen_compare.py", "Load-generator compare", "loadgen-compare", ":material/compare_arrows:", "Explore"),
     ("sql.py", "SQL", "sql", ":material/terminal:", "Explore"),
 )
 
