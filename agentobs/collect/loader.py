@@ -41,6 +41,8 @@ _settings: Settings | None = None
 def _init_worker(settings: Settings) -> None:
     global _settings
     _settings = settings
+    if settings.loader_decoder == "native":
+        otlp_native.warm_up(settings)  # imports and ptars' descriptors now, not in the first batch
 
 
 @dataclass
