@@ -295,18 +295,22 @@ class Values:
                 parent = _np_int(pc.list_parent_indices(lists)).astype(np.int64)
                 items = pc.list_flatten(lists)
                 _, h_any = _get_handlers()
-                off = _offsets(parent, n)
+                arows = np.flatnonzero(va)  # the array values, numbered 0.. (their JSON is built for them only)
+                compact = np.full(n, -1, np.int64)
+                compact[arows] = np.arange(len(arows))
+                cparent = compact[parent]
+                na = len(arows)
                 if len(items):
                     esrc = Src()
                     ev = self.elems = Values(h_any.array_to_record_batch(items).to_struct_array(), esrc, 1)
-                    self.bad |= np.bincount(parent, weights=ev.bad, minlength=n) > 0
-                    has = np.diff(off) > 0
-                    self.first_idx[has] = off[:-1][has]
-                    ejson = _assemble(esrc, parent, n, None, [""], ev.val, ev.quoted, "[", "]")
+                    self.bad[arows] |= np.bincount(cparent, weights=ev.bad, minlength=na) > 0
+                    coff = _offsets(cparent, na)
+                    has = np.diff(coff) > 0
+                    self.first_idx[arows[has]] = coff[:-1][has]
+                    ejson = _assemble(esrc, cparent, na, None, [""], ev.val, ev.quoted, "[", "]")
                 else:
-                    ejson = pa.array(["[]"] * n, pa.string())
-                ab = src.add(ejson)
-                val[va] = ab + rows[va]
+                    ejson = pa.array(["[]"] * na, pa.string())
+                val[arows] = src.add(ejson) + np.arange(na)
         self.val, self.quoted = val, quoted
 
     def text_all(self) -> pa.Array:
