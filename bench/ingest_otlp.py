@@ -2,6 +2,7 @@
 rate of the same payloads, and their ratio.
 
     .venv/bin/python bench/ingest_otlp.py [--batches 60] [--clients 4] [--rounds 3] [--prefill N]
+                                          [--decoder native|python] [--python-decode]
 
 Payloads: batches of 512 realistic GenAI chat spans (bench/_spans.py: 20 attributes, 7 resource
 attributes), protobuf. The receiver runs in this process as `agentobs collect` runs it: HTTP server →
@@ -11,12 +12,14 @@ payloads and waiting for each 200 before the next export (like an OTLP exporter)
 
 End to end = from the first request until the loader has committed every acknowledged span to the
 store (what `agentobs sql` then reads; the count is checked with a query). Decode-only = the loader's
-own decode of the same bodies (protobuf → rows → Arrow table → IPC) in one process, alternated with the
-end-to-end rounds so both see the same machine load. ``--prefill`` stores N spans first (copies of
+own decode of the same bodies (``decode_records``: spool read → the ``--decoder`` (default native:
+otlp_native.py) → Arrow table → IPC) in one process, alternated with the end-to-end rounds so both see
+the same machine load; ``--python-decode`` also times otlp.py's decode of them (the reference). ``--prefill`` stores N spans first (copies of
 round 1 under new trace ids and earlier times), to see the rate at a large stored count.
 
 CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread
-and DuckDB's insert) and the decoder processes. RSS: the peak of this process and of each decoder.
+and DuckDB's insert; the loader thread's own share in parentheses) and the decoder processes. The store
+connection gets ``collect_memory_limit`` as ``agentobs collect`` does. RSS: the peak of this process and of each decoder.
 
 The last line is machine-readable:
 ``e2e_spans_per_s=<N> decode_only_spans_per_s=<M> ratio=<N/M> stored=<rows> acked=<spans>``.
