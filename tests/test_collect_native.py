@@ -307,3 +307,17 @@ def test_first_of_each_span():
     odd = pa.table({"trace_id": ["a", "bb", "a"], "span_id": ["1", "1", "1"], "x": [0, 1, 2]})  # not hex ids
     assert loader.first_of_each_span(odd)["x"].to_pylist() == [0, 1]
     assert loader.first_of_each_span(t.slice(0, 2)).num_rows == 2
+
+
+def test_many_distinct_keys():
+    # more (span, key) cells than the counts table takes: the repeated-key check sorts instead
+    req = ExportTraceServiceRequest()
+    ss = req.resource_spans.add().scope_spans.add()
+    for i in range(300):
+        _span(ss.spans.add(), TID, (i + 1).to_bytes(8, "big"), "chat m", {f"k{i}.{j}": j for j in range(50)})
+    s = ss.spans[7]
+    s.attributes.append(_kv("k7.3", "again"))  # span 7 repeats a key: handed back
+    res = _same([req.SerializeToString(), _one({f"u{j}": j for j in range(40)})])
+    assert res.fallback_requests == [0] and res.accepted == [0, 1]
+    del s.attributes[-1]
+    assert _same([req.SerializeToString()]).accepted == [300]

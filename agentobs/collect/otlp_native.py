@@ -371,7 +371,7 @@ class KVs:
         self.key_code = {k: j for j, k in enumerate(keys)}
         nd = max(len(keys), 1)
         if len(codes):  # a key twice in one span: dict semantics (the Python path)
-            if n * nd <= 50_000_000:
+            if n * nd <= 4_000_000:  # a counts table of at most 32 MB, else sort
                 dup = np.bincount(parent * nd + codes, minlength=n * nd).reshape(n, nd).max(axis=1) > 1
             else:
                 pairs = np.unique(parent * nd + codes, return_counts=True)
