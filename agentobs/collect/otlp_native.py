@@ -260,7 +260,7 @@ class Values:
             long_ = pc.greater(pc.utf8_length(s), MAX_ATTR_BYTES)
             s = pc.if_else(long_, pc.utf8_slice_codeunits(s, 0, MAX_ATTR_BYTES), s)
         self.s, self.b, self.i, self.d = s, b, i, d
-        self._text: pa.Array | None = None
+        self._text: bool | None = None  # prep_text done
         self.src = src
         val = np.full(n, src.c("null"), np.int64)  # the value's JSON: a piece of src
         quoted = np.zeros(n, bool)  # a string written between quotes (the quotes are in the prefixes)
@@ -313,38 +313,53 @@ class Values:
                 val[arows] = src.add(ejson) + np.arange(na)
         self.val, self.quoted = val, quoted
 
-    def text_all(self) -> pa.Array:
-        """Per row the text ``normalize`` makes of the value (``_str1``): a string itself, an int in decimal, a
-        bool as True/False, an array's first element when it is a string; null for anything else."""
-        if self._text is None:
-            parts = [self.s]
-            if (self.which == W_INT).any():
-                parts.append(self.istr)
-            if (self.which == W_BOOL).any():
-                parts.append(pc.if_else(self.b, "True", "False"))
-            if self.elems is not None:
-                parts.append(_take(self.elems.s, self.first_idx))
-            self._text = pc.coalesce(*parts) if len(parts) > 1 else parts[0]
-            fw = _which(self.elems, self.first_idx) if self.elems is not None else \
-                np.full(self.n, W_ABSENT, np.int8)
-            # what _str1 would make with str() of something else: a double, a dict, bytes, an array's non-string
-            self.text_bad = (self.which == W_DOUBLE) | (self.which == W_OTHER) | self.bad \
-                | ((self.which == W_ARRAY) & (fw != W_ABSENT) & (fw != W_STR))
-            ln = _np_int(pc.binary_length(self._text), 0)
-            self.nonempty = ln > 0
-        return self._text
+    def prep_text(self) -> None:
+        """``text_bad`` and ``nonempty`` per row, for the text ``normalize`` makes of a value (``_str1``): a
+        string itself, an int in decimal, a bool as True/False, an array's first element when it is a string
+        (``pick`` builds it for the rows asked); ``text_bad``: what it would make with ``str()`` of anything
+        else (a double, a dict, bytes, an array's non-string first element)."""
+        if self._text is not None:
+            return
+        w = self.which
+        fw = _which(self.elems, self.first_idx) if self.elems is not None else np.full(self.n, W_ABSENT, np.int8)
+        self.text_bad = (w == W_DOUBLE) | (w == W_OTHER) | self.bad | ((w == W_ARRAY) & (fw != W_ABSENT) & (fw != W_STR))
+        nonempty = (w == W_INT) | (w == W_BOOL)
+        if (w == W_STR).any():
+            nonempty |= (w == W_STR) & (_np_int(pc.binary_length(self.s), 0) > 0)
+        if self.elems is not None:
+            eln = _np_int(pc.binary_length(self.elems.s), 0)
+            nonempty |= (fw == W_STR) & (eln[np.maximum(self.first_idx, 0)] > 0)
+        self.nonempty = nonempty
+        self._text = True
+
+    def pick(self, rows: np.ndarray) -> pa.Array:
+        """The text (``prep_text``) of the values at ``rows`` (-1: null)."""
+        w = _which(self, rows)
+        parts = []
+        if (w == W_STR).any():
+            parts.append(_take(self.s, np.where(w == W_STR, rows, -1)))
+        if (w == W_INT).any():
+            parts.append(_take(self.istr, np.where(w == W_INT, rows, -1)))
+        if (w == W_BOOL).any():
+            parts.append(pc.if_else(_take(self.b, np.where(w == W_BOOL, rows, -1)), "True", "False"))
+        if (w == W_ARRAY).any() and self.elems is not None:
+            fi = np.where(w == W_ARRAY, self.first_idx[np.maximum(rows, 0)], -1)
+            parts.append(_take(self.elems.s, np.where(_which(self.elems, fi) == W_STR, fi, -1)))
+        if not parts:
+            return pa.nulls(len(rows), pa.string())
+        return pc.coalesce(*parts) if len(parts) > 1 else parts[0]
 
     def text(self, rows: np.ndarray, empty_is_null: bool = True) -> tuple[pa.Array, np.ndarray]:
-        """``text_all`` at ``rows`` (-1: null) and the rows that are ``bad``; ``""`` → null when ``empty_is_null``."""
+        """``pick`` at ``rows`` (-1: null) and the rows that are ``bad``; ``""`` → null when ``empty_is_null``."""
         if not self.n:
             return pa.nulls(len(rows), pa.string()), np.zeros(len(rows), bool)
-        t = self.text_all()
+        self.prep_text()
         ok = rows >= 0
         r = np.maximum(rows, 0)
         bad = ok & self.text_bad[r]
         if empty_is_null:
             rows = np.where(ok & self.nonempty[r], rows, -1)
-        return _take(t, rows), bad
+        return self.pick(rows), bad
 
 
 class KVs:
@@ -420,9 +435,9 @@ class Attrs:
         n = self.n
         sv, rv = self.sp.values, self.res.values
         if sv.n:
-            sv.text_all()
+            sv.prep_text()
         if rv.n:
-            rv.text_all()
+            rv.prep_text()
         src = np.full(n, -1, np.int8)
         row = np.full(n, -1, np.int64)
         for k in keys:
@@ -444,9 +459,9 @@ class Attrs:
                     src[hit], row[hit] = 1, r2[hit]
         if not (src >= 0).any():
             return pa.nulls(n, pa.string())
-        out = _take(sv.text_all(), np.where(src == 0, row, -1)) if (src == 0).any() else None
+        out = sv.pick(np.where(src == 0, row, -1)) if (src == 0).any() else None
         if (src == 1).any():
-            o2 = _take(rv.text_all(), np.where(src == 1, row, -1))
+            o2 = rv.pick(np.where(src == 1, row, -1))
             out = o2 if out is None else pc.coalesce(out, o2)
         return out
 
