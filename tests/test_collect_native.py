@@ -307,6 +307,8 @@ def test_first_of_each_span():
     odd = pa.table({"trace_id": ["a", "bb", "a"], "span_id": ["1", "1", "1"], "x": [0, 1, 2]})  # not hex ids
     assert loader.first_of_each_span(odd)["x"].to_pylist() == [0, 1]
     assert loader.first_of_each_span(t.slice(0, 2)).num_rows == 2
+    nulls = pa.table({"trace_id": ["a" * 32, None, None], "span_id": ["1" * 16, "1" * 16, "1" * 16], "x": [0, 1, 2]})
+    assert loader.first_of_each_span(nulls)["x"].to_pylist() == [0, 1]
 
 
 def test_many_distinct_keys():
