@@ -24,14 +24,14 @@ pytest.importorskip("chdb", reason="chdb (in-process ClickHouse) is not installe
 from agentobs.backends.clickhouse import load, model  # noqa: E402
 from agentobs.backends.clickhouse.conn import ClickHouse  # noqa: E402
 from agentobs.backends.clickhouse.dialect import to_clickhouse  # noqa: E402
+from agentobs.collect.bundle import import_bundle  # noqa: E402
 from agentobs.config import Settings, load_settings  # noqa: E402
 from agentobs.exporter import compute_snapshot  # noqa: E402
 from agentobs.findings import run as findings_run  # noqa: E402
+from agentobs.model import connect  # noqa: E402
 from agentobs.report import build, resolve  # noqa: E402
-from agentobs.sim.bundle import import_bundle  # noqa: E402
 from agentobs.sim.run import simulate  # noqa: E402
 from agentobs.sim.scenarios import scenario  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
 from agentobs.store.writer import Writer  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"

@@ -25,7 +25,7 @@ from agentobs.collect.otlp_grpc import OtlpGrpcServer
 from agentobs.collect.otlp_http import OtlpHttpServer
 from agentobs.collect.receiver import Ingest
 from agentobs.config import load_settings
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 SETTINGS = load_settings(env={})

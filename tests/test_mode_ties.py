@@ -10,8 +10,8 @@ import pytest
 
 from agentobs.findings.context import INSTANCES_SQL
 from agentobs.metrics.cost import _OBSERVED_SQL
+from agentobs.model import connect
 from agentobs.report.build import ABOUT_SQL
-from agentobs.store.db import connect
 
 # session s1: models b, a, b, a (a tie 2–2: the least, 'a'); tenants y, x, y, y (y: 3 against 1, the most frequent
 # wins even though x is less); agent names all NULL (no value: NULL). Session s2: one call, model c, tenant x.

@@ -26,7 +26,7 @@ def sample_dir() -> Path:
 def _bundle_import(ctx: Ctx, root, rebase_to: float | str | None = None) -> None:
     import datetime as dt
 
-    from ..sim.bundle import import_bundle
+    from ..collect.bundle import import_bundle
 
     con = _open(ctx)
     with _writer(con, ctx) as w:

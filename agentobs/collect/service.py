@@ -11,7 +11,10 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import duckdb
 
 from ..config import Settings
 from ..store.db import connect
@@ -31,6 +34,9 @@ class Service:
     fleet: Fleet
     settings: Settings
     db: str
+    # the session model's upkeep after writes (agentobs.model.upkeep: views, KV-event index; False when the index
+    # failed), given by the caller: collect writes the store and knows nothing of the model above it
+    upkeep: Callable[[duckdb.DuckDBPyConnection], bool] | None = None
     health: Health = field(default_factory=Health)
     stop_event: threading.Event = field(default_factory=threading.Event)
 
@@ -39,6 +45,8 @@ class Service:
         self.grpc = self.http = self.health_srv = None
         self.threads: list[threading.Thread] = []
         self.con = connect(self.db)
+        if self.upkeep is not None:
+            self.upkeep(self.con)  # the model's views before any reader opens the store
         self.writer = Writer(self.con, batch_rows=s.writer_batch_rows, flush_s=s.collect_commit_s,
                              on_commit=self.health.on_commit)
         self.ingest = Ingest(self.writer, s, self.health)
@@ -77,7 +85,7 @@ class Service:
 
     def publish_snapshot(self) -> None:
         try:
-            dt = snapshot.publish(self.con, self.snapshot_path)
+            dt = snapshot.publish(self.con, self.snapshot_path, self.upkeep)
         except Exception:  # noqa: BLE001 - a failed snapshot must not stop collection
             self.health.write_errors.labels("snapshot").inc()
             return
@@ -110,11 +118,8 @@ class Service:
         for t in self.threads:
             t.join(timeout=30)
         self.writer.close()
-        try:  # the store's own KV-event index, for readers of the store once collect has stopped
-            from ..model.kvindex import refresh
-
-            refresh(self.con)
-        except Exception:  # noqa: BLE001 - runs derive it inline without; the shutdown goes on
+        # the store's own KV-event index, for readers of the store once collect has stopped
+        if self.upkeep is not None and not self.upkeep(self.con):
             self.health.write_errors.labels("kv_index").inc()
         if self.fleet.snapshot_every_s > 0:
             self.publish_snapshot()

@@ -22,7 +22,7 @@ import pyarrow as pa
 from ..config import Settings, load_settings
 from ..metrics import prepare
 from ..metrics.usual import usual_cte
-from ..redact import mask_url
+from ..source import as_source
 from .period import Period
 
 TOP_N = 20
@@ -640,7 +640,7 @@ def _histogram(values: list[float], title: str, bins: int = 20) -> Chart:
 
 def build(db, period: Period, settings: Settings | None = None, clock: Callable[[], float] = time.time,
           findings: Callable | None | bool = True) -> Report:
-    """The report of ``period`` from the store ``db`` (a path or an open connection).
+    """The report of ``period`` from ``db``: a Source (agentobs.source), or what agentobs.metrics.prepare takes.
     ``findings``: True = the tax ledger of agentobs.findings (``build``); None/False = leave out (a note says so); a
     callable = use it (it takes ``db, since=, until=, settings=, simulate=`` and returns a Ledger)."""
     settings = settings if settings is not None else load_settings()
@@ -648,12 +648,13 @@ def build(db, period: Period, settings: Settings | None = None, clock: Callable[
         from ..findings import build as fn
     else:
         fn = findings or None
+    src = as_source(db)
     t0 = time.perf_counter()
     prev = period.previous()
-    run, close = prepare(db, since=period.since, until=period.until, settings=settings, clock=clock)
+    run, close = prepare(src, since=period.since, until=period.until, settings=settings, clock=clock)
     timings = {"prepare": time.perf_counter() - t0, **{f"prepare {k}": v for k, v in run.timings.items()}}
     try:
-        b = _Builder(run, period, settings, mask_url(db), fn, db)
+        b = _Builder(run, period, settings, src.label(), fn, src)
         cur, before = b.totals(period), b.totals(prev)
         calls = int(cur.get("calls") or 0)
         basis, cost_tbl = b.cost_basis()
@@ -673,4 +674,4 @@ def build(db, period: Period, settings: Settings | None = None, clock: Callable[
         timings.update(b.timings)
     finally:
         close()
-    return Report(period, prev, clock(), mask_url(db), calls, sections, timings)
+    return Report(period, prev, clock(), src.label(), calls, sections, timings)

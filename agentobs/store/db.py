@@ -1,4 +1,8 @@
-"""Opening the DuckDB store: migrations on read-write opens, sandboxed read-only opens."""
+"""Opening the DuckDB store: migrations on read-write opens, sandboxed read-only opens.
+
+The store holds tables only; the session model's views over them are the model's (agentobs.model.connect /
+agentobs.model.ensure, called by the layers above the store).
+"""
 
 from __future__ import annotations
 
@@ -13,13 +17,16 @@ from .schema import MIGRATIONS
 
 
 def resolve_db_path(db: str | os.PathLike | None = None) -> str:
+    """``db``, else the setting ``db`` (``--db``, ``$AGENTOBS_DB``, the settings file; default ./agentobs.duckdb)."""
     if db is not None:
         return str(db)
-    return os.environ.get("AGENTOBS_DB", "agentobs.duckdb")
+    from ..config import load_settings
+
+    return str(load_settings().db)
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Apply pending migrations in order, record each; (re)create the model views. Returns applied names."""
+    """Apply pending migrations in order, record each. Returns applied names."""
     con.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP DEFAULT now())"
     )
@@ -37,14 +44,12 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
             con.execute("ROLLBACK")
             raise
         applied.append(name)
-    from ..model import create_views
-
-    create_views(con)
     return applied
 
 
 def connect(db: str | os.PathLike | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open the store. Read-write opens migrate; read-only opens require an existing store."""
+    """Open the store. Read-write opens migrate (tables; the model's views: agentobs.model.connect); read-only
+    opens require an existing store."""
     path = resolve_db_path(db)
     if read_only:
         if path != ":memory:" and not Path(path).exists():

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..collect.files import ImportResult, import_kv_events, import_otlp, import_prom, import_server_info
 from ..config import Settings
 from ..errors import InputError
 from ..store.writer import Writer
+from .files import ImportResult, import_kv_events, import_otlp, import_prom, import_server_info
 
 FORMAT = "agentobs-sim-bundle/1"
 
