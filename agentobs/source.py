@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from .sql import QueryResult
 
 BACKENDS = ("duckdb", "clickhouse")
-DIALECTS = BACKENDS
 
 
 class Result(Protocol):
@@ -59,19 +58,20 @@ class Result(Protocol):
 
 
 class Cursor(Protocol):
-    """The part of a DuckDB cursor agentobs reads through (what ``Source.cursor()`` returns)."""
+    """The part of a DuckDB cursor agentobs reads through (what ``Source.cursor()`` returns). DuckDB's own cursor
+    is one; agentobs.backends.clickhouse.metrics.ClickHouseCursor is the other."""
 
     def cursor(self) -> Cursor: ...
 
-    def execute(self, sql: str, parameters: Any = None) -> Any: ...
+    def execute(self, query: str, parameters: Any = None, /) -> Any: ...
 
-    def sql(self, sql: str, params: Any = None) -> Any: ...
+    def sql(self, query: str, /, *, params: Any = None) -> Any: ...
 
     def fetchall(self) -> list[Any]: ...
 
-    def register(self, name: str, table: Any) -> Any: ...
+    def register(self, name: str, table: Any, /) -> Any: ...
 
-    def unregister(self, name: str) -> Any: ...
+    def unregister(self, name: str, /) -> Any: ...
 
     def close(self) -> None: ...
 
@@ -142,6 +142,8 @@ class DuckDBSource:
     def _file(self) -> str | None:
         if self.path is not None:
             return None if str(self.path) in ("", ":memory:") else os.path.realpath(self.path)
+        if self.con is None:
+            return None
         try:
             rows = self.con.cursor().sql(
                 "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()

@@ -40,7 +40,7 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
         f.unlink(missing_ok=True)
     cur = con.cursor()
     try:
-        src = cur.execute("SELECT current_database()").fetchone()[0]
+        src = cur.execute("SELECT current_database()").fetchall()[0][0]
         cur.execute("ATTACH ? AS agentobs_snapshot", [str(tmp)])
         try:
             tables = [r[0] for r in cur.execute(

@@ -107,7 +107,8 @@ def options(stamp: Stamp) -> dict[str, list[str]]:
 def call_where(f: Filters, since: dt.datetime | None, until: dt.datetime | None, alias: str = "c"
                ) -> tuple[str, dict]:
     """WHERE clause over llm_calls for the global filters (fixed SQL text, values as parameters)."""
-    parts, params = ["TRUE"], {}
+    parts: list[str] = ["TRUE"]
+    params: dict[str, object] = {}
     if since is not None:
         parts.append(f"{alias}.start_s >= $since")
         params["since"] = epoch(since)
@@ -207,7 +208,8 @@ ENGINE_SERIES = {
 
 def engine_samples(stamp: Stamp, metrics: list[str], instances: tuple[str, ...], since, until) -> pl.DataFrame:
     """Samples of the given metrics, summed over label sets per (instance, metric, ts)."""
-    parts, params = ["list_contains($metrics, metric)"], {"metrics": list(metrics)}
+    parts = ["list_contains($metrics, metric)"]
+    params: dict[str, object] = {"metrics": list(metrics)}
     if instances:
         parts.append("list_contains($instances, instance)")
         params["instances"] = list(instances)

@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -250,7 +251,8 @@ class MetricRun:
         self.cur.execute("CREATE OR REPLACE TEMP TABLE m_cost AS SELECT * FROM m_cost_arrow")
         self.cur.unregister("m_cost_arrow")
         self.timings["m_cost"] = time.perf_counter() - t0
-        preds, params = [], {}
+        preds: list[str] = []
+        params: dict[str, Any] = {}
         for key, values in self.filters.items():
             col = FILTER_COLUMNS[key]
             preds.append(f"list_contains($f_{key}, {{t}}.{col})")

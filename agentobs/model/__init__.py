@@ -23,7 +23,8 @@ def views_sql() -> str:
 
 def split_statements(sql: str) -> list[str]:
     """Split a SQL script into statements (sqlglot-free: our files end statements with ';\\n')."""
-    out, buf = [], []
+    out: list[str] = []
+    buf: list[str] = []
     for line in sql.splitlines():
         if line.strip().startswith("--") and not buf:
             continue

@@ -73,7 +73,7 @@ def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2
     path = resolve_db_path(db)
     if path != ":memory:" and not Path(path).exists():
         raise StoreError(f"no agentobs database at {path!r}")
-    config = {"enable_external_access": False}
+    config: dict[str, str | bool | int | float | list[str]] = {"enable_external_access": False}
     if memory_limit:
         config["memory_limit"] = memory_limit
     try:

@@ -44,6 +44,7 @@ class _Result:
 
     def pl(self) -> pl.DataFrame:
         df = pl.from_arrow(self._t)
+        assert isinstance(df, pl.DataFrame)  # a Table gives a DataFrame (a Series only from an Array)
         # DuckDB hands back naive UTC timestamps; ClickHouse's carry the server zone
         return df.with_columns([pl.col(c).dt.convert_time_zone("UTC").dt.replace_time_zone(None)
                                 for c, t in df.schema.items() if isinstance(t, pl.Datetime) and t.time_zone])
