@@ -25,6 +25,7 @@ LAYER_OF = {
     "agentobs": "base",  # the package's __init__ (its version)
     "agentobs.errors": "base",
     "agentobs.config": "base",
+    "agentobs.conventions": "base",  # every span alias list (both backends read it)
     "agentobs.times": "base",
     "agentobs.redact": "base",
     "agentobs.output": "base",

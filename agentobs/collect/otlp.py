@@ -287,7 +287,7 @@ def decode_protobuf(data: bytes, settings: Settings, source: str = "otlp", where
     try:
         req = ExportTraceServiceRequest.FromString(data)
     except DecodeError as e:
-        raise InputError(f"not an OTLP ExportTraceServiceRequest protobuf ({e})", where) from None
+        raise InputError(f"not an OTLP ExportTraceServiceRequest protobuf ({e})", where) from e
     return decode_request(req, settings, source, where)
 
 
@@ -426,9 +426,9 @@ def parse_json_bytes(data: bytes | str, where: str) -> Any:
     try:  # the stdlib parser gives line and column
         return json.loads(data)
     except json.JSONDecodeError as e:
-        raise InputError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", where) from None
+        raise InputError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", where) from e
     except UnicodeDecodeError as e:
-        raise InputError(f"not UTF-8 text at byte {e.start}", where) from None
+        raise InputError(f"not UTF-8 text at byte {e.start}", where) from e
 
 
 def decode_json(data: bytes | str, settings: Settings, source: str = "otlp", where: str = "payload") -> Decoded:

@@ -41,7 +41,7 @@ def gunzip(data: bytes, limit: int) -> bytes:
     try:
         out = d.decompress(data, limit + 1)
     except zlib.error as e:
-        raise InputError(f"body is not valid gzip ({e})", "Content-Encoding: gzip") from None
+        raise InputError(f"body is not valid gzip ({e})", "Content-Encoding: gzip") from e
     if len(out) > limit or d.unconsumed_tail:
         raise OverflowError(f"decompressed body exceeds {limit} bytes")
     if not d.eof:
@@ -116,7 +116,7 @@ class _Handler(BaseHTTPRequestHandler):
                 try:
                     req = ExportTraceServiceRequest.FromString(data)
                 except DecodeError as e:
-                    raise InputError(f"not an OTLP ExportTraceServiceRequest protobuf ({e})", "body") from None
+                    raise InputError(f"not an OTLP ExportTraceServiceRequest protobuf ({e})", "body") from e
                 spans = count_spans(req)
                 out = ing.export(spans, lambda: otlp.decode_request(req, ing.settings, "otlp-http", "body"), "http")
             else:

@@ -482,7 +482,7 @@ class MetricRun:
         try:
             df = self.cur.sql(metric.sql, params=self.params_for(metric, by)).pl()
         except duckdb.Error as e:
-            raise QueryError(f"metric {name!r} failed: {str(e).splitlines()[0]}") from None
+            raise QueryError(f"metric {name!r} failed: {str(e).splitlines()[0]}") from e
         self.timings[name] = time.perf_counter() - t0
         if "grp" in df.columns:
             df = df.rename({"grp": BY_COLUMNS[by]})

@@ -59,11 +59,11 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False) -> duc
         try:
             return ensure_functions(duckdb.connect(path, read_only=True))
         except duckdb.Error as e:
-            raise StoreError(f"cannot open {path!r} read-only: {e}") from None
+            raise StoreError(f"cannot open {path!r} read-only: {e}") from e
     try:
         con = duckdb.connect(path)
     except duckdb.Error as e:
-        raise StoreError(f"cannot open {path!r}: {e}") from None
+        raise StoreError(f"cannot open {path!r}: {e}") from e
     migrate(con)
     return ensure_functions(con)
 
@@ -79,7 +79,7 @@ def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2
     try:
         con = duckdb.connect(path, read_only=path != ":memory:", config=config)
     except duckdb.Error as e:
-        raise StoreError(f"cannot open {path!r} read-only: {e}") from None
+        raise StoreError(f"cannot open {path!r} read-only: {e}") from e
     ensure_functions(con)  # before the configuration is locked
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")
