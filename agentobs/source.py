@@ -359,7 +359,7 @@ def queries(src: Source, sqls: dict[str, str]) -> dict[str, pl.DataFrame]:
 def table_exists(cur: Cursor, name: str) -> bool:
     """Whether the cursor's database has a table or view ``name`` (a store older than a migration lacks some)."""
     if dialect_of(cur) == "duckdb":
-        sql = "SELECT count(*) FROM duckdb_tables() WHERE table_name = $name"
+        sql = "SELECT count(*) FROM information_schema.tables WHERE table_name = $name"  # tables and views
         return bool(cur.sql(sql, params={"name": name}).fetchall()[0][0])
     t = cur.ch.arrow("SELECT count() AS n FROM system.tables WHERE database = currentDatabase() "  # type: ignore[attr-defined]
                      "AND name = {name:String}", {"name": name})
