@@ -113,7 +113,7 @@ def test_acknowledged_spans_survive_sigkill_under_load_exactly_once(tmp_path):
     from agentobs.collect.loader import Loader
     from agentobs.collect.spool import Spool
     from agentobs.config import load_settings
-    from agentobs.store.db import connect
+    from agentobs.model import connect
 
     con = connect(db)
     spool = Spool(tmp_path / "d.duckdb.spool")

@@ -1,7 +1,7 @@
 """The layer rule (docs/architecture.md, "Layers"): every import of every agentobs module — at module level, in a
 function (a lazy import) or under TYPE_CHECKING — points down the one-way flow
 
-    base → store → collect → model → source → metrics → findings → surfaces (report, exporter, console, loadgen) → cli
+    base → store → collect → model → source → metrics → findings → loadgen → surfaces (report, exporter, console) → cli
 
 and the simulator sits beside it: it imports only the base and the store, and only findings and the surfaces
 import it. Modules of one package import each other freely; the surfaces do not import each other.
@@ -40,13 +40,13 @@ LAYER_OF = {
     "agentobs.report": "surface",
     "agentobs.exporter": "surface",
     "agentobs.console": "surface",
-    "agentobs.loadgen": "surface",  # a tool: load against a live engine, traced into collect or a store
+    "agentobs.loadgen": "loadgen",  # load against a live engine; the console shows its --compare
     "agentobs.cli": "cli",
     "agentobs.sim": "sim",
 }
-ORDER = ["base", "store", "collect", "model", "source", "metrics", "findings", "surface", "cli"]
+ORDER = ["base", "store", "collect", "model", "source", "metrics", "findings", "loadgen", "surface", "cli"]
 SIM_IMPORTS = {"base", "store"}  # what the simulator may import (its truth stays independent of what it checks)
-SIM_IMPORTED_BY = {"findings", "surface", "cli", "sim"}  # who may import the simulator (what-if replays)
+SIM_IMPORTED_BY = {"findings", "loadgen", "surface", "cli", "sim"}  # who may import the simulator (replays, load)
 
 
 def modules() -> dict[str, Path]:

@@ -46,7 +46,6 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
         if cancel is not None and cancel.is_set():
             raise Cancelled("snapshot cancelled")
 
->>>>>>> main
     t0 = time.perf_counter()
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
