@@ -31,6 +31,7 @@ import os
 
 import polars as pl
 
+from ..redact import mask_url
 from ..source import DuckDBSource, Source, close_shared, from_stamp, queries, shared_clickhouse
 from ..source import query as _query
 from .filters import Filters
@@ -66,8 +67,8 @@ def source(stamp: Stamp) -> Source:
 
 
 def label(stamp: Stamp) -> str:
-    """The source as shown to users (a ClickHouse URL without its password)."""
-    return source(stamp).label()
+    """The source as shown to users (a ClickHouse URL without its password), without opening it."""
+    return mask_url(stamp[1])
 
 
 def query(stamp: Stamp, sql: str, params: dict | None = None) -> pl.DataFrame:
