@@ -189,7 +189,7 @@ def test_collect_takes_the_fleet_file_as_fleet_and_config_still_with_a_warning(t
     class FakeService:
         snapshot_path = "x.read.duckdb"
 
-        def __init__(self, fleet, settings, db, upkeep=None):
+        def __init__(self, fleet, settings, db, views=None, upkeep=None):
             ran.append((fleet, db))
 
         def status_line(self):

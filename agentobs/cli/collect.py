@@ -37,7 +37,7 @@ def collect_cmd(click_ctx, fleet_path, old_fleet_path, db, settings_path, debug)
     parent = click_ctx.find_object(Ctx)
     ctx = Ctx(db or (parent._db if parent else None), settings_path or (parent.config if parent else None), debug)
     fleet = load_fleet(fleet_path, ctx.settings)
-    svc = Service(fleet, ctx.settings, ctx.db, upkeep=model.upkeep)
+    svc = Service(fleet, ctx.settings, ctx.db, views=model.ensure, upkeep=model.upkeep)
     where = ", ".join(x for x in (f"otlp grpc {fleet.grpc}" if fleet.grpc else "", f"otlp http {fleet.http}"
                                   if fleet.http else "", f"health {fleet.health}" if fleet.health else "") if x)
     err_console.print(f"agentobs collect: {len(fleet.targets)} scrape target(s), {len(fleet.kv)} KV-event "

@@ -48,9 +48,11 @@ class Service:
     fleet: Fleet
     settings: Settings
     db: str
-    # the session model's upkeep after writes (agentobs.model.upkeep: views, KV-event index; False when the index
-    # failed), given by the caller: collect writes the store and knows nothing of the model above it
-    upkeep: Callable[[duckdb.DuckDBPyConnection], bool] | None = None
+    # the session model, given by the caller (collect writes the store and knows nothing of the model above it):
+    # ``views`` makes its views on the store at start (agentobs.model.ensure), ``upkeep`` its views and KV-event
+    # index on each read snapshot (agentobs.model.upkeep)
+    views: Callable[[duckdb.DuckDBPyConnection], object] | None = None
+    upkeep: Callable[[duckdb.DuckDBPyConnection], object] | None = None
     health: Health = field(default_factory=Health)
     stop_event: threading.Event = field(default_factory=threading.Event)
 
@@ -59,8 +61,8 @@ class Service:
         self.grpc = self.http = self.health_srv = None
         self.threads: list[threading.Thread] = []
         self.con = connect(self.db)
-        if self.upkeep is not None:
-            self.upkeep(self.con)  # the model's views before any reader opens the store
+        if self.views is not None:
+            self.views(self.con)  # before any reader opens the store (or its link, after stop)
         self.writer = Writer(self.con, batch_rows=s.writer_batch_rows, flush_s=s.collect_commit_s,
                              on_commit=self.health.on_commit)
         mb = 1024 * 1024
