@@ -114,8 +114,8 @@ def reports(both):
 
 
 # string_agg(DISTINCT …) order is unspecified in DuckDB (ClickHouse's translation sorts): compare as sets. A session
-# split evenly across two models would be a tie for its usual model: the least name on both backends (report
-# ABOUT_SQL), so the top lists compare whole (the sample scenario keeps each session on one model now)
+# split evenly across two models would be a tie for its usual model: the least name on both backends
+# (agentobs/report/queries/about.sql), so the top lists compare whole (the sample scenario keeps each session on one model now)
 AS_SET = {("idle_kv_rent_by_task_type", "rent_basis"), ("idle_kv_rent_by_instance", "rent_basis")}
 
 
