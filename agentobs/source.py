@@ -327,6 +327,20 @@ def counts_changes(cur: Cursor) -> bool:
     return dialect_of(cur) == "duckdb"
 
 
+def register_functions(cur: Cursor) -> None:
+    """agentobs' SQL functions (agentobs/store/functions.py) on a DuckDB connection a caller opened; ClickHouse has
+    them built in (its dialect maps them)."""
+    if dialect_of(cur) == "duckdb":
+        from .store.functions import ensure
+
+        ensure(cur)  # type: ignore[arg-type]
+
+
+def has_insertion_order(cur: Cursor) -> bool:
+    """Whether the database has DuckDB's ``preserve_insertion_order`` setting (a bulk preparation turns it off)."""
+    return dialect_of(cur) == "duckdb"
+
+
 def dialect_of(x: Source | Cursor) -> str:
     """The dialect of a source or of a cursor one gave (``"duckdb"`` or ``"clickhouse"``)."""
     d = getattr(x, "dialect", None)

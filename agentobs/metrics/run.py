@@ -38,7 +38,7 @@ from ..config import Settings, load_settings
 from ..errors import QueryError, did_you_mean
 from ..model import kvindex, reuse
 from ..model.itl import itl_gap_params, itl_gaps_sql
-from ..source import Cursor, Source, as_source, counts_changes, dialect_of, rowid
+from ..source import Cursor, Source, as_source, counts_changes, has_insertion_order, register_functions, rowid
 from .catalog import BY_COLUMNS, Metric, catalogue
 from .cost import CostModel, cost_table, parse_cost
 
@@ -181,11 +181,7 @@ class MetricRun:
     def __post_init__(self):
         if self.since is not None and self.until is not None and self.until <= self.since:
             raise QueryError(f"empty window: until ({self.until}) must be after since ({self.since})")
-        self.dialect = dialect_of(self.con)
-        if self.dialect == "duckdb":
-            from ..store.functions import ensure
-
-            ensure(self.con)  # agentobs_cumsum (the ITL queries) on a connection the caller opened
+        register_functions(self.con)  # agentobs_cumsum (the ITL queries) on a connection the caller opened
         self.cur = self.con.cursor()
         # the windows this run's working set can serve (set_window): every call when not pruned, else
         # [since − (until − since), until) — see the pruning in _prepare
@@ -193,7 +189,7 @@ class MetricRun:
         self._covers = (
             (None if self.since is None else self.since if self.until is None else 2 * self.since - self.until),
             self.until) if pruned else (None, None)
-        if self.dialect == "duckdb":
+        if has_insertion_order(self.cur):
             self._unordered(self._prepare)
         else:
             self._prepare()
