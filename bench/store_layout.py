@@ -36,7 +36,7 @@ from _spans import payload  # noqa: E402
 
 from agentobs.collect import otlp_native  # noqa: E402
 from agentobs.config import load_settings  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
+from agentobs.model import connect  # noqa: E402
 from agentobs.store.writer import insert_spans  # noqa: E402
 
 

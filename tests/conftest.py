@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from agentobs.config import load_settings
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -44,8 +44,8 @@ def sample_db(tmp_path_factory) -> Path:
     """sample_data/fleet imported once for the whole test session (read it only: tests share it)."""
     if not (SAMPLE_BUNDLE / "manifest.json").exists():
         pytest.skip("sample_data/fleet not in this checkout")
+    from agentobs.collect.bundle import import_bundle
     from agentobs.config import Settings
-    from agentobs.sim.bundle import import_bundle
 
     path = tmp_path_factory.mktemp("sample_shared") / "sample.duckdb"
     con = connect(path)

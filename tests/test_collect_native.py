@@ -278,7 +278,7 @@ def test_unparseable_batch_is_decoded_by_the_python_path(tmp_path):
 
 def test_loader_decoder_setting_is_checked(tmp_path):
     from agentobs.collect.spool import Spool
-    from agentobs.store.db import connect
+    from agentobs.model import connect
 
     bad = load_settings(env={"AGENTOBS_LOADER_DECODER": "rust"})
     with pytest.raises(ConfigError, match="loader_decoder"):
@@ -291,7 +291,8 @@ def test_table_schema():
 
 
 def test_collect_memory_limit():
-    from agentobs.store.db import connect, set_memory_limit
+    from agentobs.model import connect
+    from agentobs.store.db import set_memory_limit
 
     con = connect(":memory:")
     set_memory_limit(con, "512MB")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from agentobs.collect import files
 from agentobs.config import load_settings
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -14,7 +14,7 @@ import pytest
 
 from agentobs.config import Settings, load_settings
 from agentobs.metrics import compute, compute_all, prepare
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 T0 = 1_800_000_000.0  # epoch seconds; every time below is relative to it
