@@ -140,7 +140,7 @@ def main() -> None:
     n = sum(t.num_rows for t in batches)
     print(f"{a.batches} batches x {batches[0].num_rows} spans = {n:,} spans; load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory() as d:
-        for prefill in (0, a.prefill):
+        for prefill in sorted({0, a.prefill}):
             sub = Path(d) / f"p{prefill}"
             sub.mkdir()
             t0 = time.perf_counter()
