@@ -4,77 +4,19 @@ goes through the real OTLP import path."""
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 import pytest
+from builders import T0, call, make_db
 
 from agentobs.config import Settings, load_settings
 from agentobs.metrics import compute, compute_all, prepare
 from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 
-T0 = 1_800_000_000.0  # epoch seconds; every time below is relative to it
 FIX = Path(__file__).parent / "fixtures"
-
-
-def _ts(s: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(T0 + s, dt.UTC).replace(tzinfo=None)
-
-
-def call(cid, sess, start, end, P, C, O=100,  # noqa: E741 - METRICS.md notation
-         inst="A:8000", attempt=None, branch=None, ttft=0.5, status=0,
-         itl=None, hashes=None, task="t1", model="Qwen/Qwen3-32B", sys_tokens=None, tool_tokens=None):
-    return {
-        "trace_id": f"tr-{task}", "span_id": cid, "parent_span_id": None, "name": "chat m", "kind": 3,
-        "start_ns": int((T0 + start) * 1e9), "end_ns": int((T0 + end) * 1e9), "status_code": status,
-        "role": "gateway", "op": "chat", "session_id": sess, "task_id": task, "attempt": attempt, "branch": branch,
-        "instance": inst, "model": model, "input_tokens": P, "cached_tokens": C, "output_tokens": O,
-        "ttft_s": ttft, "itl_ms": itl, "block_hashes": hashes, "system_tokens": sys_tokens,
-        "tool_def_tokens": tool_tokens, "error_type": "timeout" if status == 2 else None,
-    }
-
-
-SPAN_TYPES = {
-    "trace_id": pa.string(), "span_id": pa.string(), "parent_span_id": pa.string(), "name": pa.string(),
-    "kind": pa.int8(), "start_ns": pa.int64(), "end_ns": pa.int64(), "status_code": pa.int8(), "role": pa.string(),
-    "op": pa.string(), "session_id": pa.string(), "task_id": pa.string(), "attempt": pa.int32(),
-    "branch": pa.string(), "instance": pa.string(), "model": pa.string(), "input_tokens": pa.int64(),
-    "cached_tokens": pa.int64(), "output_tokens": pa.int64(), "ttft_s": pa.float64(),
-    "itl_ms": pa.list_(pa.float64()), "block_hashes": pa.list_(pa.string()), "system_tokens": pa.int64(),
-    "tool_def_tokens": pa.int64(), "error_type": pa.string(),
-}
-
-
-def make_db(tmp_path, calls, config=(), kv=(), samples=()) -> str:
-    path = str(tmp_path / "m.duckdb")
-    con = connect(path)
-    with Writer(con, flush_s=0.01) as w:
-        if calls:
-            w.write("spans", pa.table({k: pa.array([c[k] for c in calls], t) for k, t in SPAN_TYPES.items()}))
-        if config:  # (instance, engine, key, value)
-            w.write("engine_config", pa.table({
-                "instance": [c[0] for c in config], "ts": [_ts(0)] * len(config), "engine": [c[1] for c in config],
-                "key": [c[2] for c in config], "value": [c[3] for c in config], "source": ["test"] * len(config)}))
-        if kv:  # (instance, t, type, hashes, session[, parent block hash])
-            w.write("kv_events", pa.table({
-                "instance": [e[0] for e in kv], "ts": [_ts(e[1]) for e in kv], "seq": list(range(len(kv))),
-                "event_idx": [0] * len(kv), "type": [e[2] for e in kv],
-                "block_hashes": pa.array([e[3] for e in kv], pa.list_(pa.string())),
-                "session_id": pa.array([e[4] for e in kv], pa.string()),
-                "parent_block_hash": pa.array([e[5] if len(e) > 5 else None for e in kv], pa.string())}))
-        if samples:  # (instance, t, metric, labels, value)
-            w.write("metric_samples", pa.table({
-                "ts": [_ts(s[1]) for s in samples], "instance": [s[0] for s in samples],
-                "metric": [s[2] for s in samples],
-                "labels": pa.array([list(s[3].items()) for s in samples], pa.map_(pa.string(), pa.string())),
-                "labels_key": [",".join(f"{k}={v}" for k, v in sorted(s[3].items())) for s in samples],
-                "value": [float(s[4]) for s in samples], "engine": [s[2].split(":")[0] for s in samples]}))
-    con.close()
-    return path
 
 
 def rows(df, key):
