@@ -66,67 +66,7 @@ def test_worked_example_via_otlp_import(tmp_path):
 
 
 # -- §1: block floor, causes, context shrink, unknown C ----------------------------------------------
-def test_block_floor_and_config_block_size(tmp_path):
-    path = make_db(tmp_path, [
-        call("a1", "s", 0, 1, 100, 0), call("a2", "s", 2, 3, 150, 96),          # A: default B = 16
-        call("b1", "u", 0, 1, 100, 0, inst="B:8000"), call("b2", "u", 2, 3, 100, 0, inst="B:8000", attempt=2),
-    ], config=[("B:8000", "vllm", "block_size", "64")])
-    c = reuse_rows(path)
-    # A: R = P(prev) = 100; R_eff = floor(min(100, 149) / 16) * 16 = 96; C = 96 -> X = 0 (no phantom 4 tokens)
-    assert (c["a2"]["reusable_tokens"], c["a2"]["reusable_tokens_eff"], c["a2"]["reprefill_tokens"]) == (100, 96, 0)
-    assert c["a2"]["block_size_source"] == "default" and c["a2"]["miss_cause"] is None and c["a2"]["hit_class"] == "hit"
-    # B: retry of the same 100-token prompt, B = 64 from the engine config:
-    # R = 100, R_eff = floor(min(100, 99) / 64) * 64 = 64 (the last prompt token is always recomputed); C = 0 -> X = 64
-    assert (c["b2"]["block_size"], c["b2"]["reusable_tokens_eff"], c["b2"]["reprefill_tokens"]) == (64, 64, 64)
-    assert c["b2"]["miss_cause"] == "evicted_full" and c["b2"]["is_retry"]
-
-
-def test_routed_away_vs_evicted_vs_cache_disabled_and_unknown(tmp_path):
-    path = make_db(tmp_path, [
-        call("r1", "s1", 0, 1, 1000, 0, inst="A:8000"), call("r2", "s1", 5, 6, 1200, 0, inst="B:8000"),
-        call("e1", "s2", 0, 1, 1000, 0, inst="A:8000"), call("e2", "s2", 5, 6, 1200, 0, inst="A:8000"),
-        call("p1", "s3", 0, 1, 1000, 0, inst="A:8000"), call("p2", "s3", 5, 6, 1200, 500, inst="A:8000"),
-        call("d1", "s4", 0, 1, 1000, 0, inst="C:8000"), call("d2", "s4", 5, 6, 1200, 0, inst="C:8000"),
-        call("n1", "s5", 0, 1, 1000, 0, inst="A:8000"), call("n2", "s5", 5, 6, 1200, None, inst="A:8000"),
-    ], config=[("C:8000", "vllm", "block_size", "16"), ("C:8000", "vllm", "enable_prefix_caching", "False")])
-    c = reuse_rows(path)
-    # every follow-up: R = 1000, R_eff = floor(1000 / 16) * 16 = 992
-    assert c["r2"]["miss_cause"] == "routed_away" and c["r2"]["reprefill_tokens"] == 992
-    assert c["r2"]["window_outcome"] == "routed_away"
-    assert c["e2"]["miss_cause"] == "evicted_full" and c["e2"]["reprefill_tokens"] == 992
-    assert c["p2"]["miss_cause"] == "evicted_partial" and c["p2"]["reprefill_tokens"] == 492  # 992 − 500
-    assert c["d2"]["miss_cause"] == "cache_disabled"
-    assert c["n2"]["miss_cause"] == "unknown" and c["n2"]["reprefill_tokens"] is None and c["n2"]["hit_class"] is None
-    by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
-    assert by_cause["cold"]["calls"] == 5 and by_cause["cold"]["reprefill_tokens"] is None
-    assert by_cause["unknown"]["calls"] == 1
-    assert by_cause["evicted_full"]["reprefill_tokens"] == 992
-    # unknown C is not 0: s5's hit rate counts only the call whose C is known (0 / 1000), not 0 / 2200
-    r = rows(compute("reuse", db=path, settings=Settings()), "session_id")
-    assert r["s5"]["hit_rate"] == 0.0 and r["s5"]["calls_cached_unknown"] == 1 and r["s5"]["reuse_hit_rate"] is None
-    # s3: H = 500 / 2200; U = 500 / 992
-    assert r["s3"]["hit_rate"] == pytest.approx(500 / 2200) and r["s3"]["reuse_hit_rate"] == pytest.approx(500 / 992)
-
-
-def test_failed_calls_are_their_own_cause(tmp_path):
-    def failed(cid, sess, start, end, P, C, error_type):
-        return {**call(cid, sess, start, end, P, C, O=None, ttft=None, status=2), "error_type": error_type}
-
-    path = make_db(tmp_path, [
-        call("a1", "s1", 0, 1, 1000, 0),
-        failed("a2", "s1", 2, 3, None, None, "503"),       # HTTP 503, no usage: X unknown -> error (was "none")
-        call("a3", "s1", 4, 5, 1200, 992),                 # prev = a2, whose P is unknown: R unknown -> none
-        call("b1", "s2", 0, 1, 1000, 0),
-        failed("b2", "s2", 5, 6, 1200, 0, "stream_interrupted"),  # failed after recomputing R_eff = 992: evicted
-        failed("c1", "s3", 0, 1, None, None, "429"),       # the session's first call failed: error, not cold
-        failed("d1", None, 0, 1, None, None, "500"),       # no session: error, not no_session
-    ])
-    c = reuse_rows(path)
-    assert {k: c[k]["miss_cause"] for k in c} == {"a1": "cold", "a2": "error", "a3": None, "b1": "cold",
-                                                  "b2": "evicted_full", "c1": "error", "d1": "error"}
-    by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
-    assert {k: (v["calls"], v["reprefill_tokens"]) for k, v in by_cause.items()} == {
-        "error": (3, None), "cold": (2, None), "none": (1, None), "evicted_full": (1, 992)}  # a3: X unknown
+# block floor, miss causes, failed calls: tests/golden/*.yaml, run on DuckDB and chDB by test_metrics_golden_cases.py
 
 
 def test_context_shrink_is_a_reset_not_a_reprefill(tmp_path):
