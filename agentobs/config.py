@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .conventions import SESSION_KEYS, TASK_KEYS, TASK_TYPE_KEYS, TENANT_KEYS
 from .errors import ConfigError, did_you_mean
 
 
@@ -30,36 +31,6 @@ class Setting:
     help: str
     type: type = str
 
-
-SESSION_KEYS = [
-    "gen_ai.conversation.id",
-    "session.id",
-    "langfuse.session.id",
-    "traceloop.association.properties.session_id",
-    "metadata.session_id",
-    "litellm_session_id",
-    "litellm.session_id",
-    "gen_ai.session.id",
-    "http.request.header.x-session-id",
-    "http.request.header.agent-session-id",
-    "http.request.header.x-claude-code-session-id",
-    "http.request.header.x-litellm-session-id",
-    "http.request.header.session-id",
-]
-
-TASK_KEYS = ["app.task.id", "agentobs.task.id", "gen_ai.task.id", "traceloop.workflow.name"]
-TASK_TYPE_KEYS = ["agentobs.task.type", "app.task.type", "gen_ai.agent.name"]
-TENANT_KEYS = [
-    "agentobs.tenant",
-    "enduser.id",
-    "user.id",
-    "litellm.team.alias",
-    "litellm.team.id",
-    "metadata.user_api_key_team_alias",
-    "metadata.user_api_key_team_id",
-    "metadata.user_api_key_user_id",
-    "litellm.metadata.user_api_key_user_id",
-]
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("db", "agentobs.duckdb", "Path of the DuckDB file (also --db and $AGENTOBS_DB)."),

@@ -44,7 +44,7 @@ from agentobs.collect.otlp_http import OtlpHttpServer  # noqa: E402
 from agentobs.collect.receiver import Ingest  # noqa: E402
 from agentobs.collect.spool import Spool  # noqa: E402
 from agentobs.config import load_settings  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
+from agentobs.model import connect  # noqa: E402
 
 
 def _client(port, bodies, start, q):

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 # -- OTLP/JSON (docs/span-conventions.md): what `agentobs import otlp` and the receivers take -----------------

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agentobs.config import load_settings
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -43,8 +43,8 @@ SAMPLE_BUNDLE = Path(__file__).parent.parent / "sample_data" / "fleet"
 
 
 def _build_sample(path: Path) -> None:
+    from agentobs.collect.bundle import import_bundle
     from agentobs.config import Settings
-    from agentobs.sim.bundle import import_bundle
 
     con = connect(path)
     with Writer(con) as w:

@@ -12,7 +12,7 @@ from builders import ns, otlp_request, resource_spans, span
 
 from agentobs.collect import files
 from agentobs.config import load_settings
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 FIXTURES = Path(__file__).parent / "fixtures"

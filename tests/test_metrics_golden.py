@@ -13,7 +13,7 @@ from builders import T0, call, make_db
 
 from agentobs.config import Settings, load_settings
 from agentobs.metrics import compute, compute_all, prepare
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 FIX = Path(__file__).parent / "fixtures"

@@ -106,7 +106,7 @@ def _load_clickhouse(db: str, ch) -> None:
     rows carry no OTLP attributes for the exporter's table to resolve). ClickHouse arrays are not nullable: an
     absent ITL or hash list is [] there, as its ingest writes it."""
     from agentobs.backends.clickhouse import load
-    from agentobs.store.db import connect
+    from agentobs.model import connect
 
     _empty(ch)
     con = connect(db, read_only=True)

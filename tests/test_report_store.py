@@ -15,8 +15,8 @@ from builders import ns, otlp_request, resource_spans, span
 
 from agentobs.collect import files
 from agentobs.config import Settings, load_settings
+from agentobs.model import connect
 from agentobs.report import iso_week
-from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 
 WEEK = iso_week("2026-W42")          # Mon 2026-10-12 .. Mon 2026-10-19 UTC
