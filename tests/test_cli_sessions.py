@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from builders import otlp_request, resource_spans, span
 from cli_run import run_cli
 
 from agentobs.collect.files import import_otlp
@@ -66,10 +67,6 @@ CALLS = [
 ]
 
 
-def _attr(k, v):
-    return {"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}}
-
-
 def otlp_json() -> str:
     """The calls as gateway spans in OTLP/JSON (what `agentobs import otlp` and the ClickHouse exporter take)."""
     spans = []
@@ -84,14 +81,9 @@ def otlp_json() -> str:
             a["agentobs.branch"] = branch
         if attempt:
             a["agentobs.attempt"] = attempt
-        span = {"traceId": f"{i + 1:032x}", "spanId": f"{cid:0>16}", "name": "chat Qwen/Qwen3-32B", "kind": 3,
-                "startTimeUnixNano": str(int((T0 + t0) * 1e9)), "endTimeUnixNano": str(int((T0 + t1) * 1e9)),
-                "attributes": [_attr(k, v) for k, v in a.items()]}
-        if failed:
-            span["status"] = {"code": 2, "message": "upstream timeout"}
-        spans.append(span)
-    return json.dumps({"resourceSpans": [{"resource": {"attributes": [_attr("service.name", "gateway")]},
-                                          "scopeSpans": [{"scope": {"name": "test"}, "spans": spans}]}]})
+        spans.append(span(f"{i + 1:032x}", f"{cid:0>16}", "chat Qwen/Qwen3-32B", int((T0 + t0) * 1e9),
+                          int((T0 + t1) * 1e9), a, error="upstream timeout" if failed else None))
+    return json.dumps(otlp_request(resource_spans("gateway", "test", spans)))
 
 
 def cid(x: str) -> str:

@@ -7,8 +7,9 @@ import json
 
 import pyarrow as pa
 import pytest
+from builders import T0, call, make_db
+from builders import ts as _ts
 from cli_run import run_cli
-from test_metrics_golden import T0, _ts, call, make_db
 
 from agentobs.collect.snapshot import publish
 from agentobs.config import Settings
