@@ -12,8 +12,7 @@ import pytest
 
 from agentobs.config import Settings
 from agentobs.metrics import run as mr
-from agentobs.model import rollups, state
-from agentobs.store.db import connect
+from agentobs.model import connect, rollups, state
 from agentobs.store.writer import insert_spans
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import duckdb
 
 from ..config import Settings
-from ..store.db import connect
+from ..store.db import connect, set_memory_limit
 from ..store.writer import Writer
 from . import snapshot
 from .fleet import Fleet, split_hostport
@@ -48,19 +48,27 @@ class Service:
     fleet: Fleet
     settings: Settings
     db: str
+    # the session model, given by the caller (collect writes the store and knows nothing of the model above it):
+    # ``views`` makes its views on the store at start (agentobs.model.ensure), ``upkeep`` its views and KV-event
+    # index on each read snapshot (agentobs.model.upkeep)
+    views: Callable[[duckdb.DuckDBPyConnection], object] | None = None
+    upkeep: Callable[[duckdb.DuckDBPyConnection], object] | None = None
+    # ``derive`` brings the live store's derived tables up to date before each read snapshot (the CLI passes the
+    # session model's refresh, agentobs.model.state), so the copy carries them and its upkeep has only what
+    # arrived in between to do. Not at stop (a bounded shutdown): readers of the store derive what is stale
+    derive: Callable[[duckdb.DuckDBPyConnection], object] | None = None
     health: Health = field(default_factory=Health)
     stop_event: threading.Event = field(default_factory=threading.Event)
-    # what brings the store's derived tables up to date (the CLI passes the session model's refresh, so collect
-    # imports nothing of the model): run on the live store before each read snapshot, and on the snapshot's copy
-    # (what arrived in between). Not at stop (a bounded shutdown): readers of the store derive what is stale.
-    # None: the copy's KV-event index only, as before
-    derive: Callable[[duckdb.DuckDBPyConnection], object] | None = None
 
     def start(self) -> Service:
         s = self.settings
         self.grpc = self.http = self.health_srv = None
         self.threads: list[threading.Thread] = []
         self.con = connect(self.db)
+        if s.collect_memory_limit:
+            set_memory_limit(self.con, s.collect_memory_limit)
+        if self.views is not None:
+            self.views(self.con)  # before any reader opens the store (or its link, after stop)
         self.writer = Writer(self.con, batch_rows=s.writer_batch_rows, flush_s=s.collect_commit_s,
                              on_commit=self.health.on_commit)
         mb = 1024 * 1024
@@ -112,7 +120,7 @@ class Service:
                 self.health.write_errors.labels("derive").inc()
         try:
             dt = snapshot.publish(self.con, self.snapshot_path, cur=getattr(self, "_snap_cur", None),
-                                  cancel=self.stop_event, derive=self.derive)
+                                  cancel=self.stop_event, upkeep=self.upkeep)
         except snapshot.Cancelled:
             return
         except Exception:  # noqa: BLE001 - a failed snapshot must not stop collection
