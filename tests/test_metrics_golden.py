@@ -109,17 +109,25 @@ def test_worked_example_via_otlp_import(tmp_path):
     c = reuse_rows(path)
     c3 = c["5a9c3e7f1b6d82a5"]
     assert (c3["reusable_tokens"], c3["reusable_tokens_eff"], c3["reprefill_tokens"]) == (4892, 4880, 1808)
-    assert c3["miss_cause"] == "evicted_partial" and c3["hit_class"] == "partial"
+    # no KV events and no other evidence of an eviction (issue 20): the shortfall is "unexplained", still counted in X
+    # (the band: X_low = 0 with no evidence, X_high = the whole shortfall)
+    assert c3["miss_cause"] == "unexplained" and c3["hit_class"] == "partial"
+    assert (c3["reprefill_low_tokens"], c3["reprefill_high_tokens"], c3["cause_evidence"]) == (0, 1808, "none")
     assert round(c3["gap_before_s"], 3) == 41.748
     # call 3 computes P − C = 7357 − 3072 = 4285 = 1808 recomputed + 2465 new + 12 trailing partial block
     assert c3["prompt_tokens"] - c3["cached_tokens"] == 4285 == 1808 + (7357 - 4892) + (4892 - 4880)
-    assert c["1c5e9a3b7d2f4e61"]["miss_cause"] == "cold" and c["1c5e9a3b7d2f4e61"]["reprefill_tokens"] is None
+    # the session's first call hit blocks the session never stored (C = 3072: a prefix another session or run left
+    # behind): prior_hit, not an uncached cold start (issue 20; before: cold)
+    c1 = c["1c5e9a3b7d2f4e61"]
+    assert (c1["miss_cause"], c1["cached_tokens"], c1["reprefill_tokens"]) == ("prior_hit", 3072, None)
     by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
-    assert by_cause["evicted_partial"]["calls"] == 1 and by_cause["evicted_partial"]["reprefill_tokens"] == 1808
+    assert by_cause["unexplained"]["calls"] == 1 and by_cause["unexplained"]["reprefill_tokens"] == 1808
+    assert (by_cause["unexplained"]["reprefill_low_tokens"], by_cause["unexplained"]["reprefill_high_tokens"]) \
+        == (0, 1808)
     # the model view gives the same per-call numbers
     ro = duckdb.connect(path, read_only=True)
     assert ro.execute("SELECT reprefill_tokens, miss_cause FROM call_reuse WHERE call_id = '5a9c3e7f1b6d82a5'").fetchone() \
-        == (1808, "evicted_partial")
+        == (1808, "unexplained")
     ro.close()
 
 
@@ -134,9 +142,15 @@ def test_block_floor_and_config_block_size(tmp_path):
     assert (c["a2"]["reusable_tokens"], c["a2"]["reusable_tokens_eff"], c["a2"]["reprefill_tokens"]) == (100, 96, 0)
     assert c["a2"]["block_size_source"] == "default" and c["a2"]["miss_cause"] is None and c["a2"]["hit_class"] == "hit"
     # B: retry of the same 100-token prompt, B = 64 from the engine config:
-    # R = 100, R_eff = floor(min(100, 99) / 64) * 64 = 64 (the last prompt token is always recomputed); C = 0 -> X = 64
-    assert (c["b2"]["block_size"], c["b2"]["reusable_tokens_eff"], c["b2"]["reprefill_tokens"]) == (64, 64, 64)
-    assert c["b2"]["miss_cause"] == "evicted_full" and c["b2"]["is_retry"]
+    # R = 100, R_eff = floor(min(100, 99) / 64) * 64 = 64 (the last prompt token is always recomputed); C = 0: a
+    # shortfall of 64 = one block, within the hit tolerance (hit_tolerance_blocks = 1) and no evidence of an
+    # eviction -> X = 0 (issue 20; before: 64, evicted_full); the band's upper end keeps the 64
+    assert (c["b2"]["block_size"], c["b2"]["reusable_tokens_eff"], c["b2"]["reprefill_tokens"]) == (64, 64, 0)
+    assert c["b2"]["miss_cause"] is None and c["b2"]["is_retry"] and c["b2"]["cause_evidence"] == "tolerance"
+    assert (c["b2"]["reprefill_low_tokens"], c["b2"]["reprefill_high_tokens"]) == (0, 64)
+    # tolerance 0: the same shortfall is unexplained (no evidence), X = 64
+    c = reuse_rows(path, Settings(values={"hit_tolerance_blocks": 0}))
+    assert c["b2"]["miss_cause"] == "unexplained" and c["b2"]["reprefill_tokens"] == 64
 
 
 def test_routed_away_vs_evicted_vs_cache_disabled_and_unknown(tmp_path):
@@ -151,14 +165,18 @@ def test_routed_away_vs_evicted_vs_cache_disabled_and_unknown(tmp_path):
     # every follow-up: R = 1000, R_eff = floor(1000 / 16) * 16 = 992
     assert c["r2"]["miss_cause"] == "routed_away" and c["r2"]["reprefill_tokens"] == 992
     assert c["r2"]["window_outcome"] == "routed_away"
-    assert c["e2"]["miss_cause"] == "evicted_full" and c["e2"]["reprefill_tokens"] == 992
-    assert c["p2"]["miss_cause"] == "evicted_partial" and c["p2"]["reprefill_tokens"] == 492  # 992 − 500
+    # e2, p2: same instance, no KV events: nothing says the blocks were evicted -> unexplained (issue 20; before
+    # evicted_full / evicted_partial), X keeps the shortfall, X_low = 0
+    assert c["e2"]["miss_cause"] == "unexplained" and c["e2"]["reprefill_tokens"] == 992
+    assert c["p2"]["miss_cause"] == "unexplained" and c["p2"]["reprefill_tokens"] == 492  # 992 − 500
+    assert c["e2"]["reprefill_low_tokens"] == 0 and c["r2"]["reprefill_low_tokens"] == 992  # routed: evidence
+    assert c["e2"]["window_outcome"] == "unknown"
     assert c["d2"]["miss_cause"] == "cache_disabled"
     assert c["n2"]["miss_cause"] == "unknown" and c["n2"]["reprefill_tokens"] is None and c["n2"]["hit_class"] is None
     by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
     assert by_cause["cold"]["calls"] == 5 and by_cause["cold"]["reprefill_tokens"] is None
     assert by_cause["unknown"]["calls"] == 1
-    assert by_cause["evicted_full"]["reprefill_tokens"] == 992
+    assert by_cause["unexplained"]["reprefill_tokens"] == 992 + 492
     # unknown C is not 0: s5's hit rate counts only the call whose C is known (0 / 1000), not 0 / 2200
     r = rows(compute("reuse", db=path, settings=Settings()), "session_id")
     assert r["s5"]["hit_rate"] == 0.0 and r["s5"]["calls_cached_unknown"] == 1 and r["s5"]["reuse_hit_rate"] is None
@@ -181,10 +199,10 @@ def test_failed_calls_are_their_own_cause(tmp_path):
     ])
     c = reuse_rows(path)
     assert {k: c[k]["miss_cause"] for k in c} == {"a1": "cold", "a2": "error", "a3": None, "b1": "cold",
-                                                  "b2": "evicted_full", "c1": "error", "d1": "error"}
+                                                  "b2": "unexplained", "c1": "error", "d1": "error"}
     by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
     assert {k: (v["calls"], v["reprefill_tokens"]) for k, v in by_cause.items()} == {
-        "error": (3, None), "cold": (2, None), "none": (1, None), "evicted_full": (1, 992)}  # a3: X unknown
+        "error": (3, None), "cold": (2, None), "none": (1, None), "unexplained": (1, 992)}  # a3: X unknown
 
 
 def test_context_shrink_is_a_reset_not_a_reprefill(tmp_path):
@@ -286,7 +304,10 @@ def test_rent_exact_with_kv_events_vs_estimate(tmp_path):
     # $1/s; KV capacity 1000 × 16 = 16000 tokens
     cfg = Settings(values={"cost": {"usd_per_hour": 3600.0}, "abandoned_after_s": 0.0})
     r = compute("idle_kv_rent", db=path, settings=cfg).to_dicts()[0]
-    assert (r["windows"], r["retained"], r["evicted"], r["evicted_rent_unknown"], r["abandoned"]) == (3, 1, 2, 1, 3)
+    # e2's window: no KV events of s2 and no other evidence -> unknown, not evicted (issue 20; before: evicted with
+    # rent unknown)
+    assert (r["windows"], r["retained"], r["evicted"], r["unknown"], r["evicted_rent_unknown"], r["abandoned"]) \
+        == (3, 1, 1, 1, 0, 3)
     assert r["open_sessions"] == 0
     assert r["rent_paid_usd"] == pytest.approx(24000 / 16000)   # token-s × $/s ÷ capacity
     assert r["rent_wasted_usd"] == pytest.approx(6000 / 16000)
@@ -545,8 +566,11 @@ def test_duty_cycle_throughput_and_cost(tmp_path):
     # GPU-time at $1/s: (3024 / 1000 + 400 / 100) s = 7.024 $
     assert t["cost_usd"] == pytest.approx(7.024) and t["gpu_s"] == pytest.approx(7.024)
     # d2 started before d1 ended, so it has no prev (cold); d3's prev is d2: R_eff = floor(2000 / 16) * 16 = 2000,
-    # C = 1984 -> X = 16 tokens -> re-prefill cost 16 / 1000 tok/s × $1/s
-    assert t["reprefill_tokens"] == 16 and t["reprefill_cost_usd"] == pytest.approx(0.016)
+    # C = 1984: a 16-token shortfall, one block, within the hit tolerance and no evidence of an eviction -> X = 0
+    # (issue 20; before: 16 tokens, $0.016); the band's upper end keeps it: 16 / 1000 tok/s × $1/s
+    assert t["reprefill_tokens"] == 0 and t["reprefill_cost_usd"] == pytest.approx(0.0)
+    c = reuse_rows(path)
+    assert (c["d3"]["reprefill_low_tokens"], c["d3"]["reprefill_high_tokens"]) == (0, 16)
     # list price: computed 3024 × $1/M + cached 2976 × $0.1/M + output 400 × $2/M
     assert t["list_price_usd"] == pytest.approx((3024 * 1 + 2976 * 0.1 + 400 * 2) / 1e6)
     assert t["control_plane_share"] == pytest.approx(600 / 3000)
