@@ -81,7 +81,9 @@ class Tax:
         """The band as every surface prints it, or '' (exact, or no band)."""
         if self.usd_low_week is None or self.usd_high_week is None or self.mode in (None, "exact"):
             return ""
-        return f"{self.mode}: ${self.usd_low_week:,.2f}–${self.usd_high_week:,.2f}{self.per}"
+        from .context import fmt_usd  # the one $ format of every surface
+
+        return f"{self.mode}: {fmt_usd(self.usd_low_week)}–{fmt_usd(self.usd_high_week)}{self.per}"
 
     @property
     def per(self) -> str:

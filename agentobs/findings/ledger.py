@@ -32,7 +32,7 @@ from typing import Any
 
 from ..config import Settings, load_settings
 from .acks import active
-from .context import Context, default_since, fmt_duration
+from .context import Context, default_since, fmt_duration, fmt_usd
 from .finding import SEVERITIES, Finding, Tax
 
 # the kinds whose claims are settled against each other (a call's re-prefill has one owner; rent, another $, too)
@@ -142,7 +142,7 @@ class Ledger:
         """The fleet tax's band as every surface prints it ('' in exact mode)."""
         if self.mode == "exact":
             return ""
-        return (f"{self.mode}: ${self.usd_low_window * self.scale:,.2f}–${self.usd_high_window * self.scale:,.2f}"
+        return (f"{self.mode}: {fmt_usd(self.usd_low_window * self.scale)}–{fmt_usd(self.usd_high_window * self.scale)}"
                 f"{self.per}")
 
     # -- the fleet's figures, scaled as every finding's --------------------------------------------

@@ -120,9 +120,13 @@ r AS (
                 WHEN lb.n_lead IS NOT NULL AND j.prev_has_hashes THEN lb.n_lead * j.block_size
                 WHEN j.prompt_tokens IS NULL OR j.prev_prompt_tokens IS NULL THEN NULL
                 WHEN j.prompt_tokens >= j.prev_prompt_tokens THEN j.prev_prompt_tokens
+                -- a sub-agent's first call shorter than its fork point's context: it shares the fork point's
+                -- control-plane prefix (system prompt, tool definitions), when the spans say how long that is
+                WHEN j.prev_forked AND j.control_tokens > 0 THEN least(j.control_tokens, j.prompt_tokens)
                 ELSE NULL END AS reusable_tokens,
            (j.prev_call_id IS NOT NULL AND NOT (lb.n_lead IS NOT NULL AND j.prev_has_hashes)
-            AND j.prompt_tokens < j.prev_prompt_tokens) AS context_reset
+            AND j.prompt_tokens < j.prev_prompt_tokens AND NOT (j.prev_forked AND j.control_tokens > 0))
+               AS context_reset
     FROM j LEFT JOIN lead_blocks lb USING (rid)
 ),
 x AS (
@@ -241,14 +245,20 @@ kv_rm AS (SELECT DISTINCT instance, session_id, ts_s FROM kv_rm_chain),
 kv_end AS (SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_src GROUP BY instance),
 -- the idle window's eviction: the first removal, after the previous call ended and on its instance, of a
 -- block the next call would reuse — a block of the session's live chain at t2(prev) before the reusable
--- prefix ends (R_eff of c, else P(prev), in blocks), that c did not replace (a block the session superseded by
--- t2(c) was rewritten by c's prompt — a re-rendered tail, an edit — so its removal cost c nothing); blocks of
+-- prefix ends (R_eff of c, else P(prev), in blocks), that c did not replace (a block the session superseded while
+-- c ran was rewritten by c's prompt — a re-rendered tail, an edit — so its removal cost c nothing; one superseded
+-- between t2(prev) and t0(c) was by another branch of the session, a sub-agent); blocks of
 -- unknown depth count. Output/decode blocks of earlier turns that no prompt continues (LRU evicts them first)
 -- do not end the window.
 -- edit_depth: the least depth of such a removed block that c replaced (superseded while c ran): c's prompt
 -- differs from there on, so what c could reuse ends there (the estimate's R = P(prev) assumes it does not)
 ev AS (
-    SELECT z.rid, min(rm.ts_s) FILTER (WHERE coalesce(rm.superseded_s > z.end_s, true)) AS evict_ts_s,
+    SELECT z.rid,
+           min(rm.ts_s) FILTER (WHERE NOT coalesce(rm.superseded_s > z.start_s AND rm.superseded_s <= z.end_s, false))
+               AS evict_ts_s,
+           -- strong evidence: a removed block no call of the session had replaced by t2(c) (a removal of a block
+           -- another branch superseded may be of a block c no longer has: counted in X, not in X_low)
+           min(rm.ts_s) FILTER (WHERE coalesce(rm.superseded_s > z.end_s, true)) AS strong_ts_s,
            min(rm.depth) FILTER (WHERE rm.depth >= 0 AND rm.superseded_s > z.start_s AND rm.superseded_s <= z.end_s)
                AS edit_depth
     FROM (SELECT z.rid, z.session_id, z.prev_instance, z.prev_end_s, z.start_s, z.end_s,
@@ -299,6 +309,7 @@ w AS (
 -- cover the shortfall (they show no removal: the blocks were there, c no longer shares them), else unexplained
 v AS (
     SELECT w.*, ev.evict_ts_s, ev.edit_depth,
+           coalesce(ev.strong_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0), false) AS strong,
            CASE WHEN ev.evict_ts_s IS NULL THEN NULL
                 WHEN ev.evict_ts_s < w.start_s THEN 'idle'
                 WHEN ev.evict_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0) THEN 'queued'
@@ -323,7 +334,8 @@ u AS (
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
                                                                    'kv_removal', 'none')
                 THEN shortfall_tokens ELSE 0 END AS reprefill_tokens,
-           CASE WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
+           CASE WHEN cause_evidence = 'kv_removal' AND NOT strong THEN 0
+                WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
                                                                    'kv_removal')
