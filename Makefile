@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint browser-deps clean vllm-e2e
+.PHONY: demo test lint browser-deps clean vllm-e2e vllm-loadgen
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,3 +52,8 @@ vllm-e2e: $(DEV_STAMP)
 	bash scripts/vllm/setup.sh
 	bash scripts/vllm/setup_litellm.sh
 	$(BIN)/python scripts/vllm/e2e.py --out test-output/vllm-e2e
+
+# `agentobs loadgen` on the same real vLLM: prefix caching on / off / a starved pool, compared (docs/loadgen.md).
+vllm-loadgen: $(DEV_STAMP)
+	bash scripts/vllm/setup.sh
+	$(BIN)/python scripts/vllm/loadgen_e2e.py --out test-output/vllm-loadgen

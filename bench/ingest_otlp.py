@@ -1,22 +1,25 @@
-"""OTLP/HTTP ingest: sustained end-to-end spans/s (acknowledged = committed in DuckDB) and, in the
-same run, the decode-only rate of the same payloads, and their ratio.
+"""OTLP/HTTP ingest: sustained end-to-end spans/s until queryable, and in the same run the decode-only
+rate of the same payloads, and their ratio.
 
-    .venv/bin/python bench/ingest_otlp.py [--batches 60] [--clients 4] [--rounds 3]
+    .venv/bin/python bench/ingest_otlp.py [--batches 60] [--clients 4] [--rounds 3] [--prefill N]
 
 Payloads: batches of 512 realistic GenAI chat spans (bench/_spans.py: 20 attributes, 7 resource
-attributes), protobuf. The receiver runs in this process (HTTP server + the one Writer, group
-commit); the clients run in separate processes, each with a keep-alive connection, posting
-pre-built payloads and waiting for each 200 before the next export (like an OTLP exporter).
+attributes), protobuf. The receiver runs in this process as `agentobs collect` runs it: HTTP server →
+spool (acknowledged once fsync'd) → loader (``--processes`` decoder processes, default one per core) →
+DuckDB. The clients run in separate processes, each with a keep-alive connection, posting pre-built
+payloads and waiting for each 200 before the next export (like an OTLP exporter).
 
-Each round decodes its payloads alone, then sends them end to end into the same database (new
-spans every round, so the store grows as it would); decode-only and end-to-end alternate so both
-see the same machine load. The receiver's CPU per span is split by thread: HTTP handler threads
-(read + protobuf parse + decode + Arrow), the writer thread (its side of INSERT/COMMIT) and
-DuckDB's own worker threads.
+End to end = from the first request until the loader has committed every acknowledged span to the
+store (what `agentobs sql` then reads; the count is checked with a query). Decode-only = the loader's
+own decode of the same bodies (protobuf → rows → Arrow table → IPC) in one process, alternated with the
+end-to-end rounds so both see the same machine load. ``--prefill`` stores N spans first (copies of
+round 1 under new trace ids and earlier times), to see the rate at a large stored count.
 
-After the rounds it times the Writer alone on round 1's rows (already decoded, in commits of up to 50k
-spans: the round's spans in one commit by default, into a fresh store) and prints the ceiling that
-follows: end-to-end cannot beat the slower of decode-only and store-only, whatever the transport does.
+CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread
+and DuckDB's insert) and the decoder processes. RSS: the peak of this process and of each decoder.
+
+The last line is machine-readable:
+``e2e_spans_per_s=<N> decode_only_spans_per_s=<M> ratio=<N/M> stored=<rows> acked=<spans>``.
 """
 
 from __future__ import annotations
@@ -25,23 +28,23 @@ import argparse
 import http.client
 import multiprocessing as mp
 import os
+import resource
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _spans import payload  # noqa: E402
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
-from agentobs.collect import otlp  # noqa: E402
+from agentobs.collect.health import Health  # noqa: E402
+from agentobs.collect.loader import Loader, decode_records, default_processes  # noqa: E402
 from agentobs.collect.otlp_http import OtlpHttpServer  # noqa: E402
 from agentobs.collect.receiver import Ingest  # noqa: E402
+from agentobs.collect.spool import Spool  # noqa: E402
 from agentobs.config import load_settings  # noqa: E402
 from agentobs.store.db import connect  # noqa: E402
-from agentobs.store.writer import Writer  # noqa: E402
 
 
 def _client(port, bodies, start, q):
@@ -49,43 +52,29 @@ def _client(port, bodies, start, q):
     start.wait()
     codes = {}
     for b in bodies:
-        conn.request("POST", "/v1/traces", body=b, headers={"Content-Type": "application/x-protobuf"})
-        r = conn.getresponse()
-        r.read()
-        codes[r.status] = codes.get(r.status, 0) + 1
+        while True:
+            conn.request("POST", "/v1/traces", body=b, headers={"Content-Type": "application/x-protobuf"})
+            r = conn.getresponse()
+            r.read()
+            codes[r.status] = codes.get(r.status, 0) + 1
+            if r.status != 429:
+                break
+            time.sleep(0.05)
     q.put(codes)
 
 
-def _clients(port, per_client, n_requests_hint=None):
-    ctx = mp.get_context("fork")
-    start = ctx.Event()
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_client, args=(port, bodies, start, q)) for bodies in per_client]
-    for p in procs:
-        p.start()
-    time.sleep(0.5)
-    t0 = time.perf_counter()
-    start.set()
-    codes = [q.get() for _ in procs]
-    wall = time.perf_counter() - t0
-    for p in procs:
-        p.join()
-    return wall, codes
+def _cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _thread_cpu() -> dict[int, float]:
-    """CPU seconds of each live thread of this process (Linux /proc)."""
-    out = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                stat = f.read()
-        except FileNotFoundError:  # ended meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[int(tid)] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    return out
+def _hwm_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
 
 
 def main() -> None:
@@ -94,113 +83,106 @@ def main() -> None:
     ap.add_argument("--spans", type=int, default=512)
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--prefill", type=int, default=0,
-                    help="spans stored before the first round (copies of round 1 under new trace ids)")
-    ap.add_argument("--commit-s", type=float, default=0.0,
-                    help="writer linger before a commit (the service uses collect_commit_s = 0.05)")
+    ap.add_argument("--processes", type=int, default=0, help="loader decoder processes (0: one per core)")
+    ap.add_argument("--prefill", type=int, default=0, help="spans stored before the first round")
     a = ap.parse_args()
     settings = load_settings(env={})
+    procs_n = a.processes or default_processes()
     rounds = [[payload(a.spans, r * a.batches + i) for i in range(a.batches)] for r in range(a.rounds)]
     total = a.batches * a.spans
     mb = sum(map(len, rounds[0])) / 1e6
+    ctx = mp.get_context("fork")
 
-    def table(body):
-        """protobuf parse + rows + Arrow table: the same work the receiver does per request"""
-        return otlp.decode_request(ExportTraceServiceRequest.FromString(body), settings).table()
-
-    # decode-only, after one warm-up payload (the first Arrow table of a process costs ~0.3 s of imports)
-    table(rounds[0][0])
-
-    def decode_all(bodies):
-        t0, c0 = time.perf_counter(), time.process_time()
-        for b in bodies:
-            table(b)
-        return total / (time.perf_counter() - t0), (time.process_time() - c0) / total * 1e6
-
-    def store_only(bodies, path):
-        """The Writer alone: the same rows, already decoded, in commits of up to 50k spans (the cheapest a
-        commit gets: bigger commits cost less per span) into a fresh store — the least DuckDB work any
-        receiver must do per span, whatever decodes it."""
-        tables = [table(b) for b in bodies]
-        con = connect(path)
-        w = Writer(con, batch_rows=50_000, flush_s=60.0)
-        t0, c0 = time.perf_counter(), time.process_time()
-        tickets = [w.submit("spans", t) for t in tables]
-        w.flush()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        assert sum(t.wait() for t in tickets) == total
-        w.close()
-        con.close()
-        return total / wall, cpu / total * 1e6
-
-    rows = []
     with tempfile.TemporaryDirectory() as d:
-        con = connect(Path(d) / "bench.duckdb")
+        # the decode-only measurement reads the bodies from a spool, as the loader's decoders do
+        dspool = Spool(Path(d) / "decode-spool", fsync=False)
+        dec_items = []
+        for r, bodies in enumerate(rounds):
+            for b in bodies:
+                dspool.append(b, "protobuf", "http")
+            recs = dspool.read_from(0, 0, 10**9, 1 << 40)[r * a.batches:]
+            dec_items.append([(str(dspool.path(x.seq)), x.offset, x.length, x.fmt, x.transport, x.seq) for x in recs])
+        decode_records(dec_items[0][:1], settings)  # warm-up (imports, first Arrow table)
+
+        def decode_only(items):
+            t0, c0 = time.perf_counter(), time.process_time()
+            for k in range(0, len(items), 8):  # the loader's batches hold several requests
+                b = decode_records(items[k:k + 8], settings)
+                assert b.rejected == 0
+            return total / (time.perf_counter() - t0), (time.process_time() - c0) / total * 1e6
+
+        db = Path(d) / "bench.duckdb"
+        con = connect(db)
         if a.prefill:
             import pyarrow as pa
 
-            one = pa.concat_tables(table(b) for b in rounds[0])
+            from agentobs.collect.loader import _read_ipc
+
+            one = pa.concat_tables(_read_ipc(decode_records(dec_items[0][k:k + 8], settings).ipc)
+                                   for k in range(0, a.batches, 8))
             con.register("_round", one)
             for k in range(-(-a.prefill // one.num_rows)):
-                con.sql(f"INSERT INTO spans BY NAME SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id) "
-                        "FROM _round")
+                con.execute(f"INSERT INTO spans BY NAME SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
+                            f"start_ns - {(k + 1) * 10**12} AS start_ns) FROM _round")
             con.unregister("_round")
-            con.sql("CHECKPOINT")
-        prefilled = con.sql("SELECT count(*) FROM spans").fetchall()[0][0]
-        w = Writer(con, batch_rows=50_000, flush_s=a.commit_s)
-        ing = Ingest(w, settings, queue_spans=10**7)
+            con.execute("CHECKPOINT")
+        prefilled = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+        health = Health()
+        spool = Spool(Path(d) / "spool")
+        loader = Loader(spool, con, settings, health, processes=a.processes or None).start()
+        ing = Ingest(spool, settings, health)
         srv = OtlpHttpServer(ing, "127.0.0.1", 0).start()
-        # HTTP server alone: empty exports (no spans), requests/s
-        empty = ExportTraceServiceRequest().SerializeToString()
-        wall0, _ = _clients(srv.port, [[empty] * 500 for _ in range(a.clients)])
-        http_rps = 500 * a.clients / wall0
-        steady = {threading.main_thread().native_id, w._thread.native_id, srv._thread.native_id}
-        for bodies in rounds:
-            decode_rate, decode_cpu = decode_all(bodies)
+        rows = []
+        acked = 0
+        for r, bodies in enumerate(rounds):
+            dec_rate, dec_cpu = decode_only(dec_items[r])
             per = [bodies[i::a.clients] for i in range(a.clients)]
-            commits0, retries0 = w.stats.batches, w.stats.conflict_retries
-            t0, c0 = _thread_cpu(), time.process_time()
-            wall, codes = _clients(srv.port, per)
-            w.flush()
-            t1, c1 = _thread_cpu(), time.process_time()
-            us = 1e6 / total
-            writer = (t1[w._thread.native_id] - t0[w._thread.native_id]) * us
-            # DuckDB's worker threads live on; HTTP handler threads end with their connection
-            duck = sum(t1[k] - t0[k] for k in t1.keys() & t0.keys() if k not in steady) * us
-            proc = (c1 - c0) * us
-            rows.append({"decode": decode_rate, "decode_cpu": decode_cpu, "e2e": total / wall, "proc": proc,
-                         "writer": writer, "duck": duck, "handlers": proc - writer - duck,
-                         "commits": w.stats.batches - commits0, "retries": w.stats.conflict_retries - retries0,
-                         "ok": sum(c.get(200, 0) for c in codes), "load": os.getloadavg()[0]})
+            start, q = ctx.Event(), ctx.Queue()
+            clients = [ctx.Process(target=_client, args=(srv.port, b, start, q)) for b in per]
+            for p in clients:
+                p.start()
+            time.sleep(0.5)
+            kids = [p.pid for p in loader.pool._processes.values()] if loader.pool else []
+            c_self0, c_kids0 = time.process_time(), sum(_cpu(k) for k in kids)
+            t0 = time.perf_counter()
+            start.set()
+            codes = [q.get() for _ in clients]
+            t_acked = time.perf_counter() - t0
+            assert loader.wait_idle(600)
+            wall = time.perf_counter() - t0
+            c_self, c_kids = time.process_time() - c_self0, sum(_cpu(k) for k in kids) - c_kids0
+            for p in clients:
+                p.join()
+            ok = sum(c.get(200, 0) for c in codes)
+            acked += ok * a.spans
+            rows.append({"decode": dec_rate, "decode_cpu": dec_cpu, "e2e": total / wall, "ack": total / t_acked,
+                         "self": c_self / total * 1e6, "kids": c_kids / total * 1e6, "ok": ok,
+                         "r429": sum(c.get(429, 0) for c in codes), "load": os.getloadavg()[0]})
+        rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rss_kids = [_hwm_mb(p.pid) for p in loader.pool._processes.values()] if loader.pool else []
         srv.stop()
-        w.close()
-        stored = con.sql("SELECT count(*) FROM spans").fetchall()[0][0]
+        spool.close()
+        loader.stop()
+        stored = con.execute("SELECT count(*) FROM spans").fetchone()[0] - prefilled
         con.close()
-        store_rate, store_cpu = store_only(rounds[0], Path(d) / "store_only.duckdb")
     print(f"payloads: {a.rounds} rounds x {a.batches} x {a.spans} spans, {mb:.1f} MB protobuf a round, "
-          f"{a.clients} client connections, writer linger {a.commit_s} s, {prefilled:,} spans stored before")
-    print(f"HTTP server alone (empty exports): {http_rps:,.0f} requests/s")
-    print("round  decode-only spans/s (µs CPU)  end-to-end spans/s  ratio  receiver µs CPU/span = handlers + "
-          "writer + DuckDB threads   commits (spans each)  load")
+          f"{a.clients} client processes, {procs_n} decoder processes, {prefilled:,} spans stored before, "
+          f"{os.cpu_count()} CPUs")
+    print("round  decode-only spans/s (µs CPU)   acked spans/s   end-to-end spans/s  ratio   µs CPU/span: "
+          "receiver process + decoders   429s  load")
     for i, r in enumerate(rows):
-        print(f"{i + 1:5d}  {r['decode']:10,.0f} ({r['decode_cpu']:5.1f})        {r['e2e']:10,.0f}      "
-              f"{r['e2e'] / r['decode']:5.0%}  {r['proc']:6.1f} = {r['handlers']:5.1f} + {r['writer']:5.1f} + "
-              f"{r['duck']:5.1f}{'':22s}{r['commits']:4d} ({total / r['commits']:5.0f})    {r['load']:.1f}")
-    med = {k: statistics.median(r[k] for r in rows) for k in ("decode", "e2e", "proc", "decode_cpu")}
-    print(f"median decode only (parse+normalize+Arrow): {med['decode']:10,.0f} spans/s  "
-          f"({med['decode_cpu']:.1f} µs CPU/span)")
-    print(f"median end-to-end (acked = committed):      {med['e2e']:10,.0f} spans/s  "
-          f"(receiver {med['proc']:.1f} µs CPU/span, all its threads)")
-    print(f"ratio of the medians end-to-end / decode:   {med['e2e'] / med['decode']:10.0%}")
-    # the decoder is Python (one core at a time under the GIL) and DuckDB's insert runs beside it at best, so
-    # no receiver built from these two parts can acknowledge faster than the slower of them
-    print(f"store only (Writer, same rows decoded, commits of ≤ 50k spans, fresh store):{store_rate:10,.0f} spans/s  "
-          f"({store_cpu:.1f} µs CPU/span)")
-    print(f"ceiling for end-to-end = min(decode only, store only):              "
-          f"{min(med['decode'], store_rate):10,.0f} spans/s")
-    print(f"exports ok {sum(r['ok'] for r in rows)}/{a.batches * a.rounds}, rows stored {stored - prefilled:,}, "
-          f"commits redone with INSERT OR IGNORE {sum(r['retries'] for r in rows)}")
-    assert stored == prefilled + total * a.rounds, "every acknowledged span must be stored"
+        print(f"{i + 1:5d}  {r['decode']:10,.0f} ({r['decode_cpu']:5.1f})    {r['ack']:12,.0f}   {r['e2e']:12,.0f}"
+              f"       {r['e2e'] / r['decode']:5.0%}   {r['self']:6.1f} + {r['kids']:5.1f}{'':22s}{r['r429']:4d}  "
+              f"{r['load']:.1f}")
+    med = {k: statistics.median(r[k] for r in rows) for k in ("decode", "e2e", "decode_cpu", "self", "kids")}
+    print(f"median decode only (one process):       {med['decode']:10,.0f} spans/s ({med['decode_cpu']:.1f} µs CPU/span)")
+    print(f"median end to end (stored, queryable):  {med['e2e']:10,.0f} spans/s "
+          f"({med['self']:.1f} + {med['kids']:.1f} µs CPU/span)")
+    print(f"peak RSS: receiver process {rss_self:,.0f} MB, decoders {', '.join(f'{x:,.0f}' for x in rss_kids)} MB")
+    print(f"exports ok {sum(r['ok'] for r in rows)}/{a.batches * a.rounds}, rows stored {stored:,}")
+    assert stored == acked, "every acknowledged span must be stored once"
+    print(f"e2e_spans_per_s={med['e2e']:.0f} decode_only_spans_per_s={med['decode']:.0f} "
+          f"ratio={med['e2e'] / med['decode']:.2f} stored={stored + prefilled} acked={acked}")
 
 
 if __name__ == "__main__":

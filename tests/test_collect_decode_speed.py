@@ -39,7 +39,6 @@ from agentobs.collect.normalize import (
     _litellm_ids,
     _litellm_instance,
     _litellm_usage,
-    _num,
     _streamed,
     classify,
 )
@@ -51,6 +50,29 @@ SETTINGS = load_settings(env={})
 
 
 # -- the reference: the decoder before the fast path ----------------------------------------------
+def _ref_num(attrs: dict[str, Any], keys, warnings: list[str], as_int: bool):
+    """normalize._num as it was (before counts were checked: it never sees a bad count here)."""
+    for k in keys:
+        if k not in attrs:
+            continue
+        v = attrs[k]
+        if isinstance(v, bool) or v is None:
+            warnings.append(f"attribute {k} must be a number, got {v!r}; stored as unknown")
+            return None
+        if isinstance(v, (int, float)):
+            return int(v) if as_int else float(v)
+        if isinstance(v, str):
+            try:
+                f = float(v)
+            except ValueError:
+                warnings.append(f"attribute {k} must be a number, got {v!r}; stored as unknown")
+                return None
+            return int(f) if as_int else f
+        warnings.append(f"attribute {k} must be a number, got {type(v).__name__}; stored as unknown")
+        return None
+    return None
+
+
 def _first_str(attrs: dict[str, Any], keys) -> str | None:
     for k in keys:
         v = attrs.get(k)
@@ -83,7 +105,7 @@ def _ref_promote(
     out["task_type"] = _first_str(merged, settings.task_type_keys)
     out["tenant"] = _first_str(merged, settings.tenant_keys)
     out["agent_name"] = _first_str(attrs, ("gen_ai.agent.name",))
-    attempt = _num(attrs, ("agentobs.attempt", "gen_ai.request.attempt"), warnings, True)
+    attempt = _ref_num(attrs, ("agentobs.attempt", "gen_ai.request.attempt"), warnings, True)
     out["attempt"] = attempt
     out["branch"] = _first_str(attrs, ("agentobs.branch",))
     out["model"] = _first_str(attrs, ("gen_ai.response.model", "gen_ai.request.model", "llm.request.model"))
@@ -99,9 +121,9 @@ def _ref_promote(
     out["request_id"] = _first_str(attrs, ("gen_ai.request.id",))
 
     usage = _litellm_usage(attrs)
-    p = _num(attrs, INPUT_KEYS, warnings, True)
-    c = _num(attrs, CACHED_KEYS, warnings, True)
-    o = _num(attrs, OUTPUT_KEYS, warnings, True)
+    p = _ref_num(attrs, INPUT_KEYS, warnings, True)
+    c = _ref_num(attrs, CACHED_KEYS, warnings, True)
+    o = _ref_num(attrs, OUTPUT_KEYS, warnings, True)
     if usage:
         if p is None and isinstance(usage.get("prompt_tokens"), int):
             p = usage["prompt_tokens"]
@@ -119,19 +141,19 @@ def _ref_promote(
             if not excludes:
                 warnings.append(f"cached tokens ({c}) exceed input tokens ({p}); treated as input that excludes "
                                 "cache (P := P + cache reads + cache writes)")
-            p = p + c + (_num(attrs, CACHE_WRITE_KEYS, warnings, True) or 0)
+            p = p + c + (_ref_num(attrs, CACHE_WRITE_KEYS, warnings, True) or 0)
     out["input_tokens"], out["cached_tokens"], out["output_tokens"] = p, c, o
-    out["system_tokens"] = _num(attrs, ("agentobs.prompt.system_tokens",), warnings, True)
-    out["tool_def_tokens"] = _num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True)
+    out["system_tokens"] = _ref_num(attrs, ("agentobs.prompt.system_tokens",), warnings, True)
+    out["tool_def_tokens"] = _ref_num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True)
 
-    ttft = _num(attrs, TTFT_KEYS, warnings, False)
+    ttft = _ref_num(attrs, TTFT_KEYS, warnings, False)
     chunk_times = [e["time_ns"] for e in events if e.get("name") == CHUNK_EVENT and e.get("time_ns")]
     if ttft is None and chunk_times:
         ttft = (min(chunk_times) - start_ns) / 1e9
     out["ttft_s"] = None if role != "engine" and _streamed(attrs) is False else ttft
-    out["queue_s"] = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
-    out["prefill_s"] = _num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings, False)
-    out["decode_s"] = _num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings, False)
+    out["queue_s"] = _ref_num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
+    out["prefill_s"] = _ref_num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings, False)
+    out["decode_s"] = _ref_num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings, False)
     out["finish_reason"] = _finish_reason(attrs.get("gen_ai.response.finish_reasons"))
     out["error_type"] = _first_str(attrs, ("error.type",)) or _http_error(attrs) or _exception_type(events)
     out["tool_name"] = _first_str(attrs, ("gen_ai.tool.name",))

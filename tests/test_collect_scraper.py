@@ -224,3 +224,70 @@ def test_example_fleet_file_parses():
     f = load_fleet(Path(__file__).parents[1] / "collectors" / "fleet.yaml", load_settings(env={}))
     assert {t.engine for t in f.targets} == {"vllm", "sglang", "auto"} and f.kv and f.grpc and f.http
     assert json.dumps([t.instance for t in f.targets])  # every target got an instance
+
+
+def _page(n: int) -> bytes:
+    """n distinct series of one gauge (each new to the parser: the slow path)."""
+    return ("# TYPE vllm:num_requests_running gauge\n"
+            + "".join(f'vllm:num_requests_running{{engine="{i}"}} {i}\n' for i in range(n))).encode()
+
+
+def test_too_many_series_is_a_scrape_error_and_stores_none(store):
+    """300 series against a cap of 100: the scrape is refused as too_many_series (no samples stored), recorded in
+    `scrapes`; a page of 100 is stored."""
+    from agentobs.collect.scraper import Response
+
+    con, w = store
+    pages = {"big": _page(300), "ok": _page(100)}
+    sc = Scraper([Target("http://big:1/metrics", "big:1", "vllm", max_series=100),
+                  Target("http://ok:1/metrics", "ok:1", "vllm", max_series=100)], w,
+                 fetch=lambda url, timeout: Response(200, pages[url[7:-10]]), clock=lambda: 1000.0, concurrency=1)
+    res = {r.instance: r for r in sc.scrape_all()}
+    assert (res["big:1"].ok, res["big:1"].reason, res["big:1"].samples) == (False, "too_many_series", 0)
+    assert (res["ok:1"].ok, res["ok:1"].samples) == (True, 100)
+    w.flush()
+    assert con.execute("SELECT instance, count(*) FROM metric_samples GROUP BY 1").fetchall() == [("ok:1", 100)]
+    (err,) = con.execute("SELECT error FROM scrapes WHERE instance = 'big:1'").fetchone()
+    assert err == "too_many_series: more than 100 series (scrape_max_series); none stored"  # stopped at line 256
+    assert sc.health.value("agentobs_scrape_errors_total", {"target": "big:1", "reason": "too_many_series"}) == 1
+
+
+def test_timeout_covers_the_parse(store):
+    """A page that is fetched at once but takes far longer to parse than the target's 1 ms timeout (20,000 new
+    series through prometheus_client, tens of µs each): a timeout, nothing stored, the row says so."""
+    from agentobs.collect.scraper import Response
+
+    con, w = store
+    sc = Scraper([Target("http://slow:1/metrics", "slow:1", "vllm", timeout_s=0.001)], w,
+                 fetch=lambda url, timeout: Response(200, _page(20_000)), clock=lambda: 1000.0)
+    (res,) = sc.scrape_all()
+    assert (res.ok, res.reason) == (False, "timeout")
+    w.flush()
+    assert con.execute("SELECT count(*) FROM metric_samples").fetchone() == (0,)
+    assert con.execute("SELECT split_part(error, ':', 1), samples FROM scrapes").fetchall() == [("timeout", 0)]
+
+
+def test_a_refused_target_keeps_its_schedule(site, store):
+    """A target over its series cap, every 0.2 s for 1 s: it is scraped (and refused) on schedule, never skipped."""
+    con, w = store
+    site.pages["/big/metrics"] = (200, _page(300))
+    sc = Scraper([Target(site.url("/big/metrics"), "big:1", "vllm", interval_s=0.2, max_series=100)], w, jitter=0.1)
+    stop = threading.Event()
+    t = threading.Thread(target=sc.run, args=(stop,))
+    t.start()
+    stop.wait(1.0)
+    stop.set()
+    t.join(5)
+    w.flush()
+    (n,) = con.execute("SELECT count(*) FROM scrapes WHERE error LIKE 'too_many_series:%'").fetchone()
+    assert 2 <= n <= 6  # as test_scrape_loop_runs_and_stops: 1 s at a 0.2 s interval
+    assert sc.health.value("agentobs_scrape_drops_total", {"reason": "overrun"}) == 0
+
+
+def test_fleet_file_series_cap():
+    f = parse_fleet({"scrape": {"max_series": 500, "targets": ["http://a:1/m", {"url": "http://b:1/m",
+                                                                                "max_series": 7}]}},
+                    load_settings(env={}), "fleet.yaml")
+    assert [t.max_series for t in f.targets] == [500, 7]
+    assert parse_fleet({"scrape": {"targets": ["http://a:1/m"]}}, load_settings(env={})).targets[0].max_series \
+        == load_settings(env={}).scrape_max_series == 50_000

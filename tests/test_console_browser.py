@@ -167,6 +167,23 @@ def test_open_session_timeline_from_sessions(console, page):
     shot(page, "session-timeline")
 
 
+def test_trace_waterfall_of_a_call(console, page):
+    # the worked example's second chat call (its span id is the call id): the trace's 6 spans as a waterfall, and
+    # the span picked shows its attributes (the session id is one)
+    page.goto(f"{console}/trace?call=3e7a1c5d9f4b6083")
+    page.get_by_role("heading", name="Trace", level=1).wait_for()
+    settle(page)
+    no_exception(page)
+    page.locator("[data-testid='stMetricValue']", has_text="6").first.wait_for()
+    assert page.locator("[data-testid='stVegaLiteChart']").count() == 1
+    page.get_by_label("Span", exact=True).click()
+    page.get_by_role("option", name="3e7a1c5d9f4b6083", exact=False).click()
+    settle(page)
+    page.get_by_text("chat Qwen/Qwen3-32B — gateway").wait_for()
+    page.locator("[data-testid='stJson']", has_text=WORKED_SESSION).first.wait_for()
+    shot(page, "trace-waterfall")
+
+
 def test_filters_live_in_the_url(console, page):
     page.goto(f"{console}/sessions?model={LLAMA}")
     settle(page)

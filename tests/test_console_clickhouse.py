@@ -193,6 +193,14 @@ def test_session_timeline_instance_change_and_tools(view):
     assert tools["duration_s"][0] == pytest.approx(7.6)
 
 
+def test_trace_page_on_clickhouse(view):
+    # the worked example's trace found by a call id, its 6 spans in tree order, as on DuckDB (tests/test_trace.py)
+    goto(view, "trace.py", call="3e7a1c5d9f4b6083")
+    assert not view.error, [e.value for e in view.error]
+    assert {m.label: m.value for m in view.metric}["spans"] == "6"
+    assert df_of(view)["kind"].to_list() == ["agent", "gateway", "tool", "gateway", "tool", "gateway"]
+
+
 def test_unknown_session_suggests_the_nearest(view):
     goto(view, "session.py", session="sess-gen-2")  # jaroWinklerSimilarity on ClickHouse
     err = view.error[0].value
@@ -266,6 +274,21 @@ def test_findings_page_equals_duckdb(view, stores):
         heads = sorted(e.label for e in view.main.expander)
         assert heads == sorted(e.label for e in _duck_expanders(duck))
     assert len(view.main.expander) == len(duck)
+
+
+def test_whatif_page_equals_duckdb(view, stores):
+    # the same replay from ClickHouse as from the DuckDB store (agentobs.findings.whatif.run on each)
+    from agentobs.findings.whatif import run
+
+    db, _ = stores
+    goto(view, "whatif.py", change=["prefix_cache=off"])
+    assert not view.error, [e.value for e in view.error]
+    duck = run(str(db), ["prefix_cache=off"])
+    shown = df_of(view)
+    want = duck.table().to_pylist()
+    assert shown["figure"].to_list() == [r["figure"] for r in want]
+    assert shown["before"].to_list() == pytest.approx([r["before"] for r in want], nan_ok=True)
+    assert shown["after"].to_list() == pytest.approx([r["after"] for r in want], nan_ok=True)
 
 
 def _duck_expanders(items):

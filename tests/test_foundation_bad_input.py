@@ -49,6 +49,26 @@ CASES = [
     ("attributes not a list", json.dumps(doc(GOOD_SPAN, span(spanId="ef" * 8, attributes={"a": 1}))).encode(), None,
      [f"{WHERE}: span.attributes must be a list"]),
     ("span not an object", json.dumps(doc(GOOD_SPAN, "oops")).encode(), None, [f"{WHERE}: span must be an object"]),
+    # values no column can hold, each rejecting its span only (tests/test_collect_receiver.py: the same over the wire)
+    ("NaN token count", json.dumps(doc(GOOD_SPAN, span(spanId="ef" * 8, attributes=[
+        {"key": "gen_ai.usage.input_tokens", "value": {"doubleValue": "NaN"}}]))).encode(), None,
+     [f"{WHERE}: attribute gen_ai.usage.input_tokens nan is not a whole number"]),
+    # -5 + 9,200 read + 103 written was stored as 9,298 input tokens through the "cached > input" rule
+    ("negative token count", json.dumps(doc(GOOD_SPAN, span(spanId="ef" * 8, attributes=[
+        {"key": "gen_ai.usage.input_tokens", "value": {"intValue": "-5"}},
+        {"key": "gen_ai.usage.cache_read.input_tokens", "value": {"intValue": "9200"}},
+        {"key": "gen_ai.usage.cache_creation.input_tokens", "value": {"intValue": "103"}}]))).encode(), None,
+     [f"{WHERE}: attribute gen_ai.usage.input_tokens -5 is negative"]),
+    ("kind 200", json.dumps(doc(GOOD_SPAN, span(spanId="ef" * 8, kind=200))).encode(), None,
+     [f"{WHERE}: kind 200 is out of range (0-127; OTLP's span kinds are 0-5)"]),
+    ("start time 2^63", json.dumps(doc(GOOD_SPAN, span(spanId="ef" * 8, startTimeUnixNano=str(2**63),
+                                                       endTimeUnixNano="0"))).encode(), None,
+     [f"{WHERE}: startTimeUnixNano 9223372036854775808 is beyond 2^63-1 ns (the int64 column)"]),
+    ("lone surrogate", json.dumps(doc(GOOD_SPAN, span(spanId="ef" * 8, name="x\ud800"))).encode(), None,
+     [f"{WHERE}: name 'x\\ud800' is not valid Unicode (lone surrogate at character 1)"]),
+    ("nested 5,000 deep", json.dumps(doc(GOOD_SPAN, span(spanId="ef" * 8, attributes=[]))).replace(
+        '"attributes": []}]', '"attributes": [{"key": "d", "value": ' + "[" * 5000 + "]" * 5000 + "}]}]").encode(), None,
+     [f"{WHERE}: JSON nested deeper than 128 levels"]),
 ]
 
 

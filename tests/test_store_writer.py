@@ -1,4 +1,5 @@
-"""The Writer inserts with a plain INSERT first and falls back to INSERT OR IGNORE on a duplicate key.
+"""The Writer inserts with a plain INSERT first and falls back to INSERT OR IGNORE on a duplicate key;
+spans have no key: insert_spans skips a span already stored.
 
 Every case checks what is stored, what each ticket was told, and which path was taken
 (``stats.conflict_retries`` counts the commits that were redone with INSERT OR IGNORE).
@@ -112,3 +113,49 @@ def test_other_constraint_errors_fail_the_commit_and_keep_the_writer_working(con
         w.flush()
         assert again.wait() == 1  # the writer goes on
     assert count(con, "scrapes") == 1
+
+
+def spans(ids: list[tuple[str, str, int]], name: str = "a") -> pa.Table:
+    """Span rows (trace_id, span_id, start_ns), the other columns empty."""
+    from agentobs.collect.otlp import SPAN_SCHEMA
+
+    cols = {f.name: pa.nulls(len(ids), f.type) for f in SPAN_SCHEMA}
+    cols["trace_id"] = pa.array([i[0] for i in ids])
+    cols["span_id"] = pa.array([i[1] for i in ids])
+    cols["start_ns"] = pa.array([i[2] for i in ids], pa.int64())
+    cols["name"] = pa.array([name] * len(ids))
+    return pa.table(cols, schema=SPAN_SCHEMA)
+
+
+def test_spans_have_no_key_and_a_span_already_stored_is_skipped(con):
+    # spans is append-only (no primary key: appends stay flat as the store grows) ...
+    assert con.sql("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'spans' "
+                   "AND constraint_type = 'PRIMARY KEY'").fetchall() == [(0,)]
+    with Writer(con, flush_s=0) as w:
+        assert w.write("spans", spans([("t1", "s1", 10), ("t1", "s2", 20)])) == 2
+        # ... yet a span sent again (s2) is skipped, as is one repeated inside the batch (s3 twice)
+        assert w.write("spans", spans([("t1", "s2", 20), ("t1", "s3", 30), ("t1", "s3", 30)], "b")) == 1
+        assert w.stats.conflict_retries == 0
+    assert con.sql("SELECT span_id, name FROM spans ORDER BY span_id").fetchall() == [
+        ("s1", "a"), ("s2", "a"), ("s3", "b")]  # the first copy stays
+
+
+def test_spans_migrate_from_a_keyed_store(tmp_path):
+    """A store made before 0003 (spans with a primary key, views on it) keeps its rows and loses the key."""
+    import duckdb
+
+    from agentobs.store.schema import MIGRATIONS
+
+    path = tmp_path / "old.duckdb"
+    old = duckdb.connect(str(path))
+    old.execute(MIGRATIONS[0][1])
+    old.execute("CREATE TABLE schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP DEFAULT now())")
+    old.execute("INSERT INTO schema_migrations (name) VALUES ('0001_raw_tables'), ('0002_findings_acks')")
+    old.execute("INSERT INTO spans (trace_id, span_id, start_ns, name) VALUES ('t', 's', 5, 'old')")
+    old.execute("CREATE VIEW v_old AS SELECT * FROM spans")
+    old.close()
+    c = connect(path)
+    assert c.sql("SELECT trace_id, span_id, start_ns, name FROM spans").fetchall() == [("t", "s", 5, "old")]
+    c.execute("INSERT INTO spans (trace_id, span_id, start_ns) VALUES ('t', 's', 5)")  # no key refuses it now
+    assert c.sql("SELECT count(*) FROM llm_calls").fetchall() is not None
+    c.close()

@@ -262,3 +262,19 @@ def test_real_vllm_behind_litellm(request, tmp_path):
     _e2e(tmp_path, "litellm")
     chk = json.loads((tmp_path / "litellm" / "check.json").read_text())
     assert chk["join"]["joined_share"] == 1.0 and chk["usage"]["mismatched"] == []
+
+
+@pytest.mark.vllm
+def test_real_vllm_loadgen_cache_on_off_starved(request, tmp_path):
+    """agentobs loadgen on real vLLM (scripts/vllm/loadgen_e2e.py, docs/loadgen.md): cached tokens in the store =
+    vLLM's usage per call, prompt sizes within 1 % of the scaled trace, and the compare table's direction."""
+    _opted_in(request)
+    _setup("setup.sh")
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "vllm" / "loadgen_e2e.py"), "--out", str(tmp_path),
+                        "--skip-setup"], capture_output=True, text=True, timeout=2400)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert r.returncode == 0 and summary["ok"], r.stdout[-4000:] + r.stderr[-4000:]
+    for c in summary["configs"]:
+        assert c["usage_mismatched"] == [] and c["usage_missing"] == [] and c["size_within_1pct"] == c["ok_calls"]
+    on_off = json.loads((tmp_path / "compare_off_vs_on.json").read_text())
+    assert on_off["session hit rate ΣC/ΣP"]["b"] > on_off["session hit rate ΣC/ΣP"]["a"] == 0

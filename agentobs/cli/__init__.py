@@ -7,7 +7,20 @@ shared options and the output helpers; importing this package registers every co
 
 from __future__ import annotations
 
-from . import clickhouse, collect, console, findings, ingest, metrics, query, report, sim  # noqa: F401 - registers
+from . import (  # noqa: F401 - registers every command
+    clickhouse,
+    collect,
+    console,
+    findings,
+    ingest,
+    loadgen,
+    metrics,
+    query,
+    report,
+    sim,
+    trace,
+    whatif,
+)
 from .base import _filters, cli, main
 from .sim import HEADLINE_SQL
 

@@ -32,6 +32,23 @@ def import_otlp_cmd(ctx: Ctx, paths):
     _exit_for(res)
 
 
+@import_.command("tracelab")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@common
+def import_tracelab_cmd(ctx: Ctx, paths):
+    """TraceLab per-call rows (JSON lines, .gz too; https://github.com/uw-syfi/TraceLab): Claude Code / Codex
+    sessions as their harness recorded them become ordinary sessions (an invoke_agent root, a chat span per
+    round with its token split, execute_tool spans); see docs/cli.md."""
+    from ..collect.tracelab import import_tracelab
+
+    con = _open(ctx)
+    with _writer(con, ctx) as w:
+        res = import_tracelab(paths, w, ctx.settings)
+    con.close()
+    _summary(res, "tracelab rounds → spans")
+    _exit_for(res)
+
+
 @import_.command("prom")
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--instance", required=True, help="Engine instance, host:port (as server.address:server.port on spans).")

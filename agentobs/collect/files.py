@@ -183,13 +183,14 @@ def import_otlp(paths: Iterable[str | os.PathLike], writer: Writer, settings: Se
             res.errors.append(str(e))
             res.rejected += 1
             continue
+        table = dec.table() if dec.accepted else None  # first: it may reject a row Arrow cannot store
         res.errors.extend(errors)
         res.errors.extend(dec.errors)
         res.warnings.extend(dec.warnings)
         res.accepted += dec.accepted
         res.rejected += dec.rejected + len(errors)
         if dec.accepted:
-            tickets.append(writer.submit("spans", dec.table()))
+            tickets.append(writer.submit("spans", table))
     for t in tickets:
         res.inserted += t.wait()
     _log(writer, res, ",".join(map(str, paths)))

@@ -45,6 +45,7 @@ class Target:
     labels: dict[str, str] = field(default_factory=dict)
     interval_s: float = 15.0
     timeout_s: float = 5.0
+    max_series: int = 50_000
     server_info_url: str | None = None  # None: derived when the engine is (or is detected as) sglang
     server_info: bool = True
 
@@ -108,7 +109,7 @@ def _num(v: Any, where: str, positive: bool = True) -> float:
 def parse_fleet(doc: Any, settings: Settings, where: str = "fleet") -> Fleet:
     top = _check(doc, {"receiver", "health", "snapshot", "scrape", "kv_events"}, where)
     rec = _check(top.get("receiver"), {"grpc", "http"}, f"{where}: receiver")
-    scr = _check(top.get("scrape"), {"interval_s", "timeout_s", "jitter", "concurrency", "server_info_every_s",
+    scr = _check(top.get("scrape"), {"interval_s", "timeout_s", "max_series", "jitter", "concurrency", "server_info_every_s",
                                      "targets"}, f"{where}: scrape")
     snap = _check(top.get("snapshot"), {"path", "every_s"}, f"{where}: snapshot")
     fleet = Fleet(
@@ -127,6 +128,7 @@ def parse_fleet(doc: Any, settings: Settings, where: str = "fleet") -> Fleet:
             split_hostport(addr, f"{where}: {what}")
     interval = _num(scr.get("interval_s", settings.scrape_interval_s), f"{where}: scrape.interval_s")
     timeout = _num(scr.get("timeout_s", settings.scrape_timeout_s), f"{where}: scrape.timeout_s")
+    max_series = _num(scr.get("max_series", settings.scrape_max_series), f"{where}: scrape.max_series")
     targets = scr.get("targets") or []
     if not isinstance(targets, list):
         raise ConfigError(f"{where}: scrape.targets must be a list")
@@ -135,7 +137,8 @@ def parse_fleet(doc: Any, settings: Settings, where: str = "fleet") -> Fleet:
         tw = f"{where}: scrape.targets[{i}]"
         if isinstance(t, str):
             t = {"url": t}
-        t = _check(t, {"url", "instance", "engine", "labels", "interval_s", "timeout_s", "server_info"}, tw)
+        t = _check(t, {"url", "instance", "engine", "labels", "interval_s", "timeout_s", "max_series", "server_info"},
+                   tw)
         if "url" not in t:
             raise ConfigError(f"{tw}: 'url' is required")
         try:
@@ -156,6 +159,7 @@ def parse_fleet(doc: Any, settings: Settings, where: str = "fleet") -> Fleet:
             url=str(t["url"]), instance=inst, engine=engine, labels={str(k): str(v) for k, v in labels.items()},
             interval_s=_num(t.get("interval_s", interval), f"{tw}.interval_s"),
             timeout_s=_num(t.get("timeout_s", timeout), f"{tw}.timeout_s"),
+            max_series=int(_num(t.get("max_series", max_series), f"{tw}.max_series")),
             server_info_url=si if isinstance(si, str) else None, server_info=bool(si),
         ))
     kv = top.get("kv_events") or []

@@ -14,13 +14,22 @@ _LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 class Health:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.spans_received = Counter("agentobs_otlp_spans_received", "Spans accepted and committed, by transport.",
+        self.spans_received = Counter("agentobs_otlp_spans_received", "Spans acknowledged (durable in the spool), by transport.",
                                       ["transport"], registry=r)
         self.spans_rejected = Counter("agentobs_otlp_spans_rejected", "Spans not stored, by reason.", ["reason"],
                                       registry=r)
         self.requests = Counter("agentobs_otlp_requests", "OTLP export requests by transport and outcome.",
                                 ["transport", "outcome"], registry=r)
-        self.queue_spans = Gauge("agentobs_otlp_queue_spans", "Spans admitted and not yet committed.", registry=r)
+        self.spool_bytes = Gauge("agentobs_spool_unloaded_bytes", "OTLP request bytes spooled and not yet stored.",
+                                 registry=r)
+        self.inflight_bytes = Gauge("agentobs_otlp_inflight_bytes", "Request body bytes being read, checked or "
+                                    "spooled (receiver_max_inflight_mb).", registry=r)
+        self.connections = Gauge("agentobs_otlp_http_connections", "Open OTLP/HTTP connections (one thread each).",
+                                 registry=r)
+        self.connections_closed = Counter("agentobs_otlp_http_connections_closed", "OTLP/HTTP connections the "
+                                          "receiver closed, by reason (idle_timeout, read_timeout, evicted: idle "
+                                          "one closed for a new one at receiver_max_connections).", ["reason"],
+                                          registry=r)
         self.scrapes = Counter("agentobs_scrapes", "Scrape attempts by outcome (ok/error).", ["outcome"], registry=r)
         self.scrape_errors = Counter("agentobs_scrape_errors", "Failed scrapes by target and reason.",
                                      ["target", "reason"], registry=r)

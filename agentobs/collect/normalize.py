@@ -3,13 +3,16 @@
 One function, ``promote``, turns a decoded span (name, kind, scope, resource and attribute dicts,
 events) into the typed columns of the ``spans`` table (``promote_row``: the same as a tuple, the
 form the decoders use; docs/collectors.md, Performance, says why it is written the way it is). First match wins in every alias list.
-Problems that do not make the span unusable (a token count that is not a number) are returned as
-warnings and the value is stored as unknown (NULL), never as 0.
+Problems that do not make the span unusable (a token count that is not a number, a latency that is
+NaN or infinite) are returned as warnings and the value is stored as unknown (NULL), never as 0. A value
+that is a number but a wrong one rejects the span (ValueError, with the reason): a token count that is
+negative, not whole (12.5, NaN, infinite) or beyond int64, an attempt outside 0..2^31-1.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,7 +84,20 @@ def _first_str(attrs: dict[str, Any], keys: Sequence[str]) -> str | None:
     return None
 
 
-def _num(attrs: dict[str, Any], keys: Sequence[str], warnings: list[str], as_int: bool):
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+
+
+def bad(reason: str, message: str) -> ValueError:
+    """The ValueError that rejects a span, with the ``reason`` its health counter is labelled with
+    (``agentobs_otlp_spans_rejected_total{reason=...}``; docs/collectors.md lists them)."""
+    e = ValueError(message)
+    e.reason = reason  # type: ignore[attr-defined]
+    return e
+
+
+def _num(attrs: dict[str, Any], keys: Sequence[str], warnings: list[str]) -> float | None:
+    """The first of ``keys`` present as a float; not a number, NaN or infinite: a warning and None."""
     for k in keys:
         if k not in attrs:
             continue
@@ -89,17 +105,65 @@ def _num(attrs: dict[str, Any], keys: Sequence[str], warnings: list[str], as_int
         if isinstance(v, bool) or v is None:
             warnings.append(f"attribute {k} must be a number, got {v!r}; stored as unknown")
             return None
-        if isinstance(v, (int, float)):
-            return int(v) if as_int else float(v)
-        if isinstance(v, str):
+        if isinstance(v, (int, float, str)):
             try:
                 f = float(v)
+            except (ValueError, OverflowError):
+                warnings.append(f"attribute {k} must be a number, got {v!r}; stored as unknown")
+                return None
+            if not math.isfinite(f):
+                warnings.append(f"attribute {k} must be a finite number, got {v!r}; stored as unknown")
+                return None
+            return f
+        warnings.append(f"attribute {k} must be a number, got {type(v).__name__}; stored as unknown")
+        return None
+    return None
+
+
+def whole(v: Any, what: str, hi: int = INT64_MAX) -> int:
+    """``v`` (an int, or a float or text holding one) as an int in 0..hi; ValueError naming ``what`` when it
+    is negative, not whole (12.5, NaN, infinite) or above ``hi``."""
+    if v.__class__ is int:
+        n = v
+    elif isinstance(v, float):
+        if not v.is_integer():  # NaN and ±inf too
+            raise bad("invalid_count", f"{what} {v!r} is not a whole number")
+        n = int(v)
+    else:
+        try:
+            n = int(v)
+        except ValueError:
+            f = float(v)  # ValueError: the caller's "not a number" case
+            if not f.is_integer():
+                raise bad("invalid_count", f"{what} {v!r} is not a whole number") from None
+            n = int(f)
+    if n < 0:
+        raise bad("invalid_count", f"{what} {v!r} is negative")
+    if n > hi:
+        raise bad("invalid_count", f"{what} {v!r} is above {hi}")
+    return n
+
+
+def _count(attrs: dict[str, Any], keys: Sequence[str], warnings: list[str], hi: int = INT64_MAX) -> int | None:
+    """The first of ``keys`` present as a count (tokens, attempts): not a number is a warning and None (unknown);
+    a number that is no count (negative, not whole, above ``hi``) is a ValueError: the span is rejected."""
+    for k in keys:
+        if k not in attrs:
+            continue
+        v = attrs[k]
+        if v.__class__ is int and 0 <= v <= hi:
+            return v
+        if isinstance(v, bool) or v is None or not isinstance(v, (int, float, str)):
+            got = repr(v) if isinstance(v, bool) or v is None else type(v).__name__
+            warnings.append(f"attribute {k} must be a number, got {got}; stored as unknown")
+            return None
+        if isinstance(v, str):
+            try:
+                float(v)
             except ValueError:
                 warnings.append(f"attribute {k} must be a number, got {v!r}; stored as unknown")
                 return None
-            return int(f) if as_int else f
-        warnings.append(f"attribute {k} must be a number, got {type(v).__name__}; stored as unknown")
-        return None
+        return whole(v, f"attribute {k}", hi)
     return None
 
 
@@ -394,7 +458,7 @@ def promote_row(
     tenant = _first_str_merged(attrs, res, tenant_keys) if not g_tenant.isdisjoint(present_any) else None
     v = get("gen_ai.agent.name")
     agent_name = v if v.__class__ is str and v else (None if v is None else _str1(v))
-    attempt = _num(attrs, ATTEMPT_KEYS, warnings, True) if not g_attempt.isdisjoint(present) else None
+    attempt = _count(attrs, ATTEMPT_KEYS, warnings, INT32_MAX) if not g_attempt.isdisjoint(present) else None
     v = get("agentobs.branch")
     branch = v if v.__class__ is str and v else (None if v is None else _str1(v))
     model = _first_str(attrs, MODEL_KEYS) if not g_model.isdisjoint(present) else None
@@ -412,20 +476,20 @@ def promote_row(
     v = get("gen_ai.request.id")
     request_id = v if v.__class__ is str and v else (None if v is None else _str1(v))
 
-    p = _num(attrs, INPUT_KEYS, warnings, True) if not g_input.isdisjoint(present) else None
-    c = _num(attrs, CACHED_KEYS, warnings, True) if not g_cached.isdisjoint(present) else None
-    o = _num(attrs, OUTPUT_KEYS, warnings, True) if not g_output.isdisjoint(present) else None
+    p = _count(attrs, INPUT_KEYS, warnings) if not g_input.isdisjoint(present) else None
+    c = _count(attrs, CACHED_KEYS, warnings) if not g_cached.isdisjoint(present) else None
+    o = _count(attrs, OUTPUT_KEYS, warnings) if not g_output.isdisjoint(present) else None
     if usage:
         if p is None and isinstance(usage.get("prompt_tokens"), int):
-            p = usage["prompt_tokens"]
+            p = whole(usage["prompt_tokens"], "metadata.usage_object prompt_tokens")
         if o is None and isinstance(usage.get("completion_tokens"), int):
-            o = usage["completion_tokens"]
+            o = whole(usage["completion_tokens"], "metadata.usage_object completion_tokens")
         if c is None:
             details = usage.get("prompt_tokens_details") or {}
             if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
-                c = details["cached_tokens"]
+                c = whole(details["cached_tokens"], "metadata.usage_object cached_tokens")
             elif isinstance(usage.get("cache_read_input_tokens"), int):
-                c = usage["cache_read_input_tokens"]
+                c = whole(usage["cache_read_input_tokens"], "metadata.usage_object cache_read_input_tokens")
     if p is not None and c is not None:
         excl = attrs.get(INPUT_EXCLUDES_CACHE, res.get(INPUT_EXCLUDES_CACHE) if res else None)
         if _flag(excl) is True or c > p:
@@ -434,13 +498,15 @@ def promote_row(
             if _flag(excl) is not True:
                 warnings.append(f"cached tokens ({c}) exceed input tokens ({p}); treated as input that excludes "
                                 "cache (P := P + cache reads + cache writes)")
-            p = p + c + (_num(attrs, CACHE_WRITE_KEYS, warnings, True) or 0)
-    system_tokens = _num(attrs, ("agentobs.prompt.system_tokens",), warnings, True) \
+            p = p + c + (_count(attrs, CACHE_WRITE_KEYS, warnings) or 0)
+            if p > INT64_MAX:
+                raise bad("invalid_count", f"input tokens with cache reads and writes ({p}) are above {INT64_MAX}")
+    system_tokens = _count(attrs, ("agentobs.prompt.system_tokens",), warnings) \
         if "agentobs.prompt.system_tokens" in attrs else None
-    tool_def_tokens = _num(attrs, ("agentobs.prompt.tool_tokens",), warnings, True) \
+    tool_def_tokens = _count(attrs, ("agentobs.prompt.tool_tokens",), warnings) \
         if "agentobs.prompt.tool_tokens" in attrs else None
 
-    ttft = _num(attrs, TTFT_KEYS, warnings, False) if not g_ttft.isdisjoint(present) else None
+    ttft = _num(attrs, TTFT_KEYS, warnings) if not g_ttft.isdisjoint(present) else None
     chunk_times = [e["time_ns"] for e in events if e.get("name") == CHUNK_EVENT and e.get("time_ns")] if events else ()
     if ttft is None and chunk_times:
         ttft = (min(chunk_times) - start_ns) / 1e9
@@ -448,11 +514,11 @@ def promote_row(
         ttft = None  # not streamed: the first (only) chunk came at the end, so this is the whole latency, not TTFT
     queue_s = prefill_s = decode_s = None
     if "gen_ai.latency.time_in_queue" in attrs:
-        queue_s = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings, False)
+        queue_s = _num(attrs, ("gen_ai.latency.time_in_queue",), warnings)
     if "gen_ai.latency.time_in_model_prefill" in attrs:
-        prefill_s = _num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings, False)
+        prefill_s = _num(attrs, ("gen_ai.latency.time_in_model_prefill",), warnings)
     if "gen_ai.latency.time_in_model_decode" in attrs:
-        decode_s = _num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings, False)
+        decode_s = _num(attrs, ("gen_ai.latency.time_in_model_decode",), warnings)
     v = get("gen_ai.response.finish_reasons")
     finish_reason = None if v is None else _finish_reason(v)
     v = get("error.type")

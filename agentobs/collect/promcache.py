@@ -8,11 +8,16 @@ as ``<known series> <value>`` (a timestamp, odd spacing, a bad value) — goes t
 prometheus_client's own parser (``text_string_to_metric_families``), which also raises for a line
 that is malformed. The Arrow columns of a known layout are cached too, so a steady-state scrape
 builds only the value column. The rows equal ``prom.parse_text`` of the same text (a test checks it).
+
+``parse`` is bounded: a page with more than ``max_series`` samples raises ``ScrapeLimit("too_many_series")``
+as soon as the count is passed, and one still parsing at ``deadline`` (``time.monotonic()``) raises
+``ScrapeLimit("timeout")``: the scraper's timeout covers fetch, parse and store.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -22,6 +27,15 @@ from ..errors import InputError
 from .prom import SAMPLE_SCHEMA, canonical_name, dropped, engine_of_metric, served_model_config, to_utc
 
 _SKIP = -1  # a known series that is not stored (``*_created`` but ``prom.KEPT_CREATED``)
+_CHECK_EVERY = 256  # lines between two looks at the clock
+
+
+class ScrapeLimit(Exception):
+    """A scrape stopped by a bound: ``reason`` is too_many_series or timeout."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason = reason
+        super().__init__(detail)
 
 
 @dataclass
@@ -73,13 +87,20 @@ class SeriesParser:
             self._index[series] = idx
         return idx, float(s.value)
 
-    def parse(self, text: str, at: float | dt.datetime, where: str = "scrape") -> Parsed:
+    def parse(self, text: str, at: float | dt.datetime, where: str = "scrape", deadline: float | None = None) -> Parsed:
         if len(self._metric) > self.max_series:
             self._reset()  # series churn: start over rather than grow without bound
         index = self._index
         rows: list[int] = []
         vals: list[float] = []
+        cap = self.max_series
         for lineno, line in enumerate(text.split("\n"), 1):
+            if not lineno % _CHECK_EVERY:
+                if len(rows) > cap:
+                    raise ScrapeLimit("too_many_series", f"more than {cap} series (scrape_max_series); none stored")
+                if deadline is not None and time.monotonic() > deadline:
+                    raise ScrapeLimit("timeout", f"still parsing at line {lineno} when the timeout passed; "
+                                      "nothing stored")
             if not line or line[0] == "#":
                 continue
             i = line.rfind(" ")
@@ -97,6 +118,9 @@ class SeriesParser:
                     continue
             rows.append(idx)
             vals.append(v)
+        if len(rows) > cap:
+            raise ScrapeLimit("too_many_series", f"{len(rows)} series, more than {cap} (scrape_max_series); "
+                              "none stored")
         ts = to_utc(at)
         n = len(rows)
         if self._layout != rows:

@@ -35,7 +35,7 @@ from ..store.writer import Writer
 from . import prom, serverinfo
 from .fleet import Target
 from .health import Health
-from .promcache import SeriesParser
+from .promcache import ScrapeLimit, SeriesParser
 
 ACCEPT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"  # the classic text format, not OpenMetrics
 MAX_BODY = 32 * 1024 * 1024
@@ -63,7 +63,9 @@ _local = threading.local()
 
 
 def http_fetch(url: str, timeout: float) -> Response:
-    """GET with a per-thread keep-alive connection per host; raises FetchError(reason, detail)."""
+    """GET with a per-thread keep-alive connection per host, all of it (the body too) within ``timeout``;
+    raises FetchError(reason, detail)."""
+    deadline = time.monotonic() + timeout
     u = urlsplit(url)
     key = (u.scheme, u.netloc)
     conns = getattr(_local, "conns", None)
@@ -83,7 +85,7 @@ def http_fetch(url: str, timeout: float) -> Response:
         try:
             conn.request("GET", path, headers={"Accept": ACCEPT, "User-Agent": "agentobs-scraper"})
             r = conn.getresponse()
-            body = r.read(MAX_BODY + 1)
+            body = _read_body(r, conn, deadline)
             if len(body) > MAX_BODY:
                 conn.close()
                 conns.pop(key, None)
@@ -106,6 +108,24 @@ def http_fetch(url: str, timeout: float) -> Response:
                 continue
             raise FetchError("connection_error", f"{type(e).__name__}: {e}") from None
     raise AssertionError("unreachable")
+
+
+def _read_body(r: http.client.HTTPResponse, conn, deadline: float) -> bytes:
+    """The body, at most MAX_BODY + 1 bytes, read in chunks each given only the time left (a server that
+    trickles it would otherwise hold the scrape for timeout x chunks)."""
+    chunks, n = [], 0
+    while n <= MAX_BODY:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        if conn.sock is not None:
+            conn.sock.settimeout(left)
+        chunk = r.read(min(1 << 20, MAX_BODY + 1 - n))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        n += len(chunk)
+    return b"".join(chunks)
 
 
 @dataclass
@@ -144,8 +164,8 @@ class Scraper:
         self.concurrency = concurrency
         self.server_info_every_s = server_info_every_s
         self.rng = rng or random.Random()
-        self.states = [_State(t, SeriesParser(t.instance, t.labels), engine=None if t.engine == "auto" else t.engine)
-                       for t in targets]
+        self.states = [_State(t, SeriesParser(t.instance, t.labels, t.max_series),
+                              engine=None if t.engine == "auto" else t.engine) for t in targets]
 
     # -- one attempt --------------------------------------------------------------------------
     def scrape(self, st: _State) -> ScrapeResult:
@@ -153,6 +173,7 @@ class Scraper:
         h = self.health
         at = self.clock()
         t0 = time.perf_counter()
+        deadline = time.monotonic() + t.timeout_s
         res = ScrapeResult(t.instance, ok=False)
         try:
             resp = self.fetch(t.url, t.timeout_s)
@@ -162,7 +183,9 @@ class Scraper:
                 text = resp.body.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise InputError(f"not UTF-8 at byte {e.start}", t.url) from None
-            parsed = st.parser.parse(text, at, where=t.url)
+            parsed = st.parser.parse(text, at, where=t.url, deadline=deadline)
+            if time.monotonic() > deadline:
+                raise ScrapeLimit("timeout", f"fetch and parse took longer than {t.timeout_s:g} s; nothing stored")
             res.samples = parsed.samples.num_rows
             res.tickets.append(self.writer.submit("metric_samples", parsed.samples))
             if st.engine is None:
@@ -177,7 +200,7 @@ class Scraper:
                     h.config_changes.labels("prometheus").inc()
                     res.config_stored = True
             res.ok = True
-        except FetchError as e:
+        except (FetchError, ScrapeLimit) as e:
             res.reason, res.error = e.reason, str(e)
         except InputError as e:
             res.reason, res.error = "parse_error", str(e)

@@ -1,17 +1,26 @@
-"""``agentobs collect``: the OTLP receivers, the scraper, KV-event subscribers, the health endpoint
-and the read-snapshot publisher in one process, all writing through one ``Writer``.
+"""``agentobs collect``: the OTLP receivers with their spool and loader, the scraper, KV-event
+subscribers, the health endpoint and the read-snapshot publisher in one process.
 
-SIGTERM/SIGINT stop it cleanly: the receivers stop accepting (in-flight exports finish and are
-committed before they are acknowledged), the scraper and subscribers stop, the writer flushes,
-a last snapshot is published and the store is closed.
+OTLP requests are acknowledged once durable in the spool (``spool.py``); the loader (``loader.py``)
+decodes them in ``loader_processes`` processes and stores them. Scrapes and KV events go through the
+one ``Writer``.
+
+SIGTERM/SIGINT stop it in bounded time, whatever the store's size: the receivers stop accepting
+(in-flight exports finish their spool write), the loader stores the batches it is decoding and
+leaves the rest of the spool for the next start, the scraper and subscribers stop, the writer
+flushes, the store is closed, and the read-snapshot path is pointed at the store itself (a symbolic
+link, replaced atomically): with the collector gone, readers open the store, never a stale copy.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..config import Settings
 from ..store.db import connect
@@ -20,10 +29,15 @@ from . import snapshot
 from .fleet import Fleet, split_hostport
 from .health import Health
 from .kvsub import KVSubscriber
+from .limits import ByteBudget
+from .loader import Loader
 from .otlp_grpc import OtlpGrpcServer
 from .otlp_http import OtlpHttpServer
 from .receiver import Ingest
 from .scraper import Scraper
+from .spool import Spool
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -41,15 +55,21 @@ class Service:
         self.con = connect(self.db)
         self.writer = Writer(self.con, batch_rows=s.writer_batch_rows, flush_s=s.collect_commit_s,
                              on_commit=self.health.on_commit)
-        self.ingest = Ingest(self.writer, s, self.health)
+        mb = 1024 * 1024
+        self.spool = Spool(s.spool_dir or default_spool_dir(self.db), segment_bytes=s.spool_segment_mb * mb,
+                           max_unloaded_bytes=s.spool_max_unloaded_mb * mb, min_free_bytes=s.spool_min_free_mb * mb,
+                           dedupe_requests=s.spool_dedupe_requests)
+        self.loader = Loader(self.spool, self.con, s, self.health).start()
+        self.ingest = Ingest(self.spool, s, self.health)
         token = s.receiver_token or None
-        max_body = s.receiver_max_body_mb * 1024 * 1024
+        # one budget of request bytes in flight for both transports (receiver_max_inflight_mb)
+        budget = ByteBudget(s.receiver_max_inflight_mb * 1024 * 1024, self.health.inflight_bytes)
         if self.fleet.grpc:
             host, port = split_hostport(self.fleet.grpc, "receiver.grpc")
-            self.grpc = OtlpGrpcServer(self.ingest, host, port, token, max_body).start()
+            self.grpc = OtlpGrpcServer(self.ingest, host, port, token, budget=budget).start()
         if self.fleet.http:
             host, port = split_hostport(self.fleet.http, "receiver.http")
-            self.http = OtlpHttpServer(self.ingest, host, port, token, max_body).start()
+            self.http = OtlpHttpServer(self.ingest, host, port, token, budget=budget).start()
         if self.fleet.health:
             host, port = split_hostport(self.fleet.health, "health")
             self.health_srv, _ = self.health.serve(host, port)
@@ -72,12 +92,16 @@ class Service:
         self.threads.append(t)
 
     def _snapshots(self, stop: threading.Event) -> None:
+        self._snap_cur = self.con.cursor()
         while not stop.wait(self.fleet.snapshot_every_s):
             self.publish_snapshot()
 
     def publish_snapshot(self) -> None:
         try:
-            dt = snapshot.publish(self.con, self.snapshot_path)
+            dt = snapshot.publish(self.con, self.snapshot_path, cur=getattr(self, "_snap_cur", None),
+                                  cancel=self.stop_event)
+        except snapshot.Cancelled:
+            return
         except Exception:  # noqa: BLE001 - a failed snapshot must not stop collection
             self.health.write_errors.labels("snapshot").inc()
             return
@@ -96,31 +120,72 @@ class Service:
                     if m.name.endswith("_total"))
         st = self.writer.stats
         topic = f", wrong topic {wrong:,.0f}: see the kv_events topic" if wrong else ""
-        return (f"spans {spans:,.0f} ok / {rej:,.0f} rejected · queue {self.ingest.inflight:,} · "
+        return (f"spans {spans:,.0f} ok / {rej:,.0f} rejected · stored {self.loader.loaded_spans:,} · "
+                f"spool {self.spool.unloaded_bytes() / 1e6:,.1f} MB to load · "
                 f"scrapes {ok:,.0f} ok / {err:,.0f} failed · kv events {kv:,.0f} (gaps {gaps:,.0f}{topic}) · "
                 f"last commit {st.last_commit_s * 1000:.0f} ms · rows {st.rows_inserted:,}")
 
     def stop(self) -> None:
+        t0 = time.perf_counter()
+
+        def step(what: str) -> None:
+            log.info("stop: %s done at %.2f s", what, time.perf_counter() - t0)
+
         self.ingest.closing = True
+        self.stop_event.set()
         if self.http:
             self.http.stop()
         if self.grpc:
-            self.grpc.stop(grace=5.0)
-        self.stop_event.set()
+            self.grpc.stop(grace=2.0)
+        self.spool.close()  # everything acknowledged is on disk
+        step("receivers, spool")
+        self.loader.stop()  # stores the batches being decoded; the rest loads at the next start
+        step("loader")
+        deadline = time.monotonic() + 5
         for t in self.threads:
-            t.join(timeout=30)
+            while t.is_alive() and time.monotonic() < deadline:
+                snap_cur = getattr(self, "_snap_cur", None)
+                if t.name == "snapshot" and snap_cur is not None:
+                    try:  # a snapshot copy in progress (its cost grows with the store) is abandoned
+                        snap_cur.interrupt()
+                    except Exception:  # noqa: BLE001 - nothing running to interrupt
+                        pass
+                t.join(timeout=0.1)
+        step("threads")
         self.writer.close()
-        try:  # the store's own KV-event index, for readers of the store once collect has stopped
-            from ..model.kvindex import refresh
-
-            refresh(self.con)
-        except Exception:  # noqa: BLE001 - runs derive it inline without; the shutdown goes on
-            self.health.write_errors.labels("kv_index").inc()
-        if self.fleet.snapshot_every_s > 0:
-            self.publish_snapshot()
+        step("writer")
         if self.health_srv:
             self.health_srv.shutdown()
+        self.stuck = [t.name for t in self.threads if t.is_alive()]
+        if self.stuck:
+            # a DuckDB statement that ignores interrupts (e.g. a snapshot's DETACH writing the copy) is still
+            # running: closing the store under it would abort the process. Everything is committed (spans,
+            # scrapes, KV events are in the store's WAL, replayed at the next open); run_forever ends the
+            # process at once.
+            log.warning("stop: %s still running; exiting without closing the store", ", ".join(self.stuck))
+            return
         self.con.close()
+        step("store closed")
+        if self.fleet.snapshot_every_s > 0:
+            self._point_snapshot_at_store()
+
+    def _point_snapshot_at_store(self) -> None:
+        """Replace the read snapshot by a link to the closed store: readers see everything, at no copy."""
+        snap, db = Path(self.snapshot_path), Path(self.db).resolve()
+        if snap.resolve() == db:
+            return
+        tmp = snap.with_name(snap.name + f".link{os.getpid()}")
+        try:
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(db)
+            os.replace(tmp, snap)
+        except OSError:
+            self.health.write_errors.labels("snapshot").inc()
+
+
+def default_spool_dir(db: str) -> str:
+    p = Path(db)
+    return str(p.with_name(p.name + ".spool"))
 
 
 def run_forever(svc: Service, status=None, refresh_s: float = 1.0) -> None:
@@ -141,3 +206,6 @@ def run_forever(svc: Service, status=None, refresh_s: float = 1.0) -> None:
             signal.signal(sig, h)
         if hasattr(svc, "writer"):
             svc.stop()
+            if getattr(svc, "stuck", None):
+                logging.shutdown()
+                os._exit(0)

@@ -27,14 +27,28 @@ def default_snapshot_path(db: str) -> str:
     return str(p.with_name(p.stem + ".read.duckdb"))
 
 
-def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> float:
-    """Copy the open store to ``path`` atomically; returns the seconds it took."""
+class Cancelled(Exception):
+    pass
+
+
+def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
+            cur: duckdb.DuckDBPyConnection | None = None, cancel=None) -> float:
+    """Copy the open store to ``path`` atomically; returns the seconds it took. ``cur``: a cursor of ``con``
+    to copy with, which the caller may ``interrupt()``; ``cancel``: a ``threading.Event`` checked between
+    steps (a stopping collector sets it and interrupts ``cur``). A cancelled copy raises ``Cancelled``,
+    its file is deleted and the previous snapshot stays."""
+
+    def check():
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("snapshot cancelled")
+
     t0 = time.perf_counter()
     path = Path(path)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    for f in (tmp, Path(str(tmp) + ".wal")):
+    for f in path.parent.glob(path.name + ".tmp*"):  # this one's, and any a killed collector left
         f.unlink(missing_ok=True)
-    cur = con.cursor()
+    own = cur is None
+    cur = con.cursor() if own else cur
     try:
         src = cur.execute("SELECT current_database()").fetchone()[0]
         cur.execute("ATTACH ? AS agentobs_snapshot", [str(tmp)])
@@ -44,12 +58,30 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike) -> float:
             ).fetchall()]
             cur.execute("BEGIN")  # one read transaction: every table as of the same moment
             for table in tables:
+                check()
                 cur.execute(f'CREATE TABLE agentobs_snapshot.main."{table}" AS SELECT * FROM "{src}".main."{table}"')
             cur.execute("COMMIT")
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
         finally:
             cur.execute("DETACH agentobs_snapshot")
+    except BaseException:
+        for f in (tmp, Path(str(tmp) + ".wal")):
+            f.unlink(missing_ok=True)
+        raise
     finally:
-        cur.close()
+        if own:
+            cur.close()
+    try:
+        check()
+    except Cancelled:
+        for f in (tmp, Path(str(tmp) + ".wal")):
+            f.unlink(missing_ok=True)
+        raise
     snap = connect(tmp)  # creates the model views in the copy
     from ..model.kvindex import refresh
 

@@ -163,3 +163,46 @@ def itl_long_prefill(rows: pl.DataFrame, height: int = 220, title: str | None = 
 
 def instance_color(field: str = "instance:N", title: str = "instance") -> alt.Color:
     return alt.Color(field, title=title, scale=alt.Scale(range=INSTANCE_PALETTE))
+
+
+# -- trace waterfall (agentobs.model.trace) ------------------------------------------------------------------
+ROLE_COLORS = {"agent": "#546e7a", "gateway": "#1565c0", "engine": "#00838f", "tool": "#f9a825", "other": "#9e9e9e",
+               "queue": "#d84315", "prefill": "#6a1b9a", "decode": "#26a69a"}
+
+
+def waterfall_data(trace) -> pl.DataFrame:
+    """One bar per span (row = its place in the tree) plus one per engine phase (queue, prefill, decode) on the
+    engine span's row, thinner, over it."""
+    rows = []
+    for i, n in enumerate(trace.nodes):
+        label = f"{i:>3} {n.prefix}{n.span.get('name') or ''}"
+        dur = n.duration_s if n.duration_s is not None else 0.0
+        rows.append({"row": label, "order": i, "span_id": n.span_id, "kind": n.role, "layer": "span",
+                     "start_s": n.offset_s, "end_s": n.offset_s + dur, "duration_s": n.duration_s,
+                     "detail": n.detail()})
+        for name, off, d in n.phases():
+            rows.append({"row": label, "order": i, "span_id": n.span_id, "kind": name, "layer": "phase",
+                         "start_s": off, "end_s": off + d, "duration_s": d, "detail": f"{name} of {n.span_id}"})
+    return pl.DataFrame(rows, schema={"row": pl.String, "order": pl.Int64, "span_id": pl.String, "kind": pl.String,
+                                      "layer": pl.String, "start_s": pl.Float64, "end_s": pl.Float64,
+                                      "duration_s": pl.Float64, "detail": pl.String})
+
+
+def waterfall(df: pl.DataFrame, select=None) -> alt.Chart:
+    order = df.filter(pl.col("layer") == "span").sort("order")["row"].to_list()
+    color = alt.Color("kind:N", title="span role / engine phase",
+                      scale=alt.Scale(domain=list(ROLE_COLORS), range=list(ROLE_COLORS.values())),
+                      legend=alt.Legend(orient="bottom", columns=len(ROLE_COLORS)))
+    # every row labelled (Vega drops overlapping labels by default: half the tree would be unnamed)
+    y = alt.Y("row:N", sort=order, title=None,
+              axis=alt.Axis(labelLimit=360, labelFont="monospace", labelOverlap=False))
+    x = alt.X("start_s:Q", title="seconds from the trace's start")
+    tip = ["row", "kind", "span_id", alt.Tooltip("start_s:Q", format=".3f"), alt.Tooltip("duration_s:Q", format=".3f"),
+           "detail"]
+    spans = alt.Chart(df.filter(pl.col("layer") == "span")).mark_bar(height=14, cornerRadius=2).encode(
+        x=x, x2="end_s:Q", y=y, color=color, tooltip=tip)
+    if select is not None:
+        spans = spans.add_params(select).encode(opacity=alt.condition(select, alt.value(1.0), alt.value(0.45)))
+    phases = alt.Chart(df.filter(pl.col("layer") == "phase")).mark_bar(height=6).encode(
+        x=x, x2="end_s:Q", y=y, color=color, tooltip=tip)
+    return alt.layer(spans, phases).properties(height=alt.Step(22))

@@ -210,8 +210,8 @@ def sessions(stamp: Stamp, f: Filters, since, until, search: str = "", sort: str
 
 def session_calls(stamp: Stamp, session_id: str) -> pl.DataFrame:
     return query(stamp, """
-        SELECT c.call_id, c.start_ts, c.end_ts, c.start_s, c.end_s, c.attempt, c.branch, c.instance, c.model,
-               c.ttft_s, c.e2e_s, g.gap_s AS gap_before_s, g.prev_instance,
+        SELECT c.call_id, c.trace_id, c.start_ts, c.end_ts, c.start_s, c.end_s, c.attempt, c.branch, c.instance,
+               c.model, c.ttft_s, c.e2e_s, g.gap_s AS gap_before_s, g.prev_instance,
                c.prompt_tokens, c.cached_tokens, c.output_tokens, c.status, c.finish_reason, c.error_type, c.source
         FROM llm_calls c
         LEFT JOIN turn_gaps g ON g.call_id = c.call_id

@@ -48,7 +48,10 @@ PAGES = (
     ("itl.py", "ITL tails", "itl", ":material/show_chart:", "Agent metrics"),
     ("cost.py", "Cost attribution", "cost", ":material/payments:", "Agent metrics"),
     ("findings.py", "Findings", "findings", ":material/lightbulb:", "Agent metrics"),
+    ("whatif.py", "What-if", "whatif", ":material/science:", "Agent metrics"),
     ("engines.py", "Engines", "engines", ":material/dns:", "Explore"),
+    ("trace.py", "Trace", "trace", ":material/account_tree:", "Explore"),
+    ("loadgen_compare.py", "Load-generator compare", "loadgen-compare", ":material/compare_arrows:", "Explore"),
     ("sql.py", "SQL", "sql", ":material/terminal:", "Explore"),
 )
 

@@ -26,43 +26,43 @@ from collections.abc import Callable
 from .context import Context, fmt_tokens
 from .finding import Finding
 from .replay import Fix, Replay, ReplayError, build
+from .whatif import Change, WhatIfError, resolve
 
 
-def _prefix_cache(f: Finding, ctx: Context) -> Fix:
+def _prefix_cache(f: Finding, ctx: Context) -> tuple[list[Change], str]:
     i = f.scope.instance
-    return Fix(f"prefix_caching@{i}", f"prefix caching on at {i}", ((i, (("prefix_caching", True),)),))
+    return [Change("prefix_cache", "on", i)], f"prefix caching on at {i}"
 
 
-def _hicache(f: Finding, ctx: Context) -> Fix:
+def _hicache(f: Finding, ctx: Context) -> tuple[list[Change], str]:
     i = f.scope.instance
     r = float(f.evidence.get("suggested_hicache_ratio") or 2.0)
-    return Fix(f"hicache@{i}:{r:g}", f"HiCache on at {i} (ratio {r:g}, write_through)",
-               ((i, (("hicache", True), ("hicache_ratio", r), ("hicache_write_policy", "write_through"))),))
+    return ([Change("hicache", "on", i), Change("hicache_ratio", f"{r:g}", i)],
+            f"HiCache on at {i} (ratio {r:g}, write_through)")
 
 
-def _offload(f: Finding, ctx: Context) -> Fix | None:
+def _offload(f: Finding, ctx: Context) -> tuple[list[Change], str] | None:
     i = f.scope.instance
     cfg = ctx.instances.get(i) or {}
     gib = f.evidence.get("suggested_offloading_gib")
     if not gib or not cfg.get("bytes_per_token") or not cfg.get("kv_capacity_tokens"):
         return None
     ratio = gib * 2**30 / cfg["bytes_per_token"] / cfg["kv_capacity_tokens"]
-    return Fix(f"offload@{i}:{gib}", f"a {gib} GiB CPU KV tier at {i} ({ratio:.2f}× the GPU pool)",
-               ((i, (("offload_ratio", ratio),)),))
+    return [Change("offload_gib", f"{gib:g}", i)], f"a {gib} GiB CPU KV tier at {i} ({ratio:.2f}× the GPU pool)"
 
 
-def _lpm(f: Finding, ctx: Context) -> Fix:
+def _lpm(f: Finding, ctx: Context) -> tuple[list[Change], str]:
     i = f.scope.instance
-    return Fix(f"lpm@{i}", f"--schedule-policy lpm at {i}", ((i, (("schedule_policy", "lpm"),)),))
+    return [Change("schedule_policy", "lpm", i)], f"--schedule-policy lpm at {i}"
 
 
-def _affinity(f: Finding, ctx: Context) -> Fix:
-    insts = tuple(_scope_instances(f, ctx))
-    return Fix("router:session_affinity", "session-affine routing (consistent hash of the session id)",
-               router="session_affinity", router_instances=insts)
+def _affinity(f: Finding, ctx: Context) -> tuple[list[Change], str]:
+    return ([Change("router", "session_affinity", i) for i in _scope_instances(f, ctx)],
+            "session-affine routing (consistent hash of the session id)")
 
 
-FIXES: dict[str, Callable[[Finding, Context], Fix | None]] = {
+# a finding's fix is a what-if change (agentobs.findings.whatif): one replay path, resolved by whatif.resolve
+FIXES: dict[str, Callable[[Finding, Context], tuple[list[Change], str] | None]] = {
     "prefix_cache_off": _prefix_cache,
     "hicache_off": _hicache,
     "vllm_no_offload": _offload,
@@ -104,10 +104,11 @@ def refine(found: list[Finding], ctx: Context, simulate: bool = True) -> list[Fi
         if f not in todo:
             out.append(_with_note(f, f"not simulated: {NOT_MODELLED[f.rule]}") if f.rule in NOT_MODELLED else f)
             continue
-        fix = FIXES[f.rule](f, ctx)
+        made = FIXES[f.rule](f, ctx)
         try:
+            fix = resolve(made[0], replay, ctx, label=made[1])[0] if made is not None else None
             rec = _simulated(f, fix, replay, ctx) if fix is not None else None
-        except ReplayError as e:
+        except (ReplayError, WhatIfError) as e:
             rec = None
             why = str(e)
         else:

@@ -43,7 +43,8 @@ SELECT coalesce(session_id, 'call:' || call_id) AS sid, call_id, coalesce(task_t
        coalesce(branch, 'main') AS branch, instance, start_s, coalesce(end_s, start_s) AS end_s,
        prompt_tokens AS p, greatest(coalesce(output_tokens, 1), 1) AS o,
        coalesce(system_tokens, 0) + coalesce(tool_def_tokens, 0) AS head,
-       reusable_tokens AS r, prev_call_id IS NOT NULL AS follow_up,
+       reusable_tokens AS r, prev_call_id IS NOT NULL AS follow_up, cached_tokens AS c, reprefill_tokens AS x,
+       ttft_s AS ttft,
        prev_call_id IS NOT NULL AND prev_instance IS DISTINCT FROM instance AS changed
 FROM m_calls
 WHERE in_win AND instance IS NOT NULL AND prompt_tokens > 0 AND start_s IS NOT NULL
@@ -86,6 +87,25 @@ class Pool:
     changed_share: float | None = None
     presets: dict[str, str] = field(default_factory=dict)
     skip: str | None = None                        # why this pool cannot be simulated
+    observed: list = field(default_factory=list)   # the replayed sessions' observed calls (CALLS_SQL rows)
+
+
+@dataclass
+class SimResult:
+    """One simulation of a pool (as configured, or with a fix), per instance, over the replayed sessions (not
+    scaled to the window): every surface that reports a replay reads these sums."""
+
+    reprefill: dict[str, int]        # ΣX, METRICS.md §1 (calls 2…n)
+    prompt: dict[str, int]           # ΣP
+    cached: dict[str, int]           # ΣC
+    output: dict[str, int]           # ΣO
+    calls: dict[str, int]            # calls served (rejected calls are not)
+    resume_ttft: dict[str, list]     # TTFT (s) of every call 2…n of a session thread: turn-resume TTFT
+    rejected: int = 0
+
+    def computed(self, inst: str) -> int:
+        """Prefill the instance computed: Σ(P − C)."""
+        return self.prompt[inst] - self.cached[inst]
 
 
 @dataclass
@@ -101,12 +121,17 @@ class Replay:
     def pool_of(self, instance: str) -> Pool | None:
         return next((p for p in self.pools if instance in p.instances), None)
 
-    def reprefill(self, pool: Pool, fix: Fix | None = None) -> dict[str, int]:
-        """Simulated re-prefill tokens per instance of ``pool`` (as configured, or with ``fix``)."""
+    def result(self, pool: Pool, fix: Fix | None = None) -> SimResult:
+        """The simulation of ``pool`` as configured, or with ``fix`` (memoised: findings and what-ifs of one replay
+        share it; a fix that does not touch the pool is the pool as configured)."""
         key = (id(pool), fix.key if fix is not None and self._touches(pool, fix) else None)
         if key not in self._memo:
             self._memo[key] = _simulate(pool, fix if key[1] is not None else None, self.seed)
         return self._memo[key]
+
+    def reprefill(self, pool: Pool, fix: Fix | None = None) -> dict[str, int]:
+        """Simulated re-prefill tokens per instance of ``pool`` (as configured, or with ``fix``)."""
+        return self.result(pool, fix).reprefill
 
     @staticmethod
     def _touches(pool: Pool, fix: Fix) -> bool:
@@ -114,7 +139,7 @@ class Replay:
             fix.router is not None and any(i in pool.instances for i in fix.router_instances))
 
 
-def _simulate(pool: Pool, fix: Fix | None, seed: int) -> dict[str, int]:
+def _simulate(pool: Pool, fix: Fix | None, seed: int) -> SimResult:
     from ..sim.fleet import Fleet, FleetSpec
     from ..sim.run import CollectSink
 
@@ -128,14 +153,25 @@ def _simulate(pool: Pool, fix: Fix | None, seed: int) -> dict[str, int]:
     sink = CollectSink()
     fleet = Fleet(FleetSpec(specs, router=router, snapshot_s=0.0, seed=seed), sink, pool.ids)
     fleet.run(pool.sessions)
-    out = {s.name: 0 for s in specs}
+    names = [s.name for s in specs]
+    res = SimResult(*({n: 0 for n in names} for _ in range(5)), resume_ttft={n: [] for n in names})
     B = pool.block_size
     for c in sink.calls:
-        if c.rejected or c.first:
+        if c.rejected:
+            res.rejected += 1
             continue
         r = c.req
-        out[r.inst.spec.name] += max(0, min(c.R, ((r.P - 1) // B) * B) - r.C)
-    return out
+        i = r.inst.spec.name
+        res.prompt[i] += r.P
+        res.cached[i] += r.C
+        res.output[i] += r.O
+        res.calls[i] += 1
+        if c.first:
+            continue
+        res.reprefill[i] += max(0, min(c.R, ((r.P - 1) // B) * B) - r.C)
+        if c.prev is not None and getattr(r, "t_first", None) is not None:
+            res.resume_ttft[i].append(r.t_first - c.t0)
+    return res
 
 
 # -- building ---------------------------------------------------------------------------------------------
@@ -201,6 +237,7 @@ def build(ctx, max_sessions: int, seed: int) -> Replay:
         p.ids = IdAlloc(1)
         heads: dict[str, list[int]] = {}
         p.sessions = [_session(sid, by_sid[sid], t0, p.block_size, p.ids, heads) for sid in sids]
+        p.observed = [c for sid in sids for c in by_sid[sid]]
         p.calls = sum(s.n_calls for s in p.sessions)
         p.scale = p_all[id(p)] / sum(c["p"] for s in sids for c in by_sid[s])
     replayed = [p for p in pools if p.skip is None]

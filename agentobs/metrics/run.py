@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -475,16 +476,23 @@ class MetricRun:
         }
         return {k: v for k, v in allp.items() if k in metric.params}
 
-    def compute(self, name: str, by: str | None = None) -> pl.DataFrame:
+    def compute(self, name: str, by: str | None = None, calls: str | None = None) -> pl.DataFrame:
+        """One metric. ``calls``: a temp table of this run's cursor with m_calls' columns to read instead of m_calls
+        (a resample of the calls: agentobs.loadgen.compare's bootstrap); the metric's SQL is the same."""
         metric = get_metric(name)
         by = by or metric.default_by
         if by not in metric.by:
             raise QueryError(f"metric {name!r} cannot be grouped by {by!r}; it supports {', '.join(metric.by)}")
-        if "m_itl_gap" in metric.sql:
+        sql = metric.sql
+        if calls is not None:
+            if not re.fullmatch(r"m_[a-z_]+", calls) or "m_itl_gap" in sql:
+                raise QueryError(f"metric {name!r} cannot read calls from {calls!r}")
+            sql = re.sub(r"\bm_calls\b", calls, sql)
+        if "m_itl_gap" in sql:
             self.itl_gaps()
         t0 = time.perf_counter()
         try:
-            df = self.cur.sql(metric.sql, params=self.params_for(metric, by)).pl()
+            df = self.cur.sql(sql, params=self.params_for(metric, by)).pl()
         except duckdb.Error as e:
             raise QueryError(f"metric {name!r} failed: {str(e).splitlines()[0]}") from None
         self.timings[name] = time.perf_counter() - t0

@@ -129,4 +129,26 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         );
         """,
     ),
+    (
+        "0003_spans_append_only",
+        """
+        -- spans without a primary key (appends stay flat as the store grows): retries are caught by the
+        -- spool's request hash, and insert_spans (agentobs/store/writer.py) skips a span already stored.
+        -- spool_loaded: how far the OTLP spool has been loaded, written in the transaction of the spans.
+        CREATE TABLE spans_0003 AS SELECT * FROM spans LIMIT 0;
+        INSERT INTO spans_0003 SELECT * FROM spans;
+        DROP TABLE spans;
+        ALTER TABLE spans_0003 RENAME TO spans;
+        ALTER TABLE spans ALTER COLUMN trace_id SET NOT NULL;
+        ALTER TABLE spans ALTER COLUMN span_id SET NOT NULL;
+        CREATE TABLE IF NOT EXISTS spool_loaded (
+            segment     BIGINT NOT NULL,   -- spool segment number
+            end_offset  BIGINT NOT NULL,   -- byte offset in it where the loaded records end
+            requests    INTEGER,
+            spans       BIGINT,            -- spans decoded (before skipping those already stored)
+            rejected    BIGINT,
+            ts          TIMESTAMP
+        );
+        """,
+    ),
 )

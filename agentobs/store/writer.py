@@ -2,7 +2,8 @@
 
 Every collector and importer hands Arrow tables to one ``Writer``. One thread owns the write
 cursor; it concatenates pending tables per destination and commits them in one transaction with
-``INSERT ... BY NAME``; the primary keys make re-imports and OTLP retries idempotent.
+``INSERT ... BY NAME``; the primary keys make re-imports idempotent. ``spans`` has no primary key
+(appends stay flat as the store grows): ``insert_spans`` skips spans already stored instead.
 ``submit`` returns a ``Ticket``; ``ticket.wait()`` returns once the rows are committed, which is
 what lets a receiver acknowledge only durable spans.
 
@@ -24,11 +25,12 @@ from dataclasses import dataclass, field
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import StoreError
 
 TABLES = ("spans", "metric_samples", "scrapes", "engine_config", "kv_events", "ingest_log")
-APPEND_ONLY = {"ingest_log"}  # no primary key: plain INSERT
+APPEND_ONLY = {"ingest_log", "spans"}  # no primary key: plain INSERT (spans: insert_spans)
 IGNORE_AFTER_CONFLICT = 32  # commits a table goes straight to INSERT OR IGNORE after a duplicate key
 
 
@@ -211,6 +213,13 @@ class Writer:
         per_table = {}
         cur.execute("BEGIN")
         for table, batch in batches.items():
+            if table == "spans":
+                try:
+                    per_table[table] = insert_spans(cur, batch)
+                except BaseException:
+                    self._rollback()
+                    raise
+                continue
             verb = "INSERT OR IGNORE" if table in ignore and table not in APPEND_ONLY else "INSERT"
             cur.register("_agentobs_batch", batch)
             try:
@@ -235,6 +244,30 @@ class Writer:
             self._cur.execute("ROLLBACK")
         except duckdb.Error:
             pass  # no transaction open (BEGIN itself failed)
+
+
+def insert_spans(cur: duckdb.DuckDBPyConnection, batch: pa.Table) -> int:
+    """Append ``batch`` to ``spans`` inside the caller's transaction, skipping a span (trace_id, span_id)
+    already stored or repeated in the batch; returns the rows inserted.
+
+    A span sent again has its start time again, so the stored side is read only where ``start_ns`` lies in
+    the batch's range: DuckDB skips the row groups outside it by their min/max, and spans arrive roughly in
+    time order, so the check reads a few recent row groups however large the store (bench/ingest_otlp.py)."""
+    if not batch.num_rows:
+        return 0
+    mm = pc.min_max(batch["start_ns"])
+    lo, hi = mm["min"].as_py(), mm["max"].as_py()
+    window = f"s.start_ns BETWEEN {int(lo)} AND {int(hi)}" if lo is not None else "s.start_ns IS NULL"
+    cur.register("_agentobs_spans", batch)
+    try:
+        res = cur.execute(
+            "INSERT INTO spans BY NAME SELECT * FROM _agentobs_spans b "
+            f"WHERE NOT EXISTS (SELECT 1 FROM spans s WHERE {window} "
+            "AND s.trace_id = b.trace_id AND s.span_id = b.span_id) "
+            "QUALIFY row_number() OVER (PARTITION BY b.trace_id, b.span_id) = 1").fetchone()
+    finally:
+        cur.unregister("_agentobs_spans")
+    return int(res[0]) if res else 0
 
 
 class _Conflict(Exception):

@@ -44,6 +44,8 @@ PARAM_TYPES = {
     "ids": "Array(String)",
     # console (agentobs/console/data.py, metrics.py)
     "sid": "String", "tid": "String", "search": "String", "near": "String", "n_rows": "Int64",
+    # one trace (agentobs/model/trace.py: agentobs trace, the console's Trace page)
+    "trace_ident": "String", "trace_id": "String",
 }
 LIST_PARAMS = {"instances", "metrics", "ids"}  # lists cannot be NULL in ClickHouse: None → []
 

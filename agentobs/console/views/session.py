@@ -1,8 +1,10 @@
 """Session timeline: calls as bars on instance lanes, tool calls and idle gaps between them, each call
-colored hit / partial / miss with its re-prefill tokens, instance changes marked; then the per-call table."""
+colored hit / partial / miss with its re-prefill tokens, instance changes marked; then the per-call table, each
+call linked to its trace's span waterfall (the Trace page)."""
 
 from __future__ import annotations
 
+import polars as pl
 import streamlit as st
 
 from agentobs.console import charts, metrics, ui
@@ -47,10 +49,13 @@ st.caption("Lanes: one per instance, then tool calls and idle gaps (tool executi
            "Labels show re-prefill tokens X.")
 
 st.subheader("Calls")
-cols = [c for c in ("call_id", "start_ts", "attempt", "branch", "instance", "model", "ttft_s", "e2e_s", "gap_before_s",
+table = table.with_columns(pl.col("trace_id").map_elements(lambda t: ui.link("trace", ctx, trace=t),
+                                                          return_dtype=pl.String).alias("trace"))
+cols = [c for c in ("trace", "call_id", "start_ts", "attempt", "branch", "instance", "model", "ttft_s", "e2e_s", "gap_before_s",
                     "prompt_tokens", "cached_tokens", "r_eff", "reprefill_tokens", "hit_class", "miss_cause",
                     "output_tokens", "status", "finish_reason", "source") if c in table.columns]
 ui.table(table.select(cols), column_config={
+    "trace": st.column_config.LinkColumn("trace", display_text="spans ↗", width="small"),
     "start_ts": st.column_config.DatetimeColumn("start (UTC)", format="HH:mm:ss.SSS"),
     "ttft_s": st.column_config.NumberColumn("TTFT", format="%,.3g s"),
     "e2e_s": st.column_config.NumberColumn("e2e", format="%,.3g s"),

@@ -1,0 +1,255 @@
+"""The spool loader: decode, normalise and store spooled OTLP requests, off the acknowledgement path.
+
+One thread reads durable records from the spool (``agentobs/collect/spool.py``) in batches of up to
+``loader_batch_mb``, hands each batch to a pool of ``loader_processes`` decoder processes (each reads
+its records from the segment file, decodes and normalises them into one Arrow table, and sends it
+back as Arrow IPC), and stores the batches in spool order. Each batch is one DuckDB transaction: the
+spans (``store.writer.insert_spans``: append-only, a span already stored is skipped) and a row of
+``spool_loaded`` saying how far the spool has been loaded. At start the loader resumes after the last
+``spool_loaded`` row, so a request is stored once however the previous process ended; the segments
+wholly loaded are deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import duckdb
+import pyarrow as pa
+
+from ..config import Settings
+from ..errors import InputError
+from ..store.writer import insert_spans
+from . import otlp
+from .health import Health
+from .spool import Record, Spool
+
+log = logging.getLogger(__name__)
+MAX_NOTES = 5
+
+_settings: Settings | None = None
+
+
+def _init_worker(settings: Settings) -> None:
+    global _settings
+    _settings = settings
+
+
+@dataclass
+class Batch:
+    ipc: bytes | None  # Arrow IPC stream of the spans (SPAN_SCHEMA); None when no span was valid
+    requests: int
+    accepted: int
+    rejected: int
+    malformed: int  # requests that did not decode at all
+    notes: list[str]
+    reasons: dict[str, int] = field(default_factory=dict)  # rejected spans by reason (otlp.Decoded.reasons)
+
+
+def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: Settings | None = None) -> Batch:
+    """Decode spooled requests: ``items`` are (segment path, offset, length, format, transport, seq)."""
+    settings = settings or _settings
+    tables, acc, rej, bad, notes = [], 0, 0, 0, []
+    reasons: dict[str, int] = {}
+    f = None
+    cur_path = None
+    try:
+        for path, off, n, fmt, transport, seq in items:
+            if path != cur_path:
+                if f:
+                    f.close()
+                f = open(path, "rb")
+                cur_path = path
+            f.seek(off)
+            body = f.read(n)
+            where = f"spool segment {seq} offset {off}"
+            try:
+                if fmt == "json":
+                    doc = otlp.parse_json_bytes(body, where)
+                    if doc == {}:
+                        continue
+                    dec = otlp.decode_json_obj(doc, settings, f"otlp-{transport}", where)
+                else:
+                    dec = otlp.decode_protobuf(body, settings, f"otlp-{transport}", where)
+                t = dec.table() if dec.accepted else None
+            except (InputError, ValueError, TypeError, OverflowError, pa.ArrowException) as e:
+                bad += 1
+                if len(notes) < MAX_NOTES:
+                    notes.append(f"{where}: {e}")
+                continue
+            if t is not None:
+                tables.append(t)
+            acc += dec.accepted
+            rej += dec.rejected
+            for k, v in dec.reasons.items():
+                reasons[k] = reasons.get(k, 0) + v
+            notes.extend(dec.errors[:MAX_NOTES - len(notes)])
+    finally:
+        if f:
+            f.close()
+    ipc = None
+    if tables:
+        table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        ipc = sink.getvalue().to_pybytes()
+    return Batch(ipc, len(items), acc, rej, bad, notes, reasons)
+
+
+def _read_ipc(ipc: bytes) -> pa.Table:
+    return pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
+
+
+def stored_position(con: duckdb.DuckDBPyConnection) -> tuple[int, int]:
+    """(segment, body end offset) loaded so far, from ``spool_loaded``; (0, 0) for none."""
+    row = con.execute("SELECT segment, end_offset FROM spool_loaded ORDER BY segment DESC, end_offset DESC "
+                      "LIMIT 1").fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
+
+
+def default_processes() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class Loader:
+    """``Loader(spool, con, settings, health).start()``; ``stop()`` stores the batches already being decoded
+    and leaves the rest in the spool for the next start. ``processes=0`` decodes in the loader thread."""
+
+    def __init__(self, spool: Spool, con: duckdb.DuckDBPyConnection, settings: Settings,
+                 health: Health | None = None, processes: int | None = None, batch_bytes: int | None = None):
+        self.spool = spool
+        self.cur = con.cursor()
+        self.settings = settings
+        self.health = health or Health()
+        if processes is None:  # the setting: 0 = one decoder process per core
+            processes = settings.loader_processes or default_processes()
+        self.processes = processes
+        self.batch_bytes = batch_bytes or int(settings.loader_batch_mb * 1024 * 1024)
+        self.depth = max(2, 2 * self.processes)  # batches being decoded at once
+        self.pool: ProcessPoolExecutor | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._idle = threading.Condition()
+        self.loaded_requests = 0
+        self.loaded_spans = 0  # spans stored (duplicates of stored spans not counted)
+        self.rejected_spans = 0
+        self.errors = 0
+
+    def start(self) -> Loader:
+        self.position = stored_position(self.cur)
+        self.spool.mark_loaded(*self.position)
+        if self.processes > 0:
+            self.pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("forkserver"),
+                                            initializer=_init_worker, initargs=(self.settings,))
+            for f in [self.pool.submit(os.getpid) for _ in range(self.processes)]:
+                f.result()  # the processes start now (a second or so of imports), not on the first export
+        self._thread = threading.Thread(target=self._run, name="agentobs-loader", daemon=True)
+        self._thread.start()
+        return self
+
+    def _submit(self, recs: list[Record]) -> Future:
+        items = [(str(self.spool.path(r.seq)), r.offset, r.length, r.fmt, r.transport, r.seq) for r in recs]
+        if self.pool is not None:
+            return self.pool.submit(decode_records, items)
+        fut: Future = Future()
+        try:
+            fut.set_result(decode_records(items, self.settings))
+        except BaseException as e:  # noqa: BLE001 - re-raised by fut.result()
+            fut.set_exception(e)
+        return fut
+
+    def _run(self) -> None:
+        inflight: deque[tuple[list[Record], Future]] = deque()
+        read_pos = self.position
+        while True:
+            stopping = self._stop.is_set()
+            while not stopping and len(inflight) < self.depth:
+                recs = self.spool.read_from(*read_pos, max_records=100_000, max_bytes=self.batch_bytes,
+                                            wait_s=0 if inflight else 0.05)
+                if not recs:
+                    break
+                inflight.append((recs, self._submit(recs)))
+                read_pos = (recs[-1].seq, recs[-1].end)
+            if stopping and inflight:
+                # batches not yet picked up by a decoder stay in the spool; the ones being decoded are stored
+                for _r, f in inflight:
+                    f.cancel()
+                keep = next((i for i, (_r, f) in enumerate(inflight) if f.cancelled()), len(inflight))
+                while len(inflight) > keep:
+                    inflight.pop()
+            if not inflight:
+                with self._idle:
+                    self._idle.notify_all()
+                if stopping:
+                    return
+                continue
+            recs, fut = inflight.popleft()
+            try:
+                self._store(recs, fut.result())
+            except Exception as e:  # noqa: BLE001 - the batch stays in the spool; retried after a pause
+                self.errors += 1
+                self.health.write_errors.labels("loader").inc()
+                log.warning("loading spool segment %s failed (%s: %s); retrying", recs[0].seq, type(e).__name__, e)
+                for _r, f in inflight:
+                    f.cancel()
+                inflight.clear()
+                read_pos = self.position
+                if self._stop.wait(1.0):
+                    return
+
+    def _store(self, recs: list[Record], b: Batch) -> None:
+        end = (recs[-1].seq, recs[-1].end)
+        t0 = time.perf_counter()
+        cur = self.cur
+        cur.execute("BEGIN")
+        try:
+            inserted = insert_spans(cur, _read_ipc(b.ipc)) if b.ipc is not None else 0
+            cur.execute("INSERT INTO spool_loaded VALUES (?, ?, ?, ?, ?, now())",
+                        [end[0], end[1], b.requests, b.accepted, b.rejected])
+            cur.execute("COMMIT")
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except duckdb.Error:
+                pass
+            raise
+        self.position = end
+        self.spool.mark_loaded(*end)
+        h = self.health
+        h.on_commit(time.perf_counter() - t0, inserted)
+        for reason, n in b.reasons.items():  # invalid_id, invalid_count, too_deep, ...: docs/collectors.md
+            h.spans_rejected.labels(reason).inc(n)
+        if b.malformed:
+            h.requests.labels("loader", "malformed").inc(b.malformed)
+        for n in b.notes:
+            log.info("spool: %s", n)
+        self.loaded_requests += b.requests
+        self.loaded_spans += inserted
+        self.rejected_spans += b.rejected
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        """Block until everything durable in the spool now is stored (tests, bench)."""
+        deadline = time.monotonic() + timeout
+        target = self.spool.durable_end()
+        while time.monotonic() < deadline:
+            if target <= self.position:
+                return True
+            with self._idle:
+                self._idle.wait(0.02)
+        return False
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.cur.close()
