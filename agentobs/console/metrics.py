@@ -188,7 +188,7 @@ def describe(name: str) -> str:
 
 
 @st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
-def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame:
+def _call_reuse(stamp, session_id: str, default_block_size: int, hit_tolerance_blocks: int = 1) -> pl.DataFrame:
     """The metrics API's ``call_reuse`` body (agentobs.model.reuse.reuse_sql) over ONE session's calls:
     reuse is defined within a session (prev(c), earlier blocks of the session), so restricting the input to
     the session gives the same rows as the fleet-wide run, without materializing every call.
@@ -207,7 +207,8 @@ def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame
             cur.execute(f"""CREATE TEMP TABLE m_src AS
                             SELECT row_number() OVER (ORDER BY start_s, call_id) AS rid, {CALL_COLUMNS}
                             FROM llm_calls WHERE session_id = $sid""", {"sid": session_id})
-            df = cur.sql(reuse_sql("m_src", "$default_block_size", has_rid=True),
+            df = cur.sql(reuse_sql("m_src", "$default_block_size", has_rid=True,
+                                   hit_tolerance_blocks=hit_tolerance_blocks),
                          {"default_block_size": default_block_size}).pl()
         finally:
             cur.close()
@@ -219,7 +220,7 @@ def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame
             # the KV section from the stored KV-event index when current: the session's calls are few, the
             # store's KV events are not (agentobs/model/kvindex.py)
             sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size",
-                            kv_index=kvindex.usable(con))
+                            kv_index=kvindex.usable(con), hit_tolerance_blocks=hit_tolerance_blocks)
             df = con.sql(sql, params=params).pl()
         finally:
             con.close()
@@ -230,4 +231,5 @@ def call_reuse(ctx: Context, session_id: str) -> pl.DataFrame:
     """Per-call R_eff, re-prefill X, hit class and miss cause of one session (the metrics API's call_reuse)."""
     from agentobs.config import load_settings
 
-    return _call_reuse(ctx.stamp, session_id, int(load_settings().default_block_size))
+    s = load_settings()
+    return _call_reuse(ctx.stamp, session_id, int(s.default_block_size), int(s.hit_tolerance_blocks))
