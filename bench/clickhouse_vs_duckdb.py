@@ -67,12 +67,12 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
     a = ap.parse_args()
 
-    from agentobs.backends.clickhouse import metrics as chm
     from agentobs.backends.clickhouse import model
     from agentobs.backends.clickhouse.conn import ClickHouse
     from agentobs.config import load_settings
     from agentobs.metrics import compute_all, names
-    from agentobs.store.db import connect
+    from agentobs.model import connect
+    from agentobs.source import ClickHouseSource
 
     chosen = names()  # all 13 run on ClickHouse (docs/clickhouse.md "All 13 metrics run on ClickHouse")
     settings = load_settings(env={})
@@ -94,7 +94,7 @@ def main() -> None:
         ch.command(ch_sql(a.calls))
         ch_load = time.perf_counter() - t
         t = time.perf_counter()
-        c = chm.compute_all(ch, settings=settings, metrics=chosen)
+        c = compute_all(ClickHouseSource(ch=ch), settings=settings, metrics=chosen)
         ch_suite = time.perf_counter() - t
         ch.close()
 

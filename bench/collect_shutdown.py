@@ -35,7 +35,7 @@ def _free_port() -> int:
 
 def build(db: Path, rows: int) -> None:
     sys.path.insert(0, str(ROOT))
-    from agentobs.store.db import connect
+    from agentobs.model import connect
 
     con = connect(db)
     have = con.execute("SELECT count(*) FROM spans").fetchone()[0]

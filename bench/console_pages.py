@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from agentobs.console import APP  # noqa: E402
 from agentobs.console.shell import PAGES  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
+from agentobs.model import connect  # noqa: E402
 from agentobs.store.writer import Writer  # noqa: E402
 
 T0_NS = 1_791_969_665 * 10**9

@@ -2,6 +2,7 @@
 rate of the same payloads, and their ratio.
 
     .venv/bin/python bench/ingest_otlp.py [--batches 60] [--clients 4] [--rounds 3] [--prefill N]
+                                          [--decoder native|python] [--python-decode]
 
 Payloads: batches of 512 realistic GenAI chat spans (bench/_spans.py: 20 attributes, 7 resource
 attributes), protobuf. The receiver runs in this process as `agentobs collect` runs it: HTTP server →
@@ -11,12 +12,14 @@ payloads and waiting for each 200 before the next export (like an OTLP exporter)
 
 End to end = from the first request until the loader has committed every acknowledged span to the
 store (what `agentobs sql` then reads; the count is checked with a query). Decode-only = the loader's
-own decode of the same bodies (protobuf → rows → Arrow table → IPC) in one process, alternated with the
-end-to-end rounds so both see the same machine load. ``--prefill`` stores N spans first (copies of
+own decode of the same bodies (``decode_records``: spool read → the ``--decoder`` (default native:
+otlp_native.py) → Arrow table → IPC) in one process, alternated with the end-to-end rounds so both see
+the same machine load; ``--python-decode`` also times otlp.py's decode of them (the reference). ``--prefill`` stores N spans first (copies of
 round 1 under new trace ids and earlier times), to see the rate at a large stored count.
 
 CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread
-and DuckDB's insert) and the decoder processes. RSS: the peak of this process and of each decoder.
+and DuckDB's insert; the loader thread's own share in parentheses) and the decoder processes. The store
+connection gets ``collect_memory_limit`` as ``agentobs collect`` does. RSS: the peak of this process and of each decoder.
 
 The last line is machine-readable:
 ``e2e_spans_per_s=<N> decode_only_spans_per_s=<M> ratio=<N/M> stored=<rows> acked=<spans>``.
@@ -44,7 +47,8 @@ from agentobs.collect.otlp_http import OtlpHttpServer  # noqa: E402
 from agentobs.collect.receiver import Ingest  # noqa: E402
 from agentobs.collect.spool import Spool  # noqa: E402
 from agentobs.config import load_settings  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
+from agentobs.model import connect  # noqa: E402
+from agentobs.store.db import set_memory_limit  # noqa: E402
 
 
 def _client(port, bodies, start, q):
@@ -69,6 +73,13 @@ def _cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _thread_cpu(tid: int) -> float:
+    """CPU seconds of one thread of this process (the loader thread: IPC read + DuckDB insert + commit)."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _hwm_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -85,8 +96,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--processes", type=int, default=0, help="loader decoder processes (0: one per core)")
     ap.add_argument("--prefill", type=int, default=0, help="spans stored before the first round")
+    ap.add_argument("--decoder", choices=("native", "python"), default="native", help="the loader's decoder")
+    ap.add_argument("--python-decode", action="store_true",
+                    help="also time otlp.py's decode-only of the same bodies (the reference)")
     a = ap.parse_args()
-    settings = load_settings(env={})
+    settings = load_settings(env={"AGENTOBS_LOADER_DECODER": a.decoder})
     procs_n = a.processes or default_processes()
     rounds = [[payload(a.spans, r * a.batches + i) for i in range(a.batches)] for r in range(a.rounds)]
     total = a.batches * a.spans
@@ -102,17 +116,21 @@ def main() -> None:
                 dspool.append(b, "protobuf", "http")
             recs = dspool.read_from(0, 0, 10**9, 1 << 40)[r * a.batches:]
             dec_items.append([(str(dspool.path(x.seq)), x.offset, x.length, x.fmt, x.transport, x.seq) for x in recs])
+        py_settings = load_settings(env={"AGENTOBS_LOADER_DECODER": "python"})
         decode_records(dec_items[0][:1], settings)  # warm-up (imports, first Arrow table)
+        decode_records(dec_items[0][:1], py_settings)
 
-        def decode_only(items):
+        def decode_only(items, s=settings):
             t0, c0 = time.perf_counter(), time.process_time()
             for k in range(0, len(items), 8):  # the loader's batches hold several requests
-                b = decode_records(items[k:k + 8], settings)
+                b = decode_records(items[k:k + 8], s)
                 assert b.rejected == 0
             return total / (time.perf_counter() - t0), (time.process_time() - c0) / total * 1e6
 
         db = Path(d) / "bench.duckdb"
         con = connect(db)
+        if settings.collect_memory_limit:
+            set_memory_limit(con, settings.collect_memory_limit)
         if a.prefill:
             import pyarrow as pa
 
@@ -136,6 +154,7 @@ def main() -> None:
         acked = 0
         for r, bodies in enumerate(rounds):
             dec_rate, dec_cpu = decode_only(dec_items[r])
+            py_rate, py_cpu = decode_only(dec_items[r], py_settings) if a.python_decode else (0.0, 0.0)
             per = [bodies[i::a.clients] for i in range(a.clients)]
             start, q = ctx.Event(), ctx.Queue()
             clients = [ctx.Process(target=_client, args=(srv.port, b, start, q)) for b in per]
@@ -144,6 +163,7 @@ def main() -> None:
             time.sleep(0.5)
             kids = [p.pid for p in loader.pool._processes.values()] if loader.pool else []
             c_self0, c_kids0 = time.process_time(), sum(_cpu(k) for k in kids)
+            c_loader0 = _thread_cpu(loader._thread.native_id)
             t0 = time.perf_counter()
             start.set()
             codes = [q.get() for _ in clients]
@@ -151,12 +171,14 @@ def main() -> None:
             assert loader.wait_idle(600)
             wall = time.perf_counter() - t0
             c_self, c_kids = time.process_time() - c_self0, sum(_cpu(k) for k in kids) - c_kids0
+            c_loader = _thread_cpu(loader._thread.native_id) - c_loader0
             for p in clients:
                 p.join()
             ok = sum(c.get(200, 0) for c in codes)
             acked += ok * a.spans
             rows.append({"decode": dec_rate, "decode_cpu": dec_cpu, "e2e": total / wall, "ack": total / t_acked,
                          "self": c_self / total * 1e6, "kids": c_kids / total * 1e6, "ok": ok,
+                         "loader": c_loader / total * 1e6, "py": py_rate, "py_cpu": py_cpu,
                          "r429": sum(c.get(429, 0) for c in codes), "load": os.getloadavg()[0]})
         rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         rss_kids = [_hwm_mb(p.pid) for p in loader.pool._processes.values()] if loader.pool else []
@@ -169,16 +191,19 @@ def main() -> None:
           f"{a.clients} client processes, {procs_n} decoder processes, {prefilled:,} spans stored before, "
           f"{os.cpu_count()} CPUs")
     print("round  decode-only spans/s (µs CPU)   acked spans/s   end-to-end spans/s  ratio   µs CPU/span: "
-          "receiver process + decoders   429s  load")
+          "receiver process (of it loader thread) + decoders   429s  load")
     for i, r in enumerate(rows):
         print(f"{i + 1:5d}  {r['decode']:10,.0f} ({r['decode_cpu']:5.1f})    {r['ack']:12,.0f}   {r['e2e']:12,.0f}"
-              f"       {r['e2e'] / r['decode']:5.0%}   {r['self']:6.1f} + {r['kids']:5.1f}{'':22s}{r['r429']:4d}  "
-              f"{r['load']:.1f}")
-    med = {k: statistics.median(r[k] for r in rows) for k in ("decode", "e2e", "decode_cpu", "self", "kids")}
+              f"       {r['e2e'] / r['decode']:5.0%}   {r['self']:6.1f} ({r['loader']:5.1f}) + {r['kids']:5.1f}"
+              f"{'':22s}{r['r429']:4d}  {r['load']:.1f}")
+        if r["py"]:
+            print(f"       otlp.py decode-only {r['py']:10,.0f} spans/s ({r['py_cpu']:.1f} µs CPU/span)")
+    med = {k: statistics.median(r[k] for r in rows) for k in ("decode", "e2e", "decode_cpu", "self", "kids", "loader")}
     print(f"median decode only (one process):       {med['decode']:10,.0f} spans/s ({med['decode_cpu']:.1f} µs CPU/span)")
     print(f"median end to end (stored, queryable):  {med['e2e']:10,.0f} spans/s "
-          f"({med['self']:.1f} + {med['kids']:.1f} µs CPU/span)")
-    print(f"peak RSS: receiver process {rss_self:,.0f} MB, decoders {', '.join(f'{x:,.0f}' for x in rss_kids)} MB")
+          f"({med['self']:.1f} + {med['kids']:.1f} µs CPU/span; loader thread {med['loader']:.1f})")
+    print(f"peak RSS: receiver process {rss_self:,.0f} MB, decoders {', '.join(f'{x:,.0f}' for x in rss_kids)} MB "
+          f"(sum {rss_self + sum(rss_kids):,.0f} MB)")
     print(f"exports ok {sum(r['ok'] for r in rows)}/{a.batches * a.rounds}, rows stored {stored:,}")
     assert stored == acked, "every acknowledged span must be stored once"
     print(f"e2e_spans_per_s={med['e2e']:.0f} decode_only_spans_per_s={med['decode']:.0f} "

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentobs.config import Settings  # noqa: E402
 from agentobs.metrics import names, prepare  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
+from agentobs.model import connect  # noqa: E402
 
 GENERATE = """
 INSERT INTO spans (trace_id, span_id, name, kind, start_ns, end_ns, status_code, role, op, session_id, task_id,

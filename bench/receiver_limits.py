@@ -39,7 +39,7 @@ def serve(max_body_mb: int) -> None:
     from agentobs.collect.otlp_http import OtlpHttpServer
     from agentobs.collect.receiver import Ingest
     from agentobs.config import load_settings
-    from agentobs.store.db import connect
+    from agentobs.model import connect
 
     tmp = tempfile.mkdtemp()
     con = connect(os.path.join(tmp, "b.duckdb"))

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from metrics_scale import BASELINE, GENERATE  # noqa: E402
 
 from agentobs.config import Settings  # noqa: E402
+from agentobs.model import connect  # noqa: E402
 from agentobs.report import build, iso_week, write  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
 
 WEEK = "2027-W02"  # the generator's calls start at 1.8e9 s (2027-01-15) and span a day
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from agentobs.collect.fleet import Target  # noqa: E402
 from agentobs.collect.health import Health  # noqa: E402
 from agentobs.collect.scraper import Scraper  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
+from agentobs.model import connect  # noqa: E402
 from agentobs.store.writer import Writer  # noqa: E402
 
 PAGES = [(ROOT / "tests/fixtures/vllm/metrics_sample.txt").read_text(),

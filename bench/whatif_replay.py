@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def sample_store(tmp: Path) -> Path:
-    from agentobs.sim.bundle import import_bundle
-    from agentobs.store.db import connect
+    from agentobs.collect.bundle import import_bundle
+    from agentobs.model import connect
     from agentobs.store.writer import Writer
 
     db = tmp / "sample.duckdb"

@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import os
+import shutil
+import time
 from pathlib import Path
 
 import pytest
 
 from agentobs.config import load_settings
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -39,17 +42,46 @@ def store(db_path):
 SAMPLE_BUNDLE = Path(__file__).parent.parent / "sample_data" / "fleet"
 
 
-@pytest.fixture(scope="session")
-def sample_db(tmp_path_factory) -> Path:
-    """sample_data/fleet imported once for the whole test session (read it only: tests share it)."""
-    if not (SAMPLE_BUNDLE / "manifest.json").exists():
-        pytest.skip("sample_data/fleet not in this checkout")
+def _build_sample(path: Path) -> None:
+    from agentobs.collect.bundle import import_bundle
     from agentobs.config import Settings
-    from agentobs.sim.bundle import import_bundle
 
-    path = tmp_path_factory.mktemp("sample_shared") / "sample.duckdb"
     con = connect(path)
     with Writer(con) as w:
         import_bundle(SAMPLE_BUNDLE, w, Settings())
     con.close()
+
+
+@pytest.fixture(scope="session")
+def sample_db(tmp_path_factory) -> Path:
+    """sample_data/fleet imported once for the whole test session (read it only: tests share it). Under
+    pytest-xdist the first worker that asks imports it into the run's common temp folder and every worker
+    copies that file into its own (DuckDB lets one process at a time write a file)."""
+    if not (SAMPLE_BUNDLE / "manifest.json").exists():
+        pytest.skip("sample_data/fleet not in this checkout")
+    path = tmp_path_factory.mktemp("sample_shared") / "sample.duckdb"
+    if "PYTEST_XDIST_WORKER" not in os.environ:  # one process
+        _build_sample(path)
+        return path
+    common = tmp_path_factory.getbasetemp().parent  # shared by the run's workers
+    built, claim, failed = common / "sample.duckdb", common / "sample.claim", common / "sample.failed"
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # another worker is importing it: wait for its file (renamed into place when whole)
+        deadline = time.monotonic() + 900
+        while not built.exists():
+            if failed.exists():
+                raise RuntimeError(f"another xdist worker failed to import the sample: {failed.read_text()}") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{built} not built by another xdist worker within 900 s") from None
+            time.sleep(0.2)
+    else:
+        part = common / "sample.duckdb.part"
+        try:
+            _build_sample(part)
+        except BaseException as e:
+            failed.write_text(repr(e))
+            raise
+        part.rename(built)
+    shutil.copyfile(built, path)
     return path

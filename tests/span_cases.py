@@ -8,16 +8,10 @@ Not here: LiteLLM's stringified dicts (Python-only, docs/clickhouse.md; tests/te
 
 from __future__ import annotations
 
-from typing import Any
-
-from test_console_store import _attr  # one OTLP/JSON attribute encoder for the tests
+from builders import otlp_request, resource_spans, span
 
 T0 = 1_791_969_600_000_000_000  # ns
 TRACE = "5e" * 16
-
-
-def _kv(d: dict[str, Any]) -> list[dict]:
-    return [_attr(k, v) for k, v in d.items()]
 
 
 # (span id suffix, attributes, events, expected columns): expected values are worked out in the comments
@@ -63,22 +57,16 @@ def span_id(n: int) -> str:
 
 
 def _span(n: int, attrs: dict, events: list) -> dict:
-    start = T0 + n * 10**9
-    return {"traceId": TRACE, "spanId": span_id(n), "name": "chat m", "kind": 3,
-            "startTimeUnixNano": str(start), "endTimeUnixNano": str(start + 2 * 10**9),
-            "attributes": _kv({"gen_ai.operation.name": "chat", **attrs}),
-            "events": [{"name": e["name"], "timeUnixNano": str(start + 10**8), "attributes": _kv(e["attributes"])}
-                       for e in events]}
+    start = T0 + n * 10**9  # each case 2 s long, its events 0.1 s in
+    return span(TRACE, span_id(n), "chat m", start, start + 2 * 10**9, {"gen_ai.operation.name": "chat", **attrs},
+                events=[{**e, "time_ns": start + 10**8} for e in events])
 
 
 def request() -> dict:
     n, attrs, events, _ = RESOURCE_CASE
-    return {"resourceSpans": [
-        {"resource": {"attributes": _kv({"service.name": "agent"})},
-         "scopeSpans": [{"scope": {"name": "cases"}, "spans": [_span(*c[:3]) for c in CASES]}]},
-        {"resource": {"attributes": _kv({"service.name": "native", "agentobs.usage.input_excludes_cache": "true"})},
-         "scopeSpans": [{"scope": {"name": "cases"}, "spans": [_span(n, attrs, events)]}]},
-    ]}
+    return otlp_request(resource_spans("agent", "cases", [_span(*c[:3]) for c in CASES]),
+                        resource_spans("native", "cases", [_span(n, attrs, events)],
+                                       **{"agentobs.usage.input_excludes_cache": "true"}))
 
 
 def expected() -> dict[str, dict]:

@@ -39,12 +39,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from builders import otlp_request, resource_spans, span
 from cli_run import run_cli
 
 from agentobs.collect.files import import_otlp
 from agentobs.collect.otlp import decode_json
 from agentobs.config import Settings, load_settings
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 T0 = 1_800_000_000.0
@@ -66,10 +67,6 @@ CALLS = [
 ]
 
 
-def _attr(k, v):
-    return {"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}}
-
-
 def otlp_json() -> str:
     """The calls as gateway spans in OTLP/JSON (what `agentobs import otlp` and the ClickHouse exporter take)."""
     spans = []
@@ -84,14 +81,9 @@ def otlp_json() -> str:
             a["agentobs.branch"] = branch
         if attempt:
             a["agentobs.attempt"] = attempt
-        span = {"traceId": f"{i + 1:032x}", "spanId": f"{cid:0>16}", "name": "chat Qwen/Qwen3-32B", "kind": 3,
-                "startTimeUnixNano": str(int((T0 + t0) * 1e9)), "endTimeUnixNano": str(int((T0 + t1) * 1e9)),
-                "attributes": [_attr(k, v) for k, v in a.items()]}
-        if failed:
-            span["status"] = {"code": 2, "message": "upstream timeout"}
-        spans.append(span)
-    return json.dumps({"resourceSpans": [{"resource": {"attributes": [_attr("service.name", "gateway")]},
-                                          "scopeSpans": [{"scope": {"name": "test"}, "spans": spans}]}]})
+        spans.append(span(f"{i + 1:032x}", f"{cid:0>16}", "chat Qwen/Qwen3-32B", int((T0 + t0) * 1e9),
+                          int((T0 + t1) * 1e9), a, error="upstream timeout" if failed else None))
+    return json.dumps(otlp_request(resource_spans("gateway", "test", spans)))
 
 
 def cid(x: str) -> str:
@@ -218,8 +210,9 @@ def test_clickhouse_sessions_and_branch_filter(db):
     """The same on the ClickHouse backend (chDB in-process): the sessions and tasks views and --filter branch."""
     pytest.importorskip("chdb", reason="chdb is not installed: pip install 'agentobs[clickhouse]'")
     from agentobs.backends.clickhouse import load, model
-    from agentobs.backends.clickhouse import metrics as chm
     from agentobs.backends.clickhouse.conn import ClickHouse
+    from agentobs.metrics import compute
+    from agentobs.source import ClickHouseSource
 
     settings = load_settings(env={})
     ch = ClickHouse("chdb:")
@@ -235,7 +228,7 @@ def test_clickhouse_sessions_and_branch_filter(db):
             pytest.approx((15960 / 30000, 12968 / 22000, 2992 / 8000)), pytest.approx((1984 / 3000, 0.496, 0.992))]
         assert ch.arrow("SELECT task_id, retries FROM tasks ORDER BY task_id").to_pylist() == [
             {"task_id": "t1", "retries": 2}, {"task_id": "t2", "retries": 1}]
-        main = {x["session_id"]: x for x in chm.compute("reuse", ch, by="session", filters={"branch": "main"},
+        main = {x["session_id"]: x for x in compute("reuse", ClickHouseSource(ch=ch), by="session", filters={"branch": "main"},
                                                      settings=Settings()).to_dicts()}
         assert (main["s1"]["calls"], main["s2"]["calls"]) == (7, 2)
         assert main["s1"]["hit_rate"] == pytest.approx(12968 / 22000)

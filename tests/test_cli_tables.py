@@ -9,11 +9,11 @@ import json
 
 import pyarrow as pa
 import pytest
+from builders import call, make_db
 from cli_run import run_cli
 from rich.cells import cell_len
 from rich.console import Console
 from test_findings_rules import SG, WINDOW, Fleet, build, two_turn_sessions
-from test_metrics_golden import call, make_db
 
 from agentobs.output import PIPE_WIDTH, _fmt, fit_columns, header_text, render, shorten, table_width
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pyarrow as pa
 import pytest
@@ -21,14 +22,14 @@ import span_cases
 chdb = pytest.importorskip("chdb", reason="chdb (in-process ClickHouse) is not installed: pip install 'agentobs[clickhouse]'")
 
 from agentobs.backends.clickhouse import load, model  # noqa: E402
-from agentobs.backends.clickhouse import metrics as ch_metrics  # noqa: E402
 from agentobs.backends.clickhouse.conn import ClickHouse  # noqa: E402
 from agentobs.backends.clickhouse.dialect import to_clickhouse  # noqa: E402
 from agentobs.collect import otlp, prom  # noqa: E402
 from agentobs.config import load_settings  # noqa: E402
 from agentobs.errors import ConfigError  # noqa: E402
 from agentobs.metrics import compute_all, names  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
+from agentobs.model import connect  # noqa: E402
+from agentobs.source import ClickHouseSource  # noqa: E402
 from agentobs.store.writer import Writer  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
@@ -182,7 +183,7 @@ def test_metric_samples_same_series_and_values(both):
 def suites(both):
     con, ch, settings = both
     chosen = list(names())
-    return compute_all(con, settings=settings, metrics=chosen), ch_metrics.compute_all(ch, settings=settings, metrics=chosen)
+    return compute_all(con, settings=settings, metrics=chosen), compute_all(ClickHouseSource(ch=ch), settings=settings, metrics=chosen)
 
 
 @pytest.mark.parametrize("name", list(names()))
@@ -245,29 +246,42 @@ def test_bad_url(url, error):
         ClickHouse(url)
 
 
+# the commands run by tests/cli_run.py in one child interpreter; prints [[returncode, stdout, stderr], ...]
+CLI_DRIVER = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from cli_run import run_cli
+url = sys.argv[2]
+out = [list(vars(run_cli("clickhouse", *json.loads(a), "--clickhouse-url", url)).values()) for a in sys.argv[3:]]
+print(json.dumps(out))
+"""
+
+
 @pytest.mark.slow  # end to end: the commands in a child process
 def test_cli_load_init_sql_metrics(tmp_path):
     """The commands end to end on an on-disk chDB, in a child process (chDB allows one database per
-    process, and this module's fixture holds an in-memory one): load the worked example, query, refuse writes."""
+    process, and this module's fixture holds an in-memory one): load the worked example, query, refuse writes.
+    One child runs them all, one after the other, as separate CLI invocations on the same path."""
+    import json
     import subprocess
     import sys
 
     url = f"chdb://{tmp_path}/ch"
-
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "agentobs.cli", "clickhouse", *args, "--clickhouse-url", url],
-                              capture_output=True, text=True, timeout=120)
-
-    res = run("load", str(FIX / "otlp/agent_task_3turns.json"))
-    assert res.returncode == 0, res.stderr
-    assert "6 spans" in res.stderr
-    res = run("sql", "--format", "csv", "SELECT sum(prompt_tokens) AS p FROM llm_calls")
-    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1] == "15661", res.stderr
-    res = run("metrics", "reuse", "--format", "json")
-    assert res.returncode == 0 and '"cached_tokens":9552' in res.stdout.replace(" ", ""), res.stderr
-    for bad, msg in (("DROP TABLE spans", "only SELECT"), ("SELECT 1; SELECT 2", "one statement only"),
-                     ("SELECT * FROM url('http://127.0.0.1:1/x', CSV)", "refused: url() reaches outside"),
-                     # a function readonly = 1 lets through (it is not a table function): refused by name
-                     ("SELECT file('/etc/passwd')", "refused: file() reaches outside")):
-        res = run("sql", bad)
-        assert res.returncode != 0 and msg in res.stderr.replace("\n", " "), (bad, res.stderr)
+    bad = (("DROP TABLE spans", "only SELECT"), ("SELECT 1; SELECT 2", "one statement only"),
+           ("SELECT * FROM url('http://127.0.0.1:1/x', CSV)", "refused: url() reaches outside"),
+           # a function readonly = 1 lets through (it is not a table function): refused by name
+           ("SELECT file('/etc/passwd')", "refused: file() reaches outside"))
+    calls = [["load", str(FIX / "otlp/agent_task_3turns.json")],
+             ["sql", "--format", "csv", "SELECT sum(prompt_tokens) AS p FROM llm_calls"],
+             ["metrics", "reuse", "--format", "json"], *(["sql", sql] for sql, _ in bad)]
+    p = subprocess.run([sys.executable, "-c", CLI_DRIVER, str(Path(__file__).parent), url,
+                        *(json.dumps(c) for c in calls)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (load, sql, metrics, *refused) = [SimpleNamespace(returncode=r[0], stdout=r[1], stderr=r[2])
+                                      for r in json.loads(p.stdout.strip().splitlines()[-1])]
+    assert load.returncode == 0, load.stderr
+    assert "6 spans" in load.stderr
+    assert sql.returncode == 0 and sql.stdout.strip().splitlines()[-1] == "15661", sql.stderr
+    assert metrics.returncode == 0 and '"cached_tokens":9552' in metrics.stdout.replace(" ", ""), metrics.stderr
+    for (sql_text, msg), res in zip(bad, refused, strict=True):
+        assert res.returncode != 0 and msg in res.stderr.replace("\n", " "), (sql_text, res.stderr)

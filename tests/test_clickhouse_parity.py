@@ -24,14 +24,14 @@ pytest.importorskip("chdb", reason="chdb (in-process ClickHouse) is not installe
 from agentobs.backends.clickhouse import load, model  # noqa: E402
 from agentobs.backends.clickhouse.conn import ClickHouse  # noqa: E402
 from agentobs.backends.clickhouse.dialect import to_clickhouse  # noqa: E402
+from agentobs.collect.bundle import import_bundle  # noqa: E402
 from agentobs.config import Settings, load_settings  # noqa: E402
 from agentobs.exporter import compute_snapshot  # noqa: E402
 from agentobs.findings import run as findings_run  # noqa: E402
+from agentobs.model import connect  # noqa: E402
 from agentobs.report import build, resolve  # noqa: E402
-from agentobs.sim.bundle import import_bundle  # noqa: E402
 from agentobs.sim.run import simulate  # noqa: E402
 from agentobs.sim.scenarios import scenario  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
 from agentobs.store.writer import Writer  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
@@ -114,8 +114,8 @@ def reports(both):
 
 
 # string_agg(DISTINCT …) order is unspecified in DuckDB (ClickHouse's translation sorts): compare as sets. A session
-# split evenly across two models would be a tie for its usual model: the least name on both backends (report
-# ABOUT_SQL), so the top lists compare whole (the sample scenario keeps each session on one model now)
+# split evenly across two models would be a tie for its usual model: the least name on both backends
+# (agentobs/report/queries/about.sql), so the top lists compare whole (the sample scenario keeps each session on one model now)
 AS_SET = {("idle_kv_rent_by_task_type", "rent_basis"), ("idle_kv_rent_by_instance", "rent_basis")}
 
 

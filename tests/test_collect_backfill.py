@@ -11,7 +11,7 @@ import pytest
 
 from agentobs.collect.backfill import backfill, engine_metric_names, parse_duration
 from agentobs.errors import InputError
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 NAMES = ["up", "vllm:prompt_tokens_total", "vllm:prompt_tokens_created", "sglang_cached_tokens_total",

@@ -15,7 +15,7 @@ from agentobs.collect import kvevents
 from agentobs.collect.fleet import KVSource
 from agentobs.collect.health import Health
 from agentobs.collect.kvsub import KVSubscriber
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 FIX = Path(__file__).parent / "fixtures" / "vllm_real"

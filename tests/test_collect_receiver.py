@@ -28,7 +28,7 @@ from agentobs.collect.otlp_http import OtlpHttpServer
 from agentobs.collect.receiver import Ingest
 from agentobs.collect.spool import Spool
 from agentobs.config import load_settings
-from agentobs.store.db import connect
+from agentobs.model import connect
 
 SETTINGS = load_settings(env={})
 

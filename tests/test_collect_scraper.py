@@ -17,7 +17,7 @@ from agentobs.collect.promcache import SeriesParser
 from agentobs.collect.scraper import Scraper
 from agentobs.config import load_settings
 from agentobs.errors import ConfigError, InputError
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 FIX = Path(__file__).parent / "fixtures"

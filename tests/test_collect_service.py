@@ -113,7 +113,7 @@ def test_acknowledged_spans_survive_sigkill_under_load_exactly_once(tmp_path):
     from agentobs.collect.loader import Loader
     from agentobs.collect.spool import Spool
     from agentobs.config import load_settings
-    from agentobs.store.db import connect
+    from agentobs.model import connect
 
     con = connect(db)
     spool = Spool(tmp_path / "d.duckdb.spool")
@@ -189,7 +189,7 @@ def test_collect_takes_the_fleet_file_as_fleet_and_config_still_with_a_warning(t
     class FakeService:
         snapshot_path = "x.read.duckdb"
 
-        def __init__(self, fleet, settings, db):
+        def __init__(self, fleet, settings, db, views=None, upkeep=None):
             ran.append((fleet, db))
 
         def status_line(self):

@@ -41,7 +41,7 @@ from agentobs.console import APP, data, ui  # noqa: E402
 from agentobs.console.shell import PAGES  # noqa: E402
 from agentobs.errors import QueryError, StoreError  # noqa: E402
 from agentobs.metrics import compute  # noqa: E402
-from agentobs.store.db import connect  # noqa: E402
+from agentobs.model import connect  # noqa: E402
 
 TIMEOUT = 120
 RUN = SQL_RUN

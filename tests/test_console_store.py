@@ -8,9 +8,11 @@ import json
 import re
 from pathlib import Path
 
+from builders import ns, otlp_request, resource_spans, span
+
 from agentobs.collect import files
 from agentobs.config import load_settings
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -46,30 +48,6 @@ TOOLS = {"sess-gen-01": [("read_file", 3.2, 9.5), ("run_tests", 13.5, 79.0)],
          "sess-gen-02": [("web_search", 32.2, 39.8)]}
 
 
-def _attr(k, v):
-    if isinstance(v, bool):
-        val = {"boolValue": v}
-    elif isinstance(v, int):
-        val = {"intValue": str(v)}
-    elif isinstance(v, float):
-        val = {"doubleValue": v}
-    elif isinstance(v, list):
-        val = {"arrayValue": {"values": [{"doubleValue": float(x)} for x in v]}}
-    else:
-        val = {"stringValue": str(v)}
-    return {"key": k, "value": val}
-
-
-def _span(trace, sid, parent, name, kind, start_s, end_s, attrs, error=False):
-    s = {"traceId": trace, "spanId": sid, "name": name, "kind": kind,
-         "startTimeUnixNano": str(int(round(start_s * 1e9))), "endTimeUnixNano": str(int(round(end_s * 1e9))),
-         "attributes": [_attr(k, v) for k, v in attrs.items()],
-         "status": {"code": 2, "message": "upstream 503"} if error else {}}
-    if parent:
-        s["parentSpanId"] = parent
-    return s
-
-
 def otlp_document() -> dict:
     agent_spans, gw_spans = [], []
     for i, (session, task_type, tenant, model, calls) in enumerate(SESSIONS):
@@ -77,15 +55,15 @@ def otlp_document() -> dict:
         root = f"{i + 1:08x}00000000"
         base = T0 + 600 + 300 * i
         first, last = calls[0], calls[-1]
-        agent_spans.append(_span(trace, root, None, f"invoke_agent {task_type}", 1, base + first[4] - 0.01,
-                                 base + last[4] + last[5] + 0.01,
-                                 {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": task_type,
-                                  "gen_ai.conversation.id": session, "app.task.id": f"task-{session}",
-                                  "agentobs.tenant": tenant}))
+        agent_spans.append(span(trace, root, f"invoke_agent {task_type}", ns(base + first[4] - 0.01),
+                                ns(base + last[4] + last[5] + 0.01),
+                                {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": task_type,
+                                 "gen_ai.conversation.id": session, "app.task.id": f"task-{session}",
+                                 "agentobs.tenant": tenant}, kind=1))
         for j, (name, t_a, t_b) in enumerate(TOOLS.get(session, [])):
-            agent_spans.append(_span(trace, f"{i + 1:08x}{j + 1:04x}7777", root, f"execute_tool {name}", 1,
-                                     base + t_a, base + t_b,
-                                     {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name}))
+            agent_spans.append(span(trace, f"{i + 1:08x}{j + 1:04x}7777", f"execute_tool {name}", ns(base + t_a),
+                                    ns(base + t_b), {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": name},
+                                    parent=root, kind=1))
         for j, (inst, p, c, o, off, dur, ttft, attempt, error) in enumerate(calls):
             host, port = inst.split(":")
             attrs = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "vllm", "gen_ai.request.model": model,
@@ -96,14 +74,10 @@ def otlp_document() -> dict:
                      "agentobs.itl_ms": [20.0 + (k % 5) * 3 for k in range(max(o // 10, 2))]}
             if error:
                 attrs["error.type"] = "503"
-            gw_spans.append(_span(trace, f"{i + 1:08x}{j + 1:04x}cafe", root, f"chat {model}", 3, base + off,
-                                  base + off + dur, attrs, error))
-    res = lambda name: {"attributes": [_attr("service.name", name)]}  # noqa: E731
-    return {"resourceSpans": [
-        {"resource": res("agent-harness"), "scopeSpans": [{"scope": {"name": "agent"}, "spans": agent_spans}]},
-        {"resource": res("ai-gateway"), "scopeSpans": [{"scope": {"name": "ai-gateway/tracing/otelgenai"},
-                                                        "spans": gw_spans}]},
-    ]}
+            gw_spans.append(span(trace, f"{i + 1:08x}{j + 1:04x}cafe", f"chat {model}", ns(base + off),
+                                 ns(base + off + dur), attrs, parent=root, error="upstream 503" if error else None))
+    return otlp_request(resource_spans("agent-harness", "agent", agent_spans),
+                        resource_spans("ai-gateway", "ai-gateway/tracing/otelgenai", gw_spans))
 
 
 def _prom_at(text: str, k: int) -> str:

@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from agentobs.cli import cli
+from agentobs.collect.bundle import import_bundle
 from agentobs.config import Settings
+from agentobs.model import connect
 from agentobs.model.kvindex import refresh
-from agentobs.sim.bundle import import_bundle
 from agentobs.sim.run import simulate
 from agentobs.sim.scenarios import scenario
-from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 
 SAMPLE = Path(__file__).parent.parent / "sample_data" / "fleet"

@@ -94,6 +94,12 @@ def sample_ledger(sample_db):
     return ledger_of(str(sample_db), settings=Settings())
 
 
+@pytest.fixture(scope="module")
+def sample_ledger_unsimulated(sample_db):
+    """The whole sample's ledger without the replay (its first and last call times bound the tests' periods)."""
+    return ledger_of(str(sample_db), settings=Settings(), simulate=False)
+
+
 def test_sample_invariants(sample_ledger, sample_db):
     led = sample_ledger
     assert led.findings, "the sample fleet has planted problems"
@@ -154,14 +160,14 @@ def test_cli_json_is_the_ledger(sample_ledger, sample_db):
     assert full["fleet"]["tax"]["usd_week"] == pytest.approx(sample_ledger.usd_week)
 
 
-def test_report_lists_the_cli_ledger_of_its_period(sample_db, tmp_path):
+def test_report_lists_the_cli_ledger_of_its_period(sample_ledger_unsimulated, sample_db, tmp_path):
     import pyarrow.csv as pacsv
 
     from agentobs.report import build as report_build
     from agentobs.report.period import Period
     from agentobs.report.write import write
 
-    led = ledger_of(str(sample_db), settings=Settings(), simulate=False)
+    led = sample_ledger_unsimulated
     # a period that holds the whole sample, given as the CLI takes it
     since, until = led.first_s - 3600, led.last_s + 3600
     period = Period("sample", since, until)
@@ -184,10 +190,10 @@ def test_report_lists_the_cli_ledger_of_its_period(sample_db, tmp_path):
     assert first.startswith("The recompute tax this week") and cli_rows[0]["id"] in first
 
 
-def test_exporter_serves_the_ledger(sample_db):
+def test_exporter_serves_the_ledger(sample_ledger_unsimulated, sample_db):
     from agentobs.exporter import compute_snapshot
 
-    led = ledger_of(str(sample_db), settings=Settings(), simulate=False)
+    led = sample_ledger_unsimulated
     now, window = led.last_s + 1.0, 7200.0
     snap = compute_snapshot(str(sample_db), Settings(), clock=lambda: now, window_s=window)
     want = ledger_of(str(sample_db), since=now - window, until=now, settings=Settings())

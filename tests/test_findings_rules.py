@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
+from builders import otlp_request, resource_spans, span
 
 from agentobs.collect.files import import_otlp, import_prom, import_server_info
 from agentobs.config import Settings
@@ -55,18 +56,6 @@ class Fleet:
     scraped: bool = True  # engines scraped through the hour (an empty queue gauge at 0 and 3,599 s)
 
 
-def _attr(k, v):
-    if isinstance(v, bool):
-        return {"key": k, "value": {"boolValue": v}}
-    if isinstance(v, int):
-        return {"key": k, "value": {"intValue": str(v)}}
-    if isinstance(v, float):
-        return {"key": k, "value": {"doubleValue": v}}
-    if isinstance(v, list):
-        return {"key": k, "value": {"arrayValue": {"values": [{"doubleValue": float(x)} for x in v]}}}
-    return {"key": k, "value": {"stringValue": str(v)}}
-
-
 def otlp_doc(calls: list[Call]) -> dict:
     spans = []
     for i, c in enumerate(calls):
@@ -82,13 +71,9 @@ def otlp_doc(calls: list[Call]) -> dict:
         if c.itl is not None:
             a["agentobs.itl_ms"] = c.itl
         start_ns = int(round((T0 + c.start) * 1e9))
-        spans.append({
-            "traceId": f"{i + 1:032x}", "spanId": f"{i + 1:016x}", "name": f"chat {c.model}", "kind": 3,
-            "startTimeUnixNano": str(start_ns), "endTimeUnixNano": str(start_ns + int(round(c.dur * 1e9))),
-            "attributes": [_attr(k, v) for k, v in a.items()],
-        })
-    return {"resourceSpans": [{"resource": {"attributes": [_attr("service.name", "gateway")]},
-                               "scopeSpans": [{"scope": {"name": "test.gateway"}, "spans": spans}]}]}
+        spans.append(span(f"{i + 1:032x}", f"{i + 1:016x}", f"chat {c.model}", start_ns,
+                          start_ns + int(round(c.dur * 1e9)), a))
+    return otlp_request(resource_spans("gateway", "test.gateway", spans))
 
 
 SGLANG_DEFAULTS = {"model_path": "Qwen/Qwen3-8B", "page_size": 16, "max_total_num_tokens": 40000,

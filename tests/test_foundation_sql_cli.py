@@ -12,8 +12,8 @@ from cli_run import run_cli
 from agentobs.collect import files
 from agentobs.config import SETTINGS, Settings, load_settings
 from agentobs.errors import ConfigError, QueryError
+from agentobs.model import connect
 from agentobs.sql import run_query
-from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 
 

@@ -7,14 +7,14 @@ import json
 
 import pyarrow as pa
 import pytest
+from builders import T0, call, make_db
+from builders import ts as _ts
 from cli_run import run_cli
-from test_metrics_golden import T0, _ts, call, make_db
 
 from agentobs.collect.snapshot import publish
 from agentobs.config import Settings
 from agentobs.metrics import prepare
-from agentobs.model import kvindex
-from agentobs.store.db import connect
+from agentobs.model import connect, kvindex, upkeep
 from agentobs.store.writer import Writer
 
 # the eviction golden test's fleet (tests/test_metrics_golden.py): a3's idle window 30..100 s ends when a2's
@@ -124,7 +124,7 @@ def test_the_read_snapshot_carries_a_current_index(tmp_path):
     path = make_db(tmp_path, CALLS, kv=KV, config=CONFIG)
     con = connect(path)  # the collector's store: no index built there
     snap = tmp_path / "read.duckdb"
-    publish(con, snap)
+    publish(con, snap, upkeep=upkeep)
     con.close()
     r = connect(snap, read_only=True)
     assert kvindex.usable(r) and r.sql("SELECT count(*) FROM kv_index_removals").fetchall() == [(3,)]
@@ -151,7 +151,7 @@ def test_a_failed_index_build_loses_neither_the_import_nor_the_snapshot(tmp_path
     con.close()
     con = connect(path)
     snap = tmp_path / "read.duckdb"
-    publish(con, snap)
+    publish(con, snap, upkeep=upkeep)
     con.close()
     r = connect(snap, read_only=True)
     assert r.sql("SELECT count(*) FROM kv_events").fetchall() == [(1,)] and not kvindex.usable(r)

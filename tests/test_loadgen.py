@@ -19,9 +19,9 @@ from agentobs.loadgen.stub import CHAT_OVERHEAD, StubEngine
 from agentobs.loadgen.tracing import Tracing
 from agentobs.loadgen.workloads import BLOCK, load_plan
 from agentobs.metrics import compute
+from agentobs.model import connect
 from agentobs.sim.chain import Chain
 from agentobs.sim.workload import CallSpec, Segment, Session
-from agentobs.store.db import connect
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def test_kv_geometry_bytes_per_token():
 def test_cli_metrics_catalogue_json_and_errors(tmp_path):
     from cli_run import run_cli
 
-    from agentobs.store.db import connect
+    from agentobs.model import connect
 
     db = str(tmp_path / "x.duckdb")
     connect(db).close()

@@ -4,77 +4,19 @@ goes through the real OTLP import path."""
 
 from __future__ import annotations
 
-import datetime as dt
 import math
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 import pytest
+from builders import T0, call, make_db
 
 from agentobs.config import Settings, load_settings
 from agentobs.metrics import compute, compute_all, prepare
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import Writer
 
-T0 = 1_800_000_000.0  # epoch seconds; every time below is relative to it
 FIX = Path(__file__).parent / "fixtures"
-
-
-def _ts(s: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(T0 + s, dt.UTC).replace(tzinfo=None)
-
-
-def call(cid, sess, start, end, P, C, O=100,  # noqa: E741 - METRICS.md notation
-         inst="A:8000", attempt=None, branch=None, ttft=0.5, status=0,
-         itl=None, hashes=None, task="t1", model="Qwen/Qwen3-32B", sys_tokens=None, tool_tokens=None):
-    return {
-        "trace_id": f"tr-{task}", "span_id": cid, "parent_span_id": None, "name": "chat m", "kind": 3,
-        "start_ns": int((T0 + start) * 1e9), "end_ns": int((T0 + end) * 1e9), "status_code": status,
-        "role": "gateway", "op": "chat", "session_id": sess, "task_id": task, "attempt": attempt, "branch": branch,
-        "instance": inst, "model": model, "input_tokens": P, "cached_tokens": C, "output_tokens": O,
-        "ttft_s": ttft, "itl_ms": itl, "block_hashes": hashes, "system_tokens": sys_tokens,
-        "tool_def_tokens": tool_tokens, "error_type": "timeout" if status == 2 else None,
-    }
-
-
-SPAN_TYPES = {
-    "trace_id": pa.string(), "span_id": pa.string(), "parent_span_id": pa.string(), "name": pa.string(),
-    "kind": pa.int8(), "start_ns": pa.int64(), "end_ns": pa.int64(), "status_code": pa.int8(), "role": pa.string(),
-    "op": pa.string(), "session_id": pa.string(), "task_id": pa.string(), "attempt": pa.int32(),
-    "branch": pa.string(), "instance": pa.string(), "model": pa.string(), "input_tokens": pa.int64(),
-    "cached_tokens": pa.int64(), "output_tokens": pa.int64(), "ttft_s": pa.float64(),
-    "itl_ms": pa.list_(pa.float64()), "block_hashes": pa.list_(pa.string()), "system_tokens": pa.int64(),
-    "tool_def_tokens": pa.int64(), "error_type": pa.string(),
-}
-
-
-def make_db(tmp_path, calls, config=(), kv=(), samples=()) -> str:
-    path = str(tmp_path / "m.duckdb")
-    con = connect(path)
-    with Writer(con, flush_s=0.01) as w:
-        if calls:
-            w.write("spans", pa.table({k: pa.array([c[k] for c in calls], t) for k, t in SPAN_TYPES.items()}))
-        if config:  # (instance, engine, key, value)
-            w.write("engine_config", pa.table({
-                "instance": [c[0] for c in config], "ts": [_ts(0)] * len(config), "engine": [c[1] for c in config],
-                "key": [c[2] for c in config], "value": [c[3] for c in config], "source": ["test"] * len(config)}))
-        if kv:  # (instance, t, type, hashes, session[, parent block hash])
-            w.write("kv_events", pa.table({
-                "instance": [e[0] for e in kv], "ts": [_ts(e[1]) for e in kv], "seq": list(range(len(kv))),
-                "event_idx": [0] * len(kv), "type": [e[2] for e in kv],
-                "block_hashes": pa.array([e[3] for e in kv], pa.list_(pa.string())),
-                "session_id": pa.array([e[4] for e in kv], pa.string()),
-                "parent_block_hash": pa.array([e[5] if len(e) > 5 else None for e in kv], pa.string())}))
-        if samples:  # (instance, t, metric, labels, value)
-            w.write("metric_samples", pa.table({
-                "ts": [_ts(s[1]) for s in samples], "instance": [s[0] for s in samples],
-                "metric": [s[2] for s in samples],
-                "labels": pa.array([list(s[3].items()) for s in samples], pa.map_(pa.string(), pa.string())),
-                "labels_key": [",".join(f"{k}={v}" for k, v in sorted(s[3].items())) for s in samples],
-                "value": [float(s[4]) for s in samples], "engine": [s[2].split(":")[0] for s in samples]}))
-    con.close()
-    return path
 
 
 def rows(df, key):
@@ -132,77 +74,7 @@ def test_worked_example_via_otlp_import(tmp_path):
 
 
 # -- §1: block floor, causes, context shrink, unknown C ----------------------------------------------
-def test_block_floor_and_config_block_size(tmp_path):
-    path = make_db(tmp_path, [
-        call("a1", "s", 0, 1, 100, 0), call("a2", "s", 2, 3, 150, 96),          # A: default B = 16
-        call("b1", "u", 0, 1, 100, 0, inst="B:8000"), call("b2", "u", 2, 3, 100, 0, inst="B:8000", attempt=2),
-    ], config=[("B:8000", "vllm", "block_size", "64")])
-    c = reuse_rows(path)
-    # A: R = P(prev) = 100; R_eff = floor(min(100, 149) / 16) * 16 = 96; C = 96 -> X = 0 (no phantom 4 tokens)
-    assert (c["a2"]["reusable_tokens"], c["a2"]["reusable_tokens_eff"], c["a2"]["reprefill_tokens"]) == (100, 96, 0)
-    assert c["a2"]["block_size_source"] == "default" and c["a2"]["miss_cause"] is None and c["a2"]["hit_class"] == "hit"
-    # B: retry of the same 100-token prompt, B = 64 from the engine config:
-    # R = 100, R_eff = floor(min(100, 99) / 64) * 64 = 64 (the last prompt token is always recomputed); C = 0: a
-    # shortfall of 64 = one block, within the hit tolerance (hit_tolerance_blocks = 1) and no evidence of an
-    # eviction -> X = 0 (issue 20; before: 64, evicted_full); the band's upper end keeps the 64
-    assert (c["b2"]["block_size"], c["b2"]["reusable_tokens_eff"], c["b2"]["reprefill_tokens"]) == (64, 64, 0)
-    assert c["b2"]["miss_cause"] is None and c["b2"]["is_retry"] and c["b2"]["cause_evidence"] == "tolerance"
-    assert (c["b2"]["reprefill_low_tokens"], c["b2"]["reprefill_high_tokens"]) == (0, 64)
-    # tolerance 0: the same shortfall is unexplained (no evidence), X = 64
-    c = reuse_rows(path, Settings(values={"hit_tolerance_blocks": 0}))
-    assert c["b2"]["miss_cause"] == "unexplained" and c["b2"]["reprefill_tokens"] == 64
-
-
-def test_routed_away_vs_evicted_vs_cache_disabled_and_unknown(tmp_path):
-    path = make_db(tmp_path, [
-        call("r1", "s1", 0, 1, 1000, 0, inst="A:8000"), call("r2", "s1", 5, 6, 1200, 0, inst="B:8000"),
-        call("e1", "s2", 0, 1, 1000, 0, inst="A:8000"), call("e2", "s2", 5, 6, 1200, 0, inst="A:8000"),
-        call("p1", "s3", 0, 1, 1000, 0, inst="A:8000"), call("p2", "s3", 5, 6, 1200, 500, inst="A:8000"),
-        call("d1", "s4", 0, 1, 1000, 0, inst="C:8000"), call("d2", "s4", 5, 6, 1200, 0, inst="C:8000"),
-        call("n1", "s5", 0, 1, 1000, 0, inst="A:8000"), call("n2", "s5", 5, 6, 1200, None, inst="A:8000"),
-    ], config=[("C:8000", "vllm", "block_size", "16"), ("C:8000", "vllm", "enable_prefix_caching", "False")])
-    c = reuse_rows(path)
-    # every follow-up: R = 1000, R_eff = floor(1000 / 16) * 16 = 992
-    assert c["r2"]["miss_cause"] == "routed_away" and c["r2"]["reprefill_tokens"] == 992
-    assert c["r2"]["window_outcome"] == "routed_away"
-    # e2, p2: same instance, no KV events: nothing says the blocks were evicted -> unexplained (issue 20; before
-    # evicted_full / evicted_partial), X keeps the shortfall, X_low = 0
-    assert c["e2"]["miss_cause"] == "unexplained" and c["e2"]["reprefill_tokens"] == 992
-    assert c["p2"]["miss_cause"] == "unexplained" and c["p2"]["reprefill_tokens"] == 492  # 992 − 500
-    assert c["e2"]["reprefill_low_tokens"] == 0 and c["r2"]["reprefill_low_tokens"] == 992  # routed: evidence
-    assert c["e2"]["window_outcome"] == "unknown"
-    assert c["d2"]["miss_cause"] == "cache_disabled"
-    assert c["n2"]["miss_cause"] == "unknown" and c["n2"]["reprefill_tokens"] is None and c["n2"]["hit_class"] is None
-    by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
-    assert by_cause["cold"]["calls"] == 5 and by_cause["cold"]["reprefill_tokens"] is None
-    assert by_cause["unknown"]["calls"] == 1
-    assert by_cause["unexplained"]["reprefill_tokens"] == 992 + 492
-    # unknown C is not 0: s5's hit rate counts only the call whose C is known (0 / 1000), not 0 / 2200
-    r = rows(compute("reuse", db=path, settings=Settings()), "session_id")
-    assert r["s5"]["hit_rate"] == 0.0 and r["s5"]["calls_cached_unknown"] == 1 and r["s5"]["reuse_hit_rate"] is None
-    # s3: H = 500 / 2200; U = 500 / 992
-    assert r["s3"]["hit_rate"] == pytest.approx(500 / 2200) and r["s3"]["reuse_hit_rate"] == pytest.approx(500 / 992)
-
-
-def test_failed_calls_are_their_own_cause(tmp_path):
-    def failed(cid, sess, start, end, P, C, error_type):
-        return {**call(cid, sess, start, end, P, C, O=None, ttft=None, status=2), "error_type": error_type}
-
-    path = make_db(tmp_path, [
-        call("a1", "s1", 0, 1, 1000, 0),
-        failed("a2", "s1", 2, 3, None, None, "503"),       # HTTP 503, no usage: X unknown -> error (was "none")
-        call("a3", "s1", 4, 5, 1200, 992),                 # prev = a2, whose P is unknown: R unknown -> none
-        call("b1", "s2", 0, 1, 1000, 0),
-        failed("b2", "s2", 5, 6, 1200, 0, "stream_interrupted"),  # failed after recomputing R_eff = 992: evicted
-        failed("c1", "s3", 0, 1, None, None, "429"),       # the session's first call failed: error, not cold
-        failed("d1", None, 0, 1, None, None, "500"),       # no session: error, not no_session
-    ])
-    c = reuse_rows(path)
-    assert {k: c[k]["miss_cause"] for k in c} == {"a1": "cold", "a2": "error", "a3": None, "b1": "cold",
-                                                  "b2": "unexplained", "c1": "error", "d1": "error"}
-    by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
-    assert {k: (v["calls"], v["reprefill_tokens"]) for k, v in by_cause.items()} == {
-        "error": (3, None), "cold": (2, None), "none": (1, None), "unexplained": (1, 992)}  # a3: X unknown
+# block floor, miss causes, failed calls: tests/golden/*.yaml, run on DuckDB and chDB by test_metrics_golden_cases.py
 
 
 def test_context_shrink_is_a_reset_not_a_reprefill(tmp_path):

@@ -13,8 +13,7 @@ from pathlib import Path
 from agentobs.config import Settings
 from agentobs.metrics import MetricRun
 from agentobs.metrics.cost import parse_cost
-from agentobs.model import reuse
-from agentobs.store.db import connect
+from agentobs.model import connect, reuse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from metrics_scale import GENERATE  # noqa: E402

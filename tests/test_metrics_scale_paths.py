@@ -16,7 +16,7 @@ from polars.testing import assert_frame_equal
 from agentobs.config import Settings
 from agentobs.metrics import MetricRun, names, prepare
 from agentobs.metrics.cost import parse_cost
-from agentobs.store.db import connect
+from agentobs.model import connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from metrics_scale import GENERATE  # noqa: E402

@@ -10,8 +10,8 @@ import pytest
 
 from agentobs.findings.context import INSTANCES_SQL
 from agentobs.metrics.cost import _OBSERVED_SQL
-from agentobs.report.build import ABOUT_SQL
-from agentobs.store.db import connect
+from agentobs.model import connect
+from agentobs.report.build import about_sql
 
 # session s1: models b, a, b, a (a tie 2–2: the least, 'a'); tenants y, x, y, y (y: 3 against 1, the most frequent
 # wins even though x is less); agent names all NULL (no value: NULL). Session s2: one call, model c, tenant x.
@@ -39,12 +39,12 @@ def _m_calls(con, rows):
 def test_report_about_ties(order):
     con = duckdb.connect()
     _m_calls(con, CALLS[::order])
-    got = {r[0]: r[1:] for r in con.execute(ABOUT_SQL.format(key="session_id"),
+    got = {r[0]: r[1:] for r in con.execute(about_sql("session_id"),
                                             {"ids": ["s1", "s2"]}).fetchall()}
     # s1: task type swe 2 / data 2 → 'data' (least); tenant y; agent NULL; model a; first start 100, last end 175
     assert got["s1"] == ("data", "y", None, "a", 100.0, 175.0, "s1")
     assert got["s2"] == ("swe", "x", "bot", "c", 200.0, 210.0, "s2")
-    got = {r[0]: r[1:] for r in con.execute(ABOUT_SQL.format(key="task_id"), {"ids": ["t0", "t1"]}).fetchall()}
+    got = {r[0]: r[1:] for r in con.execute(about_sql("task_id"), {"ids": ["t0", "t1"]}).fetchall()}
     # t0: task type swe 3 / data 2 → swe; tenant x 2 / y 3 → y; agent: bot once (NULLs are no value) → bot;
     # model a 2 / b 2 / c 1 → a; the first session is s1 (start 100)
     assert got["t0"] == ("swe", "y", "bot", "a", 100.0, 210.0, "s1")

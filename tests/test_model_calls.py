@@ -4,7 +4,7 @@ Hand-built spans rows, inserted as the store holds them; every expected value be
 
 from __future__ import annotations
 
-from agentobs.store.db import connect
+from agentobs.model import connect
 
 COLS = ("trace_id", "span_id", "parent_span_id", "role", "start_ns", "end_ns", "session_id", "instance",
         "model", "input_tokens", "cached_tokens", "output_tokens", "response_id", "request_id", "queue_s")

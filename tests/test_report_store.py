@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from builders import ns, otlp_request, resource_spans, span
+
 from agentobs.collect import files
 from agentobs.config import Settings, load_settings
+from agentobs.model import connect
 from agentobs.report import iso_week
-from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 
 WEEK = iso_week("2026-W42")          # Mon 2026-10-12 .. Mon 2026-10-19 UTC
@@ -70,28 +72,6 @@ def settings(**extra) -> Settings:
     return Settings(values={**s.values, "cost": dict(COST), **extra}, source="test")
 
 
-def _attr(k, v):
-    if isinstance(v, bool):
-        val = {"boolValue": v}
-    elif isinstance(v, int):
-        val = {"intValue": str(v)}
-    elif isinstance(v, float):
-        val = {"doubleValue": v}
-    else:
-        val = {"stringValue": str(v)}
-    return {"key": k, "value": val}
-
-
-def _span(trace, sid, parent, name, start_s, end_s, attrs, error=False):
-    s = {"traceId": trace, "spanId": sid, "name": name, "kind": 3,
-         "startTimeUnixNano": str(int(round(start_s * 1e9))), "endTimeUnixNano": str(int(round(end_s * 1e9))),
-         "attributes": [_attr(k, v) for k, v in attrs.items()],
-         "status": {"code": 2, "message": "upstream 503"} if error else {}}
-    if parent:
-        s["parentSpanId"] = parent
-    return s
-
-
 def otlp_document(sessions=SESSIONS) -> dict:
     spans = []
     for i, (sess, task, ttype, tenant, agent, model, base, calls) in enumerate(sessions):
@@ -106,10 +86,9 @@ def otlp_document(sessions=SESSIONS) -> dict:
                      "server.address": host, "server.port": int(port), "agentobs.attempt": attempt}
             if error:
                 attrs["error.type"] = "503"
-            spans.append(_span(trace, f"{i + 1:08x}{j + 1:08x}", None, f"chat {model}", base + off,
-                               base + off + dur, attrs, error))
-    return {"resourceSpans": [{"resource": {"attributes": [_attr("service.name", "ai-gateway")]},
-                               "scopeSpans": [{"scope": {"name": "gateway"}, "spans": spans}]}]}
+            spans.append(span(trace, f"{i + 1:08x}{j + 1:08x}", f"chat {model}", ns(base + off), ns(base + off + dur),
+                              attrs, error="upstream 503" if error else None))
+    return otlp_request(resource_spans("ai-gateway", "gateway", spans))
 
 
 def build_store(db: Path, tmp: Path, sessions=SESSIONS) -> Path:

@@ -11,12 +11,12 @@ import pytest
 from click.testing import CliRunner
 
 from agentobs.cli import cli
+from agentobs.collect.bundle import import_bundle, read_manifest
 from agentobs.config import load_settings
 from agentobs.errors import InputError
-from agentobs.sim.bundle import import_bundle, read_manifest
+from agentobs.model import connect
 from agentobs.sim.run import simulate
 from agentobs.sim.scenarios import scenario
-from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 
 SC = replace(scenario("quick"), duration_s=150.0, snapshot_s=15.0)

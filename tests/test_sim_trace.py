@@ -9,11 +9,11 @@ import duckdb
 import pytest
 from cli_run import run_cli
 
+from agentobs.collect.bundle import import_bundle
 from agentobs.config import load_settings
 from agentobs.errors import InputError
-from agentobs.sim.bundle import import_bundle
+from agentobs.model import connect
 from agentobs.sim.workload import IdAlloc, claude_code
-from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 
 

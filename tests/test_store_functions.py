@@ -6,7 +6,8 @@ import duckdb
 import pytest
 
 from agentobs.backends.clickhouse.dialect import to_clickhouse
-from agentobs.store.db import connect, sandboxed
+from agentobs.model import connect
+from agentobs.store.db import sandboxed
 from agentobs.store.functions import ensure
 
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from agentobs.errors import StoreError
-from agentobs.store.db import connect
+from agentobs.model import connect
 from agentobs.store.writer import IGNORE_AFTER_CONFLICT, Writer
 
 

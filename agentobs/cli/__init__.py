@@ -1,6 +1,6 @@
 """The ``agentobs`` command line: one module per command group, each thin over the library.
 
-Every command takes ``--db PATH`` (default ``$AGENTOBS_DB`` or ./agentobs.duckdb) and ``--config``.
+Every command takes ``--db PATH`` (default: the setting ``db``) and ``--config``.
 Errors print one line and exit non-zero; ``--debug`` shows the traceback. ``base`` holds the group, the
 shared options and the output helpers; importing this package registers every command on ``cli``.
 """

@@ -14,6 +14,8 @@ from ..config import Settings, load_settings
 from ..errors import AgentobsError
 
 err_console = Console(stderr=True)
+# --db: the setting ``db`` when absent ($AGENTOBS_DB, the settings file, ./agentobs.duckdb: agentobs.config)
+DB_HELP = "DuckDB file (default: setting db, i.e. $AGENTOBS_DB or ./agentobs.duckdb)."
 console = Console()
 
 
@@ -38,7 +40,7 @@ class Ctx:
 def common(f):
     """--db, --config and --debug on every command (also accepted before the command name)."""
 
-    @click.option("--db", "db", envvar="AGENTOBS_DB", default=None, help="DuckDB file (default ./agentobs.duckdb).")
+    @click.option("--db", "db", default=None, help=DB_HELP)
     @click.option("--config", "config", envvar="AGENTOBS_CONFIG", default=None, help="Settings file (TOML).")
     @click.option("--debug", is_flag=True, default=False, help="Show tracebacks.")
     @click.pass_context
@@ -53,7 +55,7 @@ def common(f):
     return wrapper
 
 
-# --- backend choice (agentobs/backends/source.py, docs/clickhouse.md) --------------------------------
+# --- backend choice (agentobs/source.py, docs/clickhouse.md) --------------------------------
 def backend_opts(f):
     """--backend duckdb|clickhouse and --clickhouse-url (defaults: settings backend / clickhouse_url, also
     $AGENTOBS_BACKEND / $AGENTOBS_CLICKHOUSE_URL)."""
@@ -66,16 +68,10 @@ def backend_opts(f):
 
 
 def _source(ctx: Ctx, backend: str | None, clickhouse_url: str | None):
-    """What the metrics API takes as ``db``: the store path, or an open ClickHouse connection (closed on exit)."""
-    from ..backends.source import open_source
+    """The command's Source (agentobs.source), as a context that closes it: the store, or ClickHouse."""
+    from ..source import open_source
 
     return open_source(ctx.settings, backend, clickhouse_url, ctx.db)
-
-
-def _is_ch(src) -> bool:
-    from ..backends.source import is_clickhouse
-
-    return is_clickhouse(src)
 # --- end backend choice ----------------------------------------------------------------------------
 
 
@@ -91,7 +87,7 @@ def _filters(filters) -> dict[str, list[str]]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
-@click.option("--db", default=None, envvar="AGENTOBS_DB", help="DuckDB file (default ./agentobs.duckdb).")
+@click.option("--db", default=None, help=DB_HELP)
 @click.option("--config", default=None, envvar="AGENTOBS_CONFIG", help="Settings file (TOML).")
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @click.version_option(__version__, prog_name="agentobs")
@@ -102,7 +98,8 @@ def cli(click_ctx, db, config, debug):
 
 
 def _open(ctx: Ctx, read_only: bool = False):
-    from ..store.db import connect
+    """The store with the session model (read-write opens migrate and ensure the model's views)."""
+    from ..model import connect
 
     return connect(ctx.db, read_only=read_only)
 

@@ -83,15 +83,12 @@ def ch_load_cmd(ctx: Ctx, paths, instance, at, url):
 @common
 def ch_metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, url):
     """One agent metric computed on ClickHouse (the same SQL as `agentobs metrics`, transpiled)."""
-    from ..backends.clickhouse import metrics as chm
-    from ..backends.clickhouse.conn import ClickHouse
+    from ..metrics import compute
+    from ..source import open_source
 
     flt = _filters(filters)
-    ch = ClickHouse(url or ctx.settings.clickhouse_url)
-    try:
-        df = chm.compute(name, ch, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
-    finally:
-        ch.close()
+    with open_source(ctx.settings, "clickhouse", url) as src:
+        df = compute(name, src, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
     _emit(df.to_arrow(), fmt, f"{name} (ClickHouse)" + (f" by {by}" if by else ""))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .base import Ctx, _open, _writer, cli, common, err_console
+from .base import DB_HELP, Ctx, _open, _writer, cli, common, err_console
 from .ingest import import_
 
 
@@ -15,13 +15,14 @@ from .ingest import import_
 @click.option("--config", "old_fleet_path", type=click.Path(exists=True, dir_okay=False),
               help="Deprecated alias of --fleet (for one release; then --config is the settings file, as on every "
                    "other command).")
-@click.option("--db", "db", envvar="AGENTOBS_DB", default=None, help="DuckDB file (default ./agentobs.duckdb).")
+@click.option("--db", "db", default=None, help=DB_HELP)
 @click.option("--settings", "settings_path", envvar="AGENTOBS_CONFIG", default=None, help="Settings file (TOML).")
 @click.option("--debug", is_flag=True, default=False, help="Show tracebacks.")
 @click.pass_context
 def collect_cmd(click_ctx, fleet_path, old_fleet_path, db, settings_path, debug):
     """Run the collectors until SIGTERM/SIGINT: OTLP gRPC+HTTP receivers, the fleet scraper, KV-event
     subscribers, the health /metrics endpoint and the read snapshot readers use (--db of readers)."""
+    from .. import model
     from ..collect.fleet import load_fleet
     from ..collect.service import Service, run_forever
 
@@ -36,7 +37,7 @@ def collect_cmd(click_ctx, fleet_path, old_fleet_path, db, settings_path, debug)
     parent = click_ctx.find_object(Ctx)
     ctx = Ctx(db or (parent._db if parent else None), settings_path or (parent.config if parent else None), debug)
     fleet = load_fleet(fleet_path, ctx.settings)
-    svc = Service(fleet, ctx.settings, ctx.db)
+    svc = Service(fleet, ctx.settings, ctx.db, views=model.ensure, upkeep=model.upkeep)
     where = ", ".join(x for x in (f"otlp grpc {fleet.grpc}" if fleet.grpc else "", f"otlp http {fleet.http}"
                                   if fleet.http else "", f"health {fleet.health}" if fleet.health else "") if x)
     err_console.print(f"agentobs collect: {len(fleet.targets)} scrape target(s), {len(fleet.kv)} KV-event "

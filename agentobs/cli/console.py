@@ -18,27 +18,16 @@ def console_cmd(ctx: Ctx, host, port, backend=None, clickhouse_url=None):
     clickhouse; Ctrl-C stops it."""
     import socket
 
-    from ..backends.source import resolve
     from ..console import launch
-    from ..store.db import connect
+    from ..source import make_source, resolve
 
     name, url = resolve(ctx.settings, backend, clickhouse_url)
-    if name == "clickhouse":
-        from ..backends.clickhouse.conn import ClickHouse
-        from ..errors import StoreError
-
-        ch = ClickHouse(url)  # fail now, in one line, if ClickHouse is unreachable or has no agentobs model
-        try:
-            if not ch.arrow("SELECT count() AS n FROM system.tables WHERE database = currentDatabase() "
-                            "AND name = 'llm_calls'").column(0)[0].as_py():
-                raise StoreError(f"no agentobs model at {ch} (view llm_calls missing): "
-                                 "run `agentobs clickhouse init --clickhouse-url …` first")
-            where = f"ClickHouse {ch}"
-        finally:
-            ch.close()  # chDB: this process lets go of the path before the app opens it
-    else:
-        connect(ctx.db, read_only=True).close()  # fail now, in one line, if the store is missing or unreadable
-        where = f"store {ctx.db} (read-only)"
+    src = make_source(ctx.settings, name, url, ctx.db)
+    try:
+        src.check()  # fail now, in one line, if the store is missing or ClickHouse has no agentobs model
+        where = src.where()
+    finally:
+        src.close()  # chDB: this process lets go of the path before the app opens it
     if port == 0:
         with socket.socket() as s:
             s.bind((host, 0))

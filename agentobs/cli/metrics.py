@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .base import Ctx, _emit, _filters, _is_ch, _source, backend_opts, cli, common
+from .base import Ctx, _emit, _filters, _source, backend_opts, cli, common
 
 
 # --- metrics ---------------------------------------------------------------------------------------
@@ -30,5 +30,6 @@ def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, backend, clickho
     flt = _filters(filters)
     with _source(ctx, backend, clickhouse_url) as src:
         df = compute(name, db=src, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
-    _emit(df.to_arrow(), fmt, f"{name}" + (f" by {by}" if by else "") + (" (ClickHouse)" if _is_ch(src) else ""))
+        where = src.where()
+    _emit(df.to_arrow(), fmt, f"{name}" + (f" by {by}" if by else "") + f" — {where}")
 # --- end metrics -----------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from rich.console import Console
 
 from ..config import settings_markdown
 from ..errors import AgentobsError
-from .base import Ctx, _emit, _is_ch, _open, _source, backend_opts, cli, common, console, err_console
+from .base import Ctx, _emit, _open, _source, backend_opts, cli, common, console, err_console
 
 
 # -- sql -------------------------------------------------------------------------------------------
@@ -25,18 +25,12 @@ def sql_cmd(ctx: Ctx, query, fmt, out, max_rows, timeout, backend, clickhouse_ur
     """Run one read-only SELECT over the store (no writes, no file or network access). With --backend
     clickhouse: ClickHouse SQL over the same views (llm_calls, sessions, ...)."""
     from ..output import atomic_write, render
-    from ..sql import run_query
 
     if fmt == "parquet" and not out:
         raise click.UsageError("--format parquet needs --out FILE")
     cap, limit = max_rows or ctx.settings.sql_row_cap, timeout or ctx.settings.sql_timeout_s
     with _source(ctx, backend, clickhouse_url) as src:
-        if _is_ch(src):
-            from ..backends.clickhouse.sql import run_query as ch_run_query
-
-            res = ch_run_query(src, query, row_cap=cap, timeout_s=limit)
-        else:
-            res = run_query(query, src, row_cap=cap, timeout_s=limit)
+        res = src.user_sql(query, row_cap=cap, timeout_s=limit)
     data = render(res.table, fmt, console=console if not out else Console(file=open(out, "w")))  # noqa: SIM115
     if data is not None:
         if out:

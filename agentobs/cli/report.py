@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .base import Ctx, _is_ch, _source, backend_opts, cli, common, err_console
+from .base import Ctx, _source, backend_opts, cli, common, err_console
 
 
 # --- report ----------------------------------------------------------------------------------------
@@ -22,12 +22,10 @@ def report_cmd(ctx: Ctx, week, since, until, out, require_data, backend, clickho
     """Weekly cost-attribution report (default: the last full ISO week): self-contained HTML, a Markdown
     summary, CSV + Parquet of every attribution table. Rerunnable for any past week."""
     from ..report import build, resolve, write
-    from ..store.db import connect
 
     period = resolve(week, since, until)
     with _source(ctx, backend, clickhouse_url) as src:
-        if not _is_ch(src):
-            connect(src, read_only=True).close()  # one clear line if the store is missing
+        src.check()  # one clear line if the store is missing
         rep = build(src, period, ctx.settings)
     path = write(rep, out)
     if rep.has_data:
@@ -54,17 +52,14 @@ def exporter_cmd(ctx: Ctx, host, port, window_s, refresh_s, backend, clickhouse_
     import threading
 
     from ..exporter import serve
-    from ..store.db import connect
 
     lhost, _, lport = str(ctx.settings.exporter_listen).rpartition(":")
     host = host or lhost or "127.0.0.1"
     port = port if port is not None else int(lport or 9465)
     with _source(ctx, backend, clickhouse_url) as src:
-        if not _is_ch(src):
-            connect(src, read_only=True).close()
+        src.check()
         server, collector = serve(src, host, port, ctx.settings, refresh_s=refresh_s, window_s=window_s)
-        store = f"ClickHouse {src}" if _is_ch(src) else f"store {src} (read-only)"
-        err_console.print(f"agentobs exporter on http://{host}:{server.server_port}/metrics — {store}, "
+        err_console.print(f"agentobs exporter on http://{host}:{server.server_port}/metrics — {src.where()}, "
                           f"window {collector.window_s:g} s, refresh every {collector.refresh_s:g} s", highlight=False)
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

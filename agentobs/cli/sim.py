@@ -26,7 +26,7 @@ def sample_dir() -> Path:
 def _bundle_import(ctx: Ctx, root, rebase_to: float | str | None = None) -> None:
     import datetime as dt
 
-    from ..sim.bundle import import_bundle
+    from ..collect.bundle import import_bundle
 
     con = _open(ctx)
     with _writer(con, ctx) as w:
@@ -210,7 +210,7 @@ def _fresh_demo_store(db: str, bundle: Path) -> None:
     try:
         con = duckdb.connect(db, read_only=True)
     except duckdb.Error as e:
-        raise AgentobsError(f"cannot open {db!r} to rebuild the demo store: {e}") from None
+        raise AgentobsError(f"cannot open {db!r} to rebuild the demo store: {e}") from e
     try:
         data = sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
                    for t in ("spans", "metric_samples", "kv_events", "engine_config", "scrapes"))

@@ -56,7 +56,7 @@ def _get(fetch, url: str, timeout: float) -> dict:
     try:
         r = fetch(url, timeout)
     except FetchError as e:
-        raise InputError(f"{e.reason}: {e}", mask_url(url)) from None
+        raise InputError(f"{e.reason}: {e}", mask_url(url)) from None  # the fetch error names the URL unmasked
     try:
         doc = json.loads(r.body)
     except ValueError:

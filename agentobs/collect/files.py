@@ -59,12 +59,12 @@ def _read(path: Path) -> bytes:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise InputError(f"cannot read: {e.strerror}", str(path)) from None
+        raise InputError(f"cannot read: {e.strerror}", str(path)) from e
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError) as e:
-            raise InputError(f"truncated or corrupt gzip ({e})", str(path)) from None
+            raise InputError(f"truncated or corrupt gzip ({e})", str(path)) from e
     return data
 
 
@@ -164,7 +164,7 @@ def decode_otlp_file(path: Path, settings: Settings, progress: Progress | None =
             if dec.accepted == 0:
                 raise InputError(
                     "neither OTLP/JSON nor OTLP protobuf (ExportTraceServiceRequest, single or length-prefixed)", where
-                ) from None
+                ) from e
             errors.append(str(e))
     if progress:
         progress(len(data))

@@ -144,7 +144,7 @@ def parse_fleet(doc: Any, settings: Settings, where: str = "fleet") -> Fleet:
         try:
             inst = str(t.get("instance") or instance_of(str(t["url"])))
         except ValueError as e:
-            raise ConfigError(f"{tw}: {e}") from None
+            raise ConfigError(f"{tw}: {e}") from e
         if inst in seen:
             raise ConfigError(f"{tw}: instance {inst!r} is listed twice")
         seen.add(inst)
@@ -183,7 +183,7 @@ def load_fleet(path: str | os.PathLike, settings: Settings) -> Fleet:
     try:
         doc = yaml.safe_load(p.read_text())
     except OSError as e:
-        raise ConfigError(f"cannot read fleet file {str(p)!r}: {e.strerror}") from None
+        raise ConfigError(f"cannot read fleet file {str(p)!r}: {e.strerror}") from e
     except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: invalid YAML: {e}") from None
+        raise ConfigError(f"{p}: invalid YAML: {e}") from e
     return parse_fleet(doc, settings, str(p))

@@ -22,12 +22,13 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 
 from ..config import Settings
-from ..errors import InputError
+from ..errors import ConfigError, InputError
 from ..store.writer import insert_spans
-from . import otlp
+from . import otlp, otlp_native
 from .health import Health
 from .spool import Record, Spool
 
@@ -40,6 +41,8 @@ _settings: Settings | None = None
 def _init_worker(settings: Settings) -> None:
     global _settings
     _settings = settings
+    if settings.loader_decoder == "native":
+        otlp_native.warm_up(settings)  # imports and ptars' descriptors now, not in the first batch
 
 
 @dataclass
@@ -54,54 +57,125 @@ class Batch:
 
 
 def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: Settings | None = None) -> Batch:
-    """Decode spooled requests: ``items`` are (segment path, offset, length, format, transport, seq)."""
+    """Decode spooled requests: ``items`` are (segment path, offset, length, format, transport, seq).
+
+    Protobuf bodies go through the native decoder (``otlp_native``: one Arrow pass over the whole batch)
+    when ``loader_decoder`` is ``native``; the requests it leaves (rare shapes) and JSON bodies through
+    ``otlp.py``. A batch ptars cannot parse is decoded by ``otlp.py`` request by request."""
     settings = settings or _settings
     tables, acc, rej, bad, notes = [], 0, 0, 0, []
     reasons: dict[str, int] = {}
+    bodies = _read_bodies(items)
+    python_idx = list(range(len(items)))
+    if settings.loader_decoder == "native":
+        pb = [k for k, it in enumerate(items) if it[3] != "json"]
+        fallback: set[int] = set()
+        groups = [pb]
+        while groups:
+            grp = groups.pop()
+            try:
+                res = otlp_native.decode_bodies([bodies[k] for k in grp], [f"otlp-{items[k][4]}" for k in grp],
+                                                settings)
+            except Exception as e:  # noqa: BLE001 - ptars refused a body: the others natively, that one by otlp.py
+                if len(grp) > 1:
+                    groups += [grp[:len(grp) // 2], grp[len(grp) // 2:]]
+                else:
+                    fallback.add(grp[0])
+                    log.debug("native decode refused %s (%s: %s)", items[grp[0]][:2], type(e).__name__, e)
+                continue
+            if res.table is not None:
+                tables.append(res.table)
+            acc += sum(res.accepted)
+            fallback.update(grp[k] for k in res.fallback_requests)
+        pb_set = set(pb)
+        python_idx = [k for k in python_idx if k not in pb_set or k in fallback]
+    for k in python_idx:
+        _path, off, _n, fmt, transport, seq = items[k]
+        body = bodies[k]
+        where = f"spool segment {seq} offset {off}"
+        try:
+            if fmt == "json":
+                doc = otlp.parse_json_bytes(body, where)
+                if doc == {}:
+                    continue
+                dec = otlp.decode_json_obj(doc, settings, f"otlp-{transport}", where)
+            else:
+                dec = otlp.decode_protobuf(body, settings, f"otlp-{transport}", where)
+            t = dec.table() if dec.accepted else None
+        except (InputError, ValueError, TypeError, OverflowError, pa.ArrowException) as e:
+            bad += 1
+            if len(notes) < MAX_NOTES:
+                notes.append(f"{where}: {e}")
+            continue
+        if t is not None:
+            tables.append(t)
+        acc += dec.accepted
+        rej += dec.rejected
+        for r, v in dec.reasons.items():
+            reasons[r] = reasons.get(r, 0) + v
+        notes.extend(dec.errors[:MAX_NOTES - len(notes)])
+    ipc = None
+    if tables:
+        table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
+        table = first_of_each_span(table)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        ipc = sink.getvalue().to_pybytes()
+    return Batch(ipc, len(items), acc, rej, bad, notes, reasons)
+
+
+def first_of_each_span(table: pa.Table) -> pa.Table:
+    """``table`` without a span (trace_id, span_id) repeated in it, first occurrence kept, order kept: the
+    loader stores batches with ``insert_spans(unique=True)``, whose in-batch check in SQL costs about as much
+    as the rest of the insert (docs/collectors.md)."""
+    n = table.num_rows
+    if n < 2:
+        return table
+    keys = []
+    for col in ("trace_id", "span_id"):
+        a = table[col].combine_chunks()
+        if a.null_count:  # the decoders never keep a span without ids; should one come, by Python
+            return _first_by_set(table)
+        off = np.frombuffer(a.buffers()[1], np.int32, n + 1, a.offset * 4)
+        w = int(off[1] - off[0])
+        if not (np.diff(off) == w).all():  # ids of other lengths (not from the decoders): by Python
+            return _first_by_set(table)
+        keys.append(np.frombuffer(a.buffers()[2], np.uint8, n * w, off[0]).reshape(n, w))
+    key = np.ascontiguousarray(np.hstack(keys)).view(np.dtype((np.void, keys[0].shape[1] + keys[1].shape[1])))
+    _, first = np.unique(key.ravel(), return_index=True)
+    if len(first) == n:
+        return table
+    return table.take(pa.array(np.sort(first)))
+
+
+def _first_by_set(table: pa.Table) -> pa.Table:
+    seen: set = set()
+    keep = []
+    for i, k in enumerate(zip(table["trace_id"].to_pylist(), table["span_id"].to_pylist(), strict=True)):
+        if k not in seen:
+            seen.add(k)
+            keep.append(i)
+    return table if len(keep) == table.num_rows else table.take(pa.array(keep))
+
+
+def _read_bodies(items: list[tuple[str, int, int, str, str, int]]) -> list[bytes]:
+    out = []
     f = None
     cur_path = None
     try:
-        for path, off, n, fmt, transport, seq in items:
+        for path, off, n, *_ in items:
             if path != cur_path:
                 if f:
                     f.close()
                 f = open(path, "rb")
                 cur_path = path
             f.seek(off)
-            body = f.read(n)
-            where = f"spool segment {seq} offset {off}"
-            try:
-                if fmt == "json":
-                    doc = otlp.parse_json_bytes(body, where)
-                    if doc == {}:
-                        continue
-                    dec = otlp.decode_json_obj(doc, settings, f"otlp-{transport}", where)
-                else:
-                    dec = otlp.decode_protobuf(body, settings, f"otlp-{transport}", where)
-                t = dec.table() if dec.accepted else None
-            except (InputError, ValueError, TypeError, OverflowError, pa.ArrowException) as e:
-                bad += 1
-                if len(notes) < MAX_NOTES:
-                    notes.append(f"{where}: {e}")
-                continue
-            if t is not None:
-                tables.append(t)
-            acc += dec.accepted
-            rej += dec.rejected
-            for k, v in dec.reasons.items():
-                reasons[k] = reasons.get(k, 0) + v
-            notes.extend(dec.errors[:MAX_NOTES - len(notes)])
+            out.append(f.read(n))
     finally:
         if f:
             f.close()
-    ipc = None
-    if tables:
-        table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as w:
-            w.write_table(table)
-        ipc = sink.getvalue().to_pybytes()
-    return Batch(ipc, len(items), acc, rej, bad, notes, reasons)
+    return out
 
 
 def _read_ipc(ipc: bytes) -> pa.Table:
@@ -125,6 +199,8 @@ class Loader:
 
     def __init__(self, spool: Spool, con: duckdb.DuckDBPyConnection, settings: Settings,
                  health: Health | None = None, processes: int | None = None, batch_bytes: int | None = None):
+        if settings.loader_decoder not in ("native", "python"):
+            raise ConfigError(f"setting loader_decoder: {settings.loader_decoder!r} is not one of native, python")
         self.spool = spool
         self.cur = con.cursor()
         self.settings = settings
@@ -211,7 +287,7 @@ class Loader:
         cur = self.cur
         cur.execute("BEGIN")
         try:
-            inserted = insert_spans(cur, _read_ipc(b.ipc)) if b.ipc is not None else 0
+            inserted = insert_spans(cur, _read_ipc(b.ipc), unique=True) if b.ipc is not None else 0
             cur.execute("INSERT INTO spool_loaded VALUES (?, ?, ?, ?, ?, now())",
                         [end[0], end[1], b.requests, b.accepted, b.rejected])
             cur.execute("COMMIT")

@@ -17,48 +17,25 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..config import Settings
+from ..conventions import (
+    ADDR_KEYS,
+    ATTEMPT_KEYS,
+    CACHE_WRITE_KEYS,
+    CACHED_KEYS,
+    HTTP_STATUS_KEYS,
+    INPUT_EXCLUDES_CACHE,
+    INPUT_KEYS,
+    MODEL_KEYS,
+    OUTPUT_KEYS,
+    PROVIDER_KEYS,
+    STREAM_KEYS,
+    TTFT_KEYS,
+)
 
 CALL_OPS = {"chat", "text_completion", "generate_content", "completion", "responses"}
 AGENT_OPS = {"invoke_agent", "create_agent", "invoke_workflow"}
 CHUNK_EVENT = "gen_ai.content.completion.chunk"
 
-INPUT_KEYS = (
-    "gen_ai.usage.input_tokens",
-    "gen_ai.usage.prompt_tokens",
-    "llm.usage.prompt_tokens",
-    "llm.token_count.prompt",
-)
-CACHED_KEYS = (
-    "gen_ai.usage.cache_read.input_tokens",
-    "gen_ai.usage.cache_read_input_tokens",
-    "gen_ai.usage.prompt_tokens_details.cached_tokens",
-    "llm.token_count.prompt_details.cache_read",
-    "gen_ai.usage.text.cache_read.input_tokens",
-)
-CACHE_WRITE_KEYS = (
-    "gen_ai.usage.cache_write.input_tokens",
-    "gen_ai.usage.cache_creation.input_tokens",
-    "gen_ai.usage.cache_creation_input_tokens",
-)
-OUTPUT_KEYS = (
-    "gen_ai.usage.output_tokens",
-    "gen_ai.usage.completion_tokens",
-    "llm.usage.completion_tokens",
-    "llm.token_count.completion",
-)
-TTFT_KEYS = (
-    "gen_ai.response.time_to_first_chunk",
-    "gen_ai.latency.time_to_first_token",
-    "gen_ai.server.time_to_first_token",
-)
-# input tokens that exclude cache reads/writes (Anthropic's own API usage): only where the span says so, never
-# inferred from gen_ai.provider.name (GenAI semconv: gen_ai.usage.input_tokens includes cached tokens, for Anthropic
-# too; docs/span-conventions.md lists what was checked). The flag may sit on the span or its resource.
-INPUT_EXCLUDES_CACHE = "agentobs.usage.input_excludes_cache"
-# whether the call was streamed: on a call that was not, a gateway's "time to first chunk" is the whole latency
-STREAM_KEYS = ("gen_ai.request.stream", "llm.is_streaming", "gen_ai.is_streaming", "litellm.request.streaming")
-# an HTTP error status on the span (stable semconv name, then the pre-1.21 one)
-HTTP_STATUS_KEYS = ("http.response.status_code", "http.status_code")
 # span events that record an exception (OTel's record_exception; the GenAI client exception event)
 EXCEPTION_EVENTS = ("exception", "gen_ai.client.operation.exception")
 # LiteLLM (seen on 1.108.7) writes its call type as gen_ai.operation.name on the litellm_request span
@@ -391,10 +368,6 @@ def promote(
     return dict(zip(COLUMNS, row, strict=True)), warnings
 
 
-ATTEMPT_KEYS = ("agentobs.attempt", "gen_ai.request.attempt")
-MODEL_KEYS = ("gen_ai.response.model", "gen_ai.request.model", "llm.request.model")
-PROVIDER_KEYS = ("gen_ai.provider.name", "gen_ai.system")
-ADDR_KEYS = ("server.address", "agentobs.instance")
 _PLANS: dict[tuple, tuple] = {}
 
 

@@ -191,7 +191,7 @@ def _text(v: Any, what: str) -> str:
             v.encode()
         except UnicodeEncodeError as e:
             raise bad("invalid_text", f"{what} {_short(v)} is not valid Unicode (lone surrogate at character {e.start})") \
-                from None
+                from e
     return v
 
 
@@ -201,7 +201,7 @@ def _encode(obj: Any, what: str) -> str:
         return _json_enc.encode(obj).decode()
     except UnicodeEncodeError as e:
         raise bad("invalid_text", f"{what} hold {_short(e.object[max(0, e.start - 10):e.end + 10])}: not valid Unicode "
-                         "(lone surrogate)") from None
+                         "(lone surrogate)") from e
 
 
 def _service(v: Any) -> str | None:
@@ -602,9 +602,9 @@ def parse_json_bytes(data: bytes | str, where: str) -> Any:
     try:  # the stdlib parser gives line and column (and takes lone surrogate escapes, rejected per span)
         return json.loads(data)
     except json.JSONDecodeError as e:
-        raise InputError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", where) from None
+        raise InputError(f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}", where) from e
     except UnicodeDecodeError as e:
-        raise InputError(f"not UTF-8 text at byte {e.start}", where) from None
+        raise InputError(f"not UTF-8 text at byte {e.start}", where) from e
     except RecursionError:
         return _parse_deep_json(data, where)
 
@@ -647,7 +647,7 @@ def _parse_deep_json(data: bytes | str, where: str) -> Any:
         return json.loads(b"".join(parts))
     except (ValueError, RecursionError) as e:
         raise InputError(f"invalid JSON nested deeper than {MAX_JSON_DEPTH} levels ({type(e).__name__})",
-                         where) from None
+                         where) from e
 
 
 # -- protobuf salvage ----------------------------------------------------------------------------

@@ -99,7 +99,7 @@ def parse_text(text: str, instance: str, at: float | dt.datetime, where: str = "
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError, IndexError) as e:
-        raise InputError(f"invalid Prometheus text: {e}{_locate(text, e)}", where) from None
+        raise InputError(f"invalid Prometheus text: {e}{_locate(text, e)}", where) from e
     for fam in families:
         for s in fam.samples:
             name = canonical_name(s.name)

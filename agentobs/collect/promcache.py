@@ -66,7 +66,7 @@ class SeriesParser:
         try:
             fams = list(text_string_to_metric_families(line + "\n"))
         except (ValueError, TypeError, IndexError) as e:
-            raise InputError(f"invalid Prometheus text at line {lineno}: {e}: {line[:120]!r}", where) from None
+            raise InputError(f"invalid Prometheus text at line {lineno}: {e}: {line[:120]!r}", where) from e
         s = fams[0].samples[0]
         series = line.rsplit(" ", 1)[0] if " " in line else line
         name = canonical_name(s.name)

@@ -106,7 +106,7 @@ def http_fetch(url: str, timeout: float) -> Response:
             conns.pop(key, None)
             if attempt == 0 and not fresh:  # a kept-alive connection the server closed meanwhile
                 continue
-            raise FetchError("connection_error", f"{type(e).__name__}: {e}") from None
+            raise FetchError("connection_error", f"{type(e).__name__}: {e}") from e
     raise AssertionError("unreachable")
 
 
@@ -182,7 +182,7 @@ class Scraper:
             try:
                 text = resp.body.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise InputError(f"not UTF-8 at byte {e.start}", t.url) from None
+                raise InputError(f"not UTF-8 at byte {e.start}", t.url) from e
             parsed = st.parser.parse(text, at, where=t.url, deadline=deadline)
             if time.monotonic() > deadline:
                 raise ScrapeLimit("timeout", f"fetch and parse took longer than {t.timeout_s:g} s; nothing stored")
@@ -230,7 +230,7 @@ class Scraper:
             try:
                 info = json.loads(resp.body)
             except ValueError as e:
-                raise InputError(f"not JSON: {e}", url) from None
+                raise InputError(f"not JSON: {e}", url) from e
             rows = serverinfo.server_info_rows(info, t.instance, at, where=url)
         except FetchError as e:
             self.health.scrape_errors.labels(t.instance, f"server_info_{e.reason}").inc()

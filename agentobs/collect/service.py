@@ -19,11 +19,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
+
 from ..config import Settings
-from ..store.db import connect
+from ..store.db import connect, set_memory_limit
 from ..store.writer import Writer
 from . import snapshot
 from .fleet import Fleet, split_hostport
@@ -45,6 +48,11 @@ class Service:
     fleet: Fleet
     settings: Settings
     db: str
+    # the session model, given by the caller (collect writes the store and knows nothing of the model above it):
+    # ``views`` makes its views on the store at start (agentobs.model.ensure), ``upkeep`` its views and KV-event
+    # index on each read snapshot (agentobs.model.upkeep)
+    views: Callable[[duckdb.DuckDBPyConnection], object] | None = None
+    upkeep: Callable[[duckdb.DuckDBPyConnection], object] | None = None
     health: Health = field(default_factory=Health)
     stop_event: threading.Event = field(default_factory=threading.Event)
 
@@ -53,6 +61,10 @@ class Service:
         self.grpc = self.http = self.health_srv = None
         self.threads: list[threading.Thread] = []
         self.con = connect(self.db)
+        if s.collect_memory_limit:
+            set_memory_limit(self.con, s.collect_memory_limit)
+        if self.views is not None:
+            self.views(self.con)  # before any reader opens the store (or its link, after stop)
         self.writer = Writer(self.con, batch_rows=s.writer_batch_rows, flush_s=s.collect_commit_s,
                              on_commit=self.health.on_commit)
         mb = 1024 * 1024
@@ -99,7 +111,7 @@ class Service:
     def publish_snapshot(self) -> None:
         try:
             dt = snapshot.publish(self.con, self.snapshot_path, cur=getattr(self, "_snap_cur", None),
-                                  cancel=self.stop_event)
+                                  cancel=self.stop_event, upkeep=self.upkeep)
         except snapshot.Cancelled:
             return
         except Exception:  # noqa: BLE001 - a failed snapshot must not stop collection

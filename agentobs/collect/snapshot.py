@@ -3,7 +3,8 @@
 DuckDB lets one process open a file read-write, and then no other process may open it, not even
 read-only. ``agentobs collect`` therefore publishes a consistent copy every ``snapshot_every_s``:
 every raw table copied in one transaction (a consistent point in time, while the writer keeps
-committing) into ``<snapshot>.tmp``, then the model views are created in the copy, then an atomic
+committing) into ``<snapshot>.tmp``, then the model's upkeep runs on the copy (views, KV-event index: the
+caller's ``upkeep``, agentobs.model.upkeep), then an atomic
 ``os.replace`` onto the snapshot path. Readers (``agentobs sql``, the console, reports) point
 ``--db`` at the snapshot; a reader that has the previous file open keeps reading it unharmed.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -32,11 +34,13 @@ class Cancelled(Exception):
 
 
 def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
-            cur: duckdb.DuckDBPyConnection | None = None, cancel=None) -> float:
+            cur: duckdb.DuckDBPyConnection | None = None, cancel=None,
+            upkeep: Callable[[duckdb.DuckDBPyConnection], object] | None = None) -> float:
     """Copy the open store to ``path`` atomically; returns the seconds it took. ``cur``: a cursor of ``con``
     to copy with, which the caller may ``interrupt()``; ``cancel``: a ``threading.Event`` checked between
     steps (a stopping collector sets it and interrupts ``cur``). A cancelled copy raises ``Cancelled``,
-    its file is deleted and the previous snapshot stays."""
+    its file is deleted and the previous snapshot stays. ``upkeep`` (agentobs.model.upkeep, given by the
+    caller) makes the copy's model views and KV-event index, so readers' metric runs skip that step."""
 
     def check():
         if cancel is not None and cancel.is_set():
@@ -50,7 +54,7 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
     own = cur is None
     cur = con.cursor() if own else cur
     try:
-        src = cur.execute("SELECT current_database()").fetchone()[0]
+        src = cur.execute("SELECT current_database()").fetchall()[0][0]
         cur.execute("ATTACH ? AS agentobs_snapshot", [str(tmp)])
         try:
             tables = [r[0] for r in cur.execute(
@@ -82,14 +86,12 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
         for f in (tmp, Path(str(tmp) + ".wal")):
             f.unlink(missing_ok=True)
         raise
-    snap = connect(tmp)  # creates the model views in the copy
-    from ..model.kvindex import refresh
-
+    snap = connect(tmp)
     try:
-        refresh(snap)  # the KV-event index of the copied events (readers' metric runs skip that step)
-    except Exception as e:  # noqa: BLE001 - publish anyway: without a current index, readers derive it inline
-        log.warning("snapshot %s: KV-event index not built (%s: %s)", path, type(e).__name__, e)
-    snap.execute("CHECKPOINT")
-    snap.close()
+        if upkeep is not None:
+            upkeep(snap)  # views; a failed KV-event index is logged by it, and readers derive it inline
+        snap.execute("CHECKPOINT")
+    finally:
+        snap.close()
     os.replace(tmp, path)
     return time.perf_counter() - t0

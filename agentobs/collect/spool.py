@@ -102,7 +102,7 @@ class Spool:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise StoreError(f"cannot create the spool directory {str(self.dir)!r}: {e}") from None
+            raise StoreError(f"cannot create the spool directory {str(self.dir)!r}: {e}") from e
         self.segment_bytes = segment_bytes
         self.max_unloaded_bytes = max_unloaded_bytes
         self.min_free_bytes = min_free_bytes

@@ -200,7 +200,7 @@ def read(path: Path, res: ImportResult) -> list[dict]:
                 try:
                     row = json.loads(line)
                 except ValueError as e:
-                    raise InputError(f"not JSON ({e.msg})", where) from None
+                    raise InputError(f"not JSON ({e.msg})", where) from e
                 rounds.append(_round(row, where))
             except InputError as e:
                 res.errors.append(str(e))

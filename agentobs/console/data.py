@@ -6,15 +6,17 @@ What is here are listings (sessions, calls, tool calls), filter options and raw 
 Two backends, one SQL text. Every function takes a ``stamp`` as its first argument, so ``st.cache_data``
 keys each result by the data's state + the filter values:
 
-- DuckDB (``db_stamp(path)``): ``("duckdb", path, size, mtime, WAL mtime)``; a store that grows
+- DuckDB (``db_stamp(path)``): ``("duckdb", path, size, mtime, WAL size, WAL mtime)``; a store that grows
   invalidates the cache by itself. Each read opens a read-only connection and closes it at once, so
   collectors can still write.
 - ClickHouse (``ch_stamp(url)``): ``("clickhouse", url, parts)`` where ``parts`` is, per table the model
   reads (``spans``, ``metric_samples`` and the side tables), its row count and highest block number
   among the active data parts (``system.parts``: metadata, no data read). Every insert makes a new
   part with a higher block number; merges keep both, so only new data changes the stamp. Reads go
-  through one process-wide connection per URL (``clickhouse(url)``): chDB holds one database path
-  per process, and Streamlit serves every browser session from one process.
+  through one process-wide connection per URL (agentobs.source.shared_clickhouse): chDB holds one database
+  path per process, and Streamlit serves every browser session from one process.
+
+Each stamp is taken of an agentobs.source Source and names it (``source(stamp)``); every read goes through it.
 
 The SQL is written once in DuckDB's dialect with named parameters (``$since``, ``$f_model``, …); on
 ClickHouse it is transpiled by agentobs.backends.clickhouse (the ``ClickHouseCursor`` the metric run
@@ -26,91 +28,52 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import threading
-from pathlib import Path
 
-import duckdb
 import polars as pl
 
 from ..redact import mask_url
-from ..store.db import connect
+from ..source import DuckDBSource, Source, close_shared, from_stamp, queries, shared_clickhouse
+from ..source import query as _query
 from .filters import Filters
 
 Stamp = tuple
-CH_TABLES = ("spans", "metric_samples", "agentobs_engine_config", "agentobs_kv_events")
 
 
 def db_stamp(db: str | os.PathLike) -> Stamp:
-    p = Path(db)
-    st = p.stat()
-    wal = Path(str(p) + ".wal")
-    wal_m = wal.stat().st_mtime_ns if wal.exists() else 0
-    return ("duckdb", str(p.resolve()), st.st_size, st.st_mtime_ns, wal_m)
-
-
-_CH: dict[str, object] = {}
-_CH_LOCK = threading.Lock()
+    """The stamp of a DuckDB store file (FileNotFoundError when there is none)."""
+    stamp = DuckDBSource(db).stamp()
+    if stamp is None:
+        raise FileNotFoundError(str(db))
+    return stamp
 
 
 def clickhouse(url: str):
-    """The process-wide ClickHouse connection for ``url`` (opened on first use, kept open)."""
-    with _CH_LOCK:
-        ch = _CH.get(url)
-        if ch is None:
-            from ..backends.clickhouse.conn import ClickHouse
-
-            ch = _CH[url] = ClickHouse(url)
-        return ch
+    """The process-wide ClickHouse connection for ``url`` (agentobs.source.shared_clickhouse)."""
+    return shared_clickhouse(url).ch
 
 
 def close_clickhouse(url: str | None = None) -> None:
     """Close the shared connection(s) (tests; a process that moves to another chDB path)."""
-    with _CH_LOCK:
-        for u in [url] if url is not None else list(_CH):
-            ch = _CH.pop(u, None)
-            if ch is not None:
-                ch.close()
+    close_shared(url)
 
 
 def ch_stamp(url: str) -> Stamp:
-    t = clickhouse(url).arrow(
-        "SELECT table, toInt64(sum(rows)) AS n, toInt64(max(max_block_number)) AS b FROM system.parts "
-        "WHERE database = currentDatabase() AND active AND has({tables:Array(String)}, table) "
-        "GROUP BY table ORDER BY table", {"tables": list(CH_TABLES)})
-    return ("clickhouse", url, tuple(zip(*(c.to_pylist() for c in t.columns), strict=True)))
+    return shared_clickhouse(url).stamp()
 
 
-def is_clickhouse(stamp: Stamp) -> bool:
-    return stamp[0] == "clickhouse"
-
-
-def source(stamp: Stamp):
-    """What agentobs.metrics.prepare / agentobs.findings.run take as ``db``: the store path, or the shared
-    ClickHouse connection."""
-    return clickhouse(stamp[1]) if is_clickhouse(stamp) else stamp[1]
+def source(stamp: Stamp) -> Source:
+    """The Source of a stamp (what agentobs.metrics.prepare / agentobs.findings.build read)."""
+    return from_stamp(stamp)
 
 
 def label(stamp: Stamp) -> str:
-    """The source as shown to users (a ClickHouse URL without its password)."""
+    """The source as shown to users (a ClickHouse URL without its password), without opening it."""
     return mask_url(stamp[1])
 
 
-def open_ro(stamp: Stamp) -> duckdb.DuckDBPyConnection:
-    """A read-only DuckDB connection, opened per query and closed at once so collectors can still write."""
-    return connect(stamp[1], read_only=True)
-
-
 def query(stamp: Stamp, sql: str, params: dict | None = None) -> pl.DataFrame:
-    """One statement (DuckDB SQL, named ``$parameters``) on the stamp's backend, as a DataFrame."""
-    if is_clickhouse(stamp):
-        from ..backends.clickhouse.metrics import ClickHouseCursor
-
-        return ClickHouseCursor(clickhouse(stamp[1])).sql(sql, params or {}).pl()
-    con = open_ro(stamp)
-    try:
-        return con.sql(sql, params=params or {}).pl()
-    finally:
-        con.close()
+    """One statement (DuckDB SQL, named ``$parameters``) on the stamp's source, as a DataFrame."""
+    return _query(source(stamp), sql, params)
 
 
 def epoch(t: dt.datetime | None) -> float | None:
@@ -138,21 +101,15 @@ OPTIONS_SQL = {
 def options(stamp: Stamp) -> dict[str, list[str]]:
     """Values offered by the instance / model / task type filters (read from the raw tables: cheap). On DuckDB the
     three lists are read on one connection (an open is not free, and this runs on every page's first render)."""
-    if is_clickhouse(stamp):
-        frames = {k: query(stamp, sql) for k, sql in OPTIONS_SQL.items()}
-    else:
-        con = open_ro(stamp)
-        try:
-            frames = {k: con.sql(sql).pl() for k, sql in OPTIONS_SQL.items()}
-        finally:
-            con.close()
+    frames = queries(source(stamp), OPTIONS_SQL)
     return {k: df[df.columns[0]].to_list() for k, df in frames.items()}
 
 
 def call_where(f: Filters, since: dt.datetime | None, until: dt.datetime | None, alias: str = "c"
                ) -> tuple[str, dict]:
     """WHERE clause over llm_calls for the global filters (fixed SQL text, values as parameters)."""
-    parts, params = ["TRUE"], {}
+    parts: list[str] = ["TRUE"]
+    params: dict[str, object] = {}
     if since is not None:
         parts.append(f"{alias}.start_s >= $since")
         params["since"] = epoch(since)
@@ -252,7 +209,8 @@ ENGINE_SERIES = {
 
 def engine_samples(stamp: Stamp, metrics: list[str], instances: tuple[str, ...], since, until) -> pl.DataFrame:
     """Samples of the given metrics, summed over label sets per (instance, metric, ts)."""
-    parts, params = ["list_contains($metrics, metric)"], {"metrics": list(metrics)}
+    parts = ["list_contains($metrics, metric)"]
+    params: dict[str, object] = {"metrics": list(metrics)}
     if instances:
         parts.append("list_contains($instances, instance)")
         params["instances"] = list(instances)
@@ -289,24 +247,5 @@ def metric_names(stamp: Stamp) -> list[str]:
 
 # -- SQL page ----------------------------------------------------------------------------------------
 def schema(stamp: Stamp) -> pl.DataFrame:
-    """Tables and views users may query, with their columns (hidden helper views start with '_').
-    On ClickHouse: the model's views and tables of the connection's database (not the materialized views
-    that feed them, nor a metric run's ``agentobs_run_*`` tables)."""
-    if is_clickhouse(stamp):
-        t = clickhouse(stamp[1]).arrow("""
-            SELECT c.table AS name, if(t.engine = 'View', 'view', 'base table') AS kind, c.name AS column,
-                   c.type AS type, toInt64(c.position) AS pos
-            FROM system.columns c
-            JOIN system.tables t ON t.database = c.database AND t.name = c.table
-            WHERE c.database = currentDatabase() AND t.engine NOT IN ('MaterializedView')
-              AND NOT startsWith(c.table, 'agentobs_run_') AND NOT startsWith(c.table, '.')
-              AND NOT startsWith(c.table, '_')
-            ORDER BY kind, name, pos""")
-        return pl.from_arrow(t)
-    return query(stamp, """
-        SELECT t.table_name AS name, lower(t.table_type) AS kind, c.column_name AS column, c.data_type AS type,
-               c.ordinal_position AS pos
-        FROM information_schema.tables t
-        JOIN information_schema.columns c USING (table_schema, table_name)
-        WHERE t.table_schema = 'main' AND NOT starts_with(t.table_name, '_') AND t.table_name <> 'schema_migrations'
-        ORDER BY kind, name, pos""")
+    """Tables and views users may query, with their columns (hidden helper views start with '_')."""
+    return source(stamp).schema()

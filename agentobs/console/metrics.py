@@ -193,37 +193,24 @@ def _call_reuse(stamp, session_id: str, default_block_size: int, hit_tolerance_b
     reuse is defined within a session (prev(c), earlier blocks of the session), so restricting the input to
     the session gives the same rows as the fleet-wide run, without materializing every call.
 
-    On ClickHouse the session's calls are first copied into a run table (``m_src``, a Memory table the
-    cursor drops at close), as the metric run does: planning the body over the ``llm_calls`` view stack
-    inline takes tens of seconds on chDB (docs/clickhouse.md)."""
+    The session's calls are first copied into a temp table (``m_src``; on ClickHouse a Memory table the cursor
+    drops at close), as the metric run does: planning the body over the ``llm_calls`` view stack inline takes
+    tens of seconds on chDB (docs/clickhouse.md)."""
     from agentobs.model.reuse import CALL_COLUMNS, reuse_sql
+    from agentobs.source import kv_index_usable
 
-    params = {"sid": session_id, "default_block_size": default_block_size}
-    if data.is_clickhouse(stamp):
-        from agentobs.backends.clickhouse.metrics import ClickHouseCursor
-
-        cur = ClickHouseCursor(data.source(stamp))
-        try:
-            cur.execute(f"""CREATE TEMP TABLE m_src AS
-                            SELECT row_number() OVER (ORDER BY start_s, call_id) AS rid, {CALL_COLUMNS}
-                            FROM llm_calls WHERE session_id = $sid""", {"sid": session_id})
-            df = cur.sql(reuse_sql("m_src", "$default_block_size", has_rid=True,
-                                   hit_tolerance_blocks=hit_tolerance_blocks),
-                         {"default_block_size": default_block_size}).pl()
-        finally:
-            cur.close()
-    else:
-        from agentobs.model import kvindex
-
-        con = data.open_ro(stamp)
-        try:
-            # the KV section from the stored KV-event index when current: the session's calls are few, the
-            # store's KV events are not (agentobs/model/kvindex.py)
-            sql = reuse_sql("(SELECT * FROM llm_calls WHERE session_id = $sid)", "$default_block_size",
-                            kv_index=kvindex.usable(con), hit_tolerance_blocks=hit_tolerance_blocks)
-            df = con.sql(sql, params=params).pl()
-        finally:
-            con.close()
+    cur = data.source(stamp).cursor()
+    try:
+        cur.execute(f"""CREATE TEMP TABLE m_src AS
+                        SELECT row_number() OVER (ORDER BY start_s, call_id) AS rid, {CALL_COLUMNS}
+                        FROM llm_calls WHERE session_id = $sid""", {"sid": session_id})
+        # the KV section from the stored KV-event index when current: the session's calls are few, the store's KV
+        # events are not (agentobs/model/kvindex.py)
+        df = cur.sql(reuse_sql("m_src", "$default_block_size", has_rid=True, kv_index=kv_index_usable(cur),
+                               hit_tolerance_blocks=hit_tolerance_blocks),
+                     params={"default_block_size": default_block_size}).pl()
+    finally:
+        cur.close()
     return df.rename({"reusable_tokens_eff": "r_eff"}, strict=False)
 
 

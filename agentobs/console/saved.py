@@ -55,7 +55,7 @@ def user_queries(p: Path | None = None) -> dict[str, str]:
         obj = json.loads(p.read_text())
     except json.JSONDecodeError as e:
         raise InputError(f"invalid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix or delete the file",
-                         str(p)) from None
+                         str(p)) from e
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in obj.items()):
         raise InputError('expected a JSON object {"name": "SELECT ..."}', str(p))
     return obj

@@ -102,13 +102,19 @@ def warm_default_view(db: str) -> list[str]:
 
 def _warm_when_serving(timeout_s: float = 60.0) -> None:
     """Once Streamlit's runtime is up (its cache storage is then the one the pages use), warm the default view
-    of a DuckDB store (``AGENTOBS_DB``; ClickHouse is not warmed). A visitor arriving meanwhile waits on the same
+    of a DuckDB store (the setting ``db``; ClickHouse is not warmed). A visitor arriving meanwhile waits on the same
     computation (st.cache_data's per-key compute lock) rather than repeating it. Without a store it does nothing."""
     import os
     import time
 
-    db = os.environ.get("AGENTOBS_DB")
-    if not db or os.environ.get("AGENTOBS_BACKEND", "duckdb") != "duckdb" or not os.path.exists(db):
+    from ..config import load_settings
+
+    try:
+        settings = load_settings()  # $AGENTOBS_DB / $AGENTOBS_BACKEND, which `agentobs console` sets for the app
+    except Exception:  # noqa: BLE001 - the app reports a bad settings file
+        return
+    db = str(settings.db)
+    if str(settings.backend).strip().lower() != "duckdb" or not os.path.exists(db):
         return
     from streamlit.runtime import Runtime
 

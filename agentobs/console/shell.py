@@ -9,14 +9,14 @@ the ``streamlit run`` command line, else the settings ``backend`` / ``clickhouse
 --clickhouse-url URL`` sets for the app: an environment is not shown to other users as a command line is).
 Every page is the same on both (agentobs/console/data.py).
 
-Database (DuckDB): ``$AGENTOBS_DB`` (``agentobs console --db`` sets it), else ``--db PATH`` after ``--``
-on the ``streamlit run`` command line, else ./agentobs.duckdb. The console only ever opens it read-only.
+Database (DuckDB): ``--db PATH`` after ``--`` on the ``streamlit run`` command line, else the setting ``db``
+(``$AGENTOBS_DB``, which ``agentobs console --db`` sets; default ./agentobs.duckdb). The console only ever opens
+it read-only. The choice is one agentobs.source Source (``make_source``), made once per run of the script.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,16 +87,14 @@ def _arg(name: str) -> str | None:
     return None
 
 
-def db_path() -> str:
-    return os.environ.get("AGENTOBS_DB") or _arg("db") or "agentobs.duckdb"
-
-
-def backend() -> tuple[str, str]:
-    """(backend, ClickHouse URL): the command line after ``--`` when given, else the settings."""
-    from ..backends.source import resolve
+def make_source():
+    """The console's Source (agentobs.source): the command line after ``--`` when given, else the settings
+    (``db``, ``backend``, ``clickhouse_url``, environment included); ClickHouse through the process-wide
+    connection."""
     from ..config import load_settings
+    from ..source import make_source
 
-    return resolve(load_settings(), _arg("backend"), _arg("clickhouse-url"))
+    return make_source(load_settings(), _arg("backend"), _arg("clickhouse-url"), _arg("db"), shared=True)
 
 
 def context() -> Context:
@@ -107,9 +105,6 @@ def context() -> Context:
 _cache = st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
 bounds = _cache(data.bounds)
 options = _cache(data.options)
-# The ClickHouse stamp (state of the tables' data parts) is re-read at most every 30 s: under a steady insert
-# stream it changes every few seconds, and recomputing the metrics on every click would follow it.
-ch_stamp = st.cache_data(show_spinner=False, max_entries=16, ttl=30)(data.ch_stamp)
 
 
 def _sidebar_filters(stamp: data.Stamp) -> Filters:
@@ -181,24 +176,16 @@ def _sidebar_filters(stamp: data.Stamp) -> Filters:
 def run() -> None:
     st.set_page_config(page_title="agentobs console", page_icon=":material/monitoring:", layout="wide")
     try:
-        name, url = backend()
-    except Exception as e:  # noqa: BLE001 - a bad setting is shown, not raised
-        st.error(str(e))
+        src = make_source()
+        src.check()
+        # a stamp at most 30 s old: under a steady insert stream ClickHouse's changes every few seconds, and
+        # recomputing the metrics on every click would follow it (a DuckDB file's is always fresh: a stat)
+        stamp = src.stamp(max_age_s=30)
+        db = src.label()
+    except Exception as e:  # noqa: BLE001 - a bad setting or a missing store is shown, not raised
+        st.error(f"{e}; start the console with `agentobs console --db PATH` (`agentobs demo --db PATH` makes one), "
+                 "or on ClickHouse after `agentobs clickhouse init --clickhouse-url …`")
         st.stop()
-    if name == "clickhouse":
-        try:
-            stamp = ch_stamp(url)
-            db = data.label(stamp)
-        except Exception as e:  # noqa: BLE001 - no password in these messages (agentobs.backends.clickhouse.conn)
-            st.error(f"cannot read ClickHouse: {e}; create the model with `agentobs clickhouse init --clickhouse-url …`")
-            st.stop()
-    else:
-        db = db_path()
-        if db != ":memory:" and not Path(db).exists():
-            st.error(f"no agentobs database at {db!r}; create one with `agentobs demo --db {db}` or `agentobs import ...`, "
-                     "then start the console with `agentobs console --db PATH`")
-            st.stop()
-        stamp = data.db_stamp(db)
     sections: dict[str, list] = {}
     for file, title, url, icon, section in PAGES:
         sections.setdefault(section, []).append(
@@ -211,10 +198,9 @@ def run() -> None:
         st.error(f"cannot read {db!r}: {e}")
         st.stop()
     since, until = resolve_window(f, lo, hi)
-    where = f"ClickHouse: `{db}`" if name == "clickhouse" else f"store: `{db}`"
-    st.sidebar.caption(f"{where}  \nview: {_label(since, until)}  \ndata: {_label(lo, hi, True)}")
+    st.sidebar.caption(f"{src.kind}: `{db}`  \nview: {_label(since, until)}  \ndata: {_label(lo, hi, True)}")
     st.session_state["_agentobs_ctx"] = Context(db, stamp, f, since, until, previous_window(since, until), lo, hi,
-                                                name)
+                                                src.dialect)
     pg.run()
 
 

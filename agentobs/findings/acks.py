@@ -16,14 +16,14 @@ import duckdb
 
 from .. import times
 from ..errors import InputError
+from ..source import table_exists
 
 ACKS_SQL = "SELECT finding_id, reason, until, created_at, created_by FROM findings_acks"
 
 
-def _table_exists(con: duckdb.DuckDBPyConnection) -> bool:
-    if not isinstance(con, duckdb.DuckDBPyConnection):
-        return False  # the ClickHouse backend's cursor: acknowledgements live in the DuckDB store only
-    return bool(con.sql("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'findings_acks'").fetchall()[0][0])
+def _table_exists(con) -> bool:
+    """Only the DuckDB store has the table (ClickHouse: no acknowledgements, docs/clickhouse.md)."""
+    return table_exists(con, "findings_acks")
 
 
 def active(con: duckdb.DuckDBPyConnection, clock: Callable[[], float] = time.time) -> dict[str, dict]:

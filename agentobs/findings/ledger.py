@@ -367,7 +367,7 @@ def build(db, since=None, until=None, filters: dict | None = None, settings: Set
           run=None) -> Ledger:
     """The ledger of calls starting in ``[since, until)`` under the attribute ``filters`` (as agentobs.metrics
     takes them). Without ``since`` the window is ``findings_default_window_s`` (7 days) ending at ``until`` or at
-    the newest call. ``db``: a path, an open DuckDB connection or a ClickHouse connection. Acknowledged findings
+    the newest call. ``db``: a Source (agentobs.source), or what agentobs.metrics.prepare turns into one. Acknowledged findings
     are left out unless ``include_acked``. ``simulate``: recoverable tax by replaying the observed sessions through
     the simulator (agentobs.findings.estimate), else the analytical estimate. ``run``: a prepared
     agentobs.metrics MetricRun already on this window (and these filters) to read instead of preparing one — the

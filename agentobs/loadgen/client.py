@@ -38,7 +38,7 @@ class Response:
         try:
             return json.loads(self.body)
         except ValueError as e:
-            raise HttpError(f"response is not JSON ({e}): {self.body[:200]!r}") from None
+            raise HttpError(f"response is not JSON ({e}): {self.body[:200]!r}") from e
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class Client:
             r, w = await asyncio.wait_for(asyncio.open_connection(self.target.host, self.target.port, limit=1 << 22),
                                           timeout=min(30.0, self.timeout_s))
         except (TimeoutError, OSError) as e:
-            raise HttpError(f"cannot connect to {self.target.address}: {e or type(e).__name__}") from None
+            raise HttpError(f"cannot connect to {self.target.address}: {e or type(e).__name__}") from e
         return _Conn(r, w)
 
     async def close(self) -> None:
@@ -132,7 +132,7 @@ class Client:
                 if pooled:
                     pooled = False
                     continue
-                raise HttpError(f"{self.target.address}: {type(e).__name__}: {e}") from None
+                raise HttpError(f"{self.target.address}: {type(e).__name__}: {e}") from e
             except BaseException:  # an HttpError, or cancelled mid-request: the connection state is unknown
                 conn.close()
                 raise

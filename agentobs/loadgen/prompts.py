@@ -111,7 +111,7 @@ class RemoteTokenizer(Tokenizer):
         except urllib.error.HTTPError as e:
             if e.code in (404, 405, 501):
                 return None
-            raise ConfigError(f"{base}/tokenize answered HTTP {e.code}: {e.read()[:200]!r}") from None
+            raise ConfigError(f"{base}/tokenize answered HTTP {e.code}: {e.read()[:200]!r}") from e
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return t if n >= 1 else None
@@ -131,7 +131,7 @@ class LocalTokenizer(Tokenizer):
         try:
             self.tok = HfTokenizer.from_file(path)
         except Exception as e:  # noqa: BLE001 - the library raises plain Exceptions for a bad file
-            raise ConfigError(f"--tokenizer {path}: cannot load ({e})") from None
+            raise ConfigError(f"--tokenizer {path}: cannot load ({e})") from e
         self.name = f"local {path}"
 
     def count(self, text: str) -> int:

@@ -165,10 +165,10 @@ def preflight(opts: Options, plan: Plan) -> Preflight:
         doc = _get_json(base + "/v1/models", headers)
     except urllib.error.HTTPError as e:
         raise ConfigError(f"--target {opts.target}: GET /v1/models answered HTTP {e.code}; is this an "
-                          "OpenAI-compatible endpoint (and the API key right)?") from None
+                          "OpenAI-compatible endpoint (and the API key right)?") from e
     except (OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
-        raise ConfigError(f"--target {opts.target}: cannot reach GET /v1/models ({reason})") from None
+        raise ConfigError(f"--target {opts.target}: cannot reach GET /v1/models ({reason})") from e
     models = {m.get("id"): m for m in (doc.get("data") or []) if isinstance(m, dict)} if isinstance(doc, dict) else {}
     if not models:
         raise ConfigError(f"--target {opts.target}: GET /v1/models lists no model")

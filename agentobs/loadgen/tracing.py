@@ -19,7 +19,7 @@ class StoreExporter(SpanExporter):
     """Writes finished spans into a DuckDB store the way ``agentobs collect`` would."""
 
     def __init__(self, db: str, settings):
-        from ..store.db import connect
+        from ..model import connect  # the store with the session model's views
         from ..store.writer import Writer
 
         self.settings = settings

@@ -111,7 +111,7 @@ def from_store(db: str | None, since: str | None, sample: int | None, seed: int,
     that shrinks starts a new one (a context reset); a sub-agent branch forks from the main chain where it
     started."""
     from ..metrics.run import parse_time
-    from ..store.db import connect
+    from ..model import connect
 
     if not db or not Path(db).exists():
         raise ConfigError(f"--from-store reads the store {db!r}, which does not exist (give --db PATH)")

@@ -113,7 +113,7 @@ def parse_metric(name: str, text: str, where: str | None = None,
     try:
         stmts = con.extract_statements(body)
     except duckdb.ParserException as e:
-        raise ConfigError(f"{where}: SQL does not parse: {str(e).splitlines()[0]}") from None
+        raise ConfigError(f"{where}: SQL does not parse: {str(e).splitlines()[0]}") from e
     finally:
         if own:
             con.close()

@@ -26,19 +26,19 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import duckdb
 import polars as pl
 import pyarrow as pa
 
 from .. import times
-from ..backends.source import is_clickhouse
 from ..collect.prom import KEPT_CREATED
 from ..config import Settings, load_settings
 from ..errors import QueryError, did_you_mean
 from ..model import kvindex, reuse
 from ..model.itl import itl_gap_params, itl_gaps_sql
+from ..source import Cursor, Source, as_source, counts_changes, has_insertion_order, register_functions, rowid
 from .catalog import BY_COLUMNS, Metric, catalogue
 from .cost import CostModel, cost_table, parse_cost
 
@@ -169,7 +169,7 @@ def _view_columns(x_cols: list[str], insts: list[tuple]) -> str:
 class MetricRun:
     """Prepared temp tables on a private cursor; ``compute(name, by)`` runs one metric."""
 
-    con: duckdb.DuckDBPyConnection
+    con: Cursor  # a cursor of a Source (agentobs.source): DuckDB's, or one that speaks it on ClickHouse
     since: float | None = None
     until: float | None = None
     filters: dict[str, list[str]] = field(default_factory=dict)
@@ -185,10 +185,7 @@ class MetricRun:
     def __post_init__(self):
         if self.since is not None and self.until is not None and self.until <= self.since:
             raise QueryError(f"empty window: until ({self.until}) must be after since ({self.since})")
-        if isinstance(self.con, duckdb.DuckDBPyConnection):
-            from ..store.functions import ensure
-
-            ensure(self.con)  # agentobs_cumsum (the ITL queries) on a connection the caller opened
+        register_functions(self.con)  # agentobs_cumsum (the ITL queries) on a connection the caller opened
         self.cur = self.con.cursor()
         # the windows this run's working set can serve (set_window): every call when not pruned, else
         # [since − (until − since), until) — see the pruning in _prepare
@@ -196,7 +193,7 @@ class MetricRun:
         self._covers = (
             (None if self.since is None else self.since if self.until is None else 2 * self.since - self.until),
             self.until) if pruned else (None, None)
-        if isinstance(self.cur, duckdb.DuckDBPyConnection):
+        if has_insertion_order(self.cur):
             self._unordered(self._prepare)
         else:
             self._prepare()
@@ -233,8 +230,8 @@ class MetricRun:
         # the row number rid that call_reuse keys its narrow steps by: on DuckDB the temp table's own rowid (no
         # numbering pass: row_number() OVER () makes the copy single-threaded); on a translated backend
         # (ClickHouse, which has no rowid) a numbered column
-        rowid = isinstance(self.cur, duckdb.DuckDBPyConnection)
-        number = "" if rowid else "row_number() OVER () AS rid, "
+        has_rowid = rowid(self.cur)
+        number = "" if has_rowid else "row_number() OVER () AS rid, "
         if (self.since is None and self.until is None) or not self.prune or self._nothing_to_prune():
             self._timed("m_src", f"CREATE OR REPLACE TEMP TABLE m_src AS SELECT {number}{cols} FROM llm_calls")
         else:
@@ -255,7 +252,8 @@ class MetricRun:
         self.cur.execute("CREATE OR REPLACE TEMP TABLE m_cost AS SELECT * FROM m_cost_arrow")
         self.cur.unregister("m_cost_arrow")
         self.timings["m_cost"] = time.perf_counter() - t0
-        preds, params = [], {}
+        preds: list[str] = []
+        params: dict[str, Any] = {}
         for key, values in self.filters.items():
             col = FILTER_COLUMNS[key]
             preds.append(f"list_contains($f_{key}, {{t}}.{col})")
@@ -266,7 +264,7 @@ class MetricRun:
         window = "($since IS NULL OR r.start_s >= $since) AND ($until IS NULL OR r.start_s < $until)"
         cost_join = "LEFT JOIN m_cost k ON k.instance = coalesce(r.instance, '')"
         abandoned_after_s = self.settings.abandoned_after_s
-        if rowid:
+        if has_rowid:
             # DuckDB: store only the computed columns (m_x: the narrow body, one row per m_src row, in m_src's row
             # order), and present m_calls as a view that puts m_src's call columns beside them (POSITIONAL JOIN:
             # no join, no second copy of the wide rows: writing them dominated m_calls' time and peak memory; see
@@ -405,7 +403,7 @@ class MetricRun:
         """Run an UPDATE/DELETE; the rows it changed (DuckDB returns the count; a backend that does not: 1,
         i.e. assume something changed)."""
         self.cur.execute(sql, params)
-        if not isinstance(self.cur, duckdb.DuckDBPyConnection):
+        if not counts_changes(self.cur):
             return 1
         rows = self.cur.fetchall()
         return int(rows[0][0]) if rows and rows[0] and rows[0][0] is not None else 0
@@ -494,7 +492,7 @@ class MetricRun:
         try:
             df = self.cur.sql(sql, params=self.params_for(metric, by)).pl()
         except duckdb.Error as e:
-            raise QueryError(f"metric {name!r} failed: {str(e).splitlines()[0]}") from None
+            raise QueryError(f"metric {name!r} failed: {str(e).splitlines()[0]}") from e
         self.timings[name] = time.perf_counter() - t0
         if "grp" in df.columns:
             df = df.rename({"grp": BY_COLUMNS[by]})
@@ -531,16 +529,6 @@ def _normalize_filters(filters: dict | None) -> dict[str, list[str]]:
     return out
 
 
-def _open(db) -> tuple[duckdb.DuckDBPyConnection, bool]:
-    if isinstance(db, duckdb.DuckDBPyConnection):
-        return db, False
-    from ..store.db import connect
-
-    if db is None or isinstance(db, (str, os.PathLike, Path)):
-        return connect(db, read_only=True), True
-    raise QueryError(f"db must be a path or a DuckDB connection, got {type(db).__name__}")
-
-
 # -- reuse of a preparation -------------------------------------------------------------------------------
 # A second prepare() with the same store state (db file + its size/mtime and its WAL's), window, filters and
 # settings, in the same thread, while the first is still open, gets the same MetricRun: findings called inside
@@ -562,35 +550,8 @@ _SHARED: dict[tuple, _Shared] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def _db_file(db, con: duckdb.DuckDBPyConnection | None) -> str | None:
-    if isinstance(db, (str, os.PathLike)) and str(db) not in ("", ":memory:"):
-        return os.path.realpath(db)
-    if con is None:
-        return None
-    try:
-        rows = con.cursor().sql(
-            "SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()
-    except duckdb.Error:
-        return None
-    return os.path.realpath(rows[0][0]) if rows and rows[0][0] else None
-
-
-def _stamp(path: str | None) -> tuple | None:
-    if path is None:
-        return None
-    out: list = [path]
-    for p in (path, path + ".wal"):
-        try:
-            st = os.stat(p)
-            out += [st.st_mtime_ns, st.st_size]
-        except OSError:
-            out += [None, None]
-    return tuple(out) if out[1] is not None else None
-
-
-def _share_key(db, con, since, until, filters: dict, settings: Settings) -> tuple | None:
-    # ClickHouse: shared while open on the same connection object (no file stamp to compare)
-    stamp = ("clickhouse", id(db)) if is_clickhouse(db) else _stamp(_db_file(db, con))
+def _share_key(src: Source, since, until, filters: dict, settings: Settings) -> tuple | None:
+    stamp = src.run_stamp()
     if stamp is None:
         return None
     fp = json.dumps(settings.values, sort_keys=True, default=str)
@@ -616,38 +577,33 @@ def _release(key: tuple | None, shared: _Shared) -> Callable[[], None]:
     return close
 
 
-def prepare(db=None, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
+def prepare(db: Source | str | os.PathLike | None = None, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
             clock: Callable[[], float] = time.time) -> tuple[MetricRun, Callable[[], None]]:
-    """A MetricRun and the function that closes what this call opened (or releases a shared run, above)."""
+    """A MetricRun and the function that closes what this call opened (or releases a shared run, above). ``db``:
+    a Source (agentobs.source), or what agentobs.source.as_source turns into one (a store path, None for the
+    setting ``db``, an open DuckDB or ClickHouse connection)."""
     settings = settings if settings is not None else load_settings()
     cost = parse_cost(settings.cost)
     t_since, t_until = parse_time(since, clock, "since"), parse_time(until, clock, "until")
     flt = _normalize_filters(filters)
-    given = db if isinstance(db, duckdb.DuckDBPyConnection) else None
-    key = _share_key(db, given, t_since, t_until, flt, settings)
+    src = as_source(db)
+    key = _share_key(src, t_since, t_until, flt, settings)
     with _SHARED_LOCK:
         hit = _SHARED.get(key) if key is not None else None
         if hit is not None:
             hit.users += 1
     if hit is not None:
         return hit.run, _release(key, hit)
-    if is_clickhouse(db):  # the same MetricRun over a cursor that speaks ClickHouse (agentobs.backends.clickhouse)
-        from ..backends.clickhouse.metrics import ClickHouseCursor
-
-        con, own = ClickHouseCursor(db), True  # its close() drops the run's tables, not the connection
-    else:
-        con, own = _open(db)
+    con = src.cursor()  # on ClickHouse: a cursor whose close() drops the run's tables, not the connection
     try:
         run = MetricRun(con, t_since, t_until, flt, settings, cost)
     except BaseException:
-        if own:
-            con.close()
+        con.close()
         raise
 
     def finish():
         run.close()
-        if own:
-            con.close()
+        con.close()
 
     shared = _Shared(run, finish)
     if key is not None:
@@ -658,8 +614,7 @@ def prepare(db=None, since=None, until=None, filters: dict | None = None, settin
 
 def compute(name: str, db=None, since=None, until=None, by: str | None = None, filters: dict | None = None,
             settings: Settings | None = None, clock: Callable[[], float] = time.time) -> pl.DataFrame:
-    """One metric as a DataFrame. ``db``: a path, an open (possibly read-only) DuckDB connection, or an
-    agentobs.backends.clickhouse ``ClickHouse`` connection."""
+    """One metric as a DataFrame. ``db``: a Source, or what prepare takes."""
     metric = get_metric(name)
     if by is not None and by not in metric.by:
         raise QueryError(f"metric {name!r} cannot be grouped by {by!r}; it supports {', '.join(metric.by)}")

@@ -1,11 +1,20 @@
 """The normalized model: views over the raw tables (``llm_calls``, ``tool_calls``, ``sessions``,
-``tasks``, ``turn_gaps``, ``instance_config``). The SQL lives in ``views.sql``."""
+``tasks``, ``turn_gaps``, ``instance_config``, ``call_reuse``). The SQL lives in ``views.sql`` and
+``call_reuse.sql``; the KV-event index (``kvindex``) is derived data the model keeps in the store.
+
+The store (agentobs.store) creates tables only. Whoever writes a store opens it through ``connect`` (the
+store's connect, then ``ensure``: the views, idempotent) and, after writing KV events, calls ``upkeep``.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
 from importlib import resources
 
 import duckdb
+
+log = logging.getLogger(__name__)
 
 
 def views_sql() -> str:
@@ -14,7 +23,8 @@ def views_sql() -> str:
 
 def split_statements(sql: str) -> list[str]:
     """Split a SQL script into statements (sqlglot-free: our files end statements with ';\\n')."""
-    out, buf = [], []
+    out: list[str] = []
+    buf: list[str] = []
     for line in sql.splitlines():
         if line.strip().startswith("--") and not buf:
             continue
@@ -29,10 +39,35 @@ def split_statements(sql: str) -> list[str]:
     return out
 
 
-def create_views(con: duckdb.DuckDBPyConnection) -> None:
+def ensure(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """(Re)create the model's views on a read-write connection of a migrated store; returns ``con``."""
     for stmt in split_statements(views_sql()):
         con.execute(stmt)
     # call_reuse: the per-call reuse model of METRICS.md §1/§4 (agentobs/model/call_reuse.sql)
     from .reuse import create_view as create_call_reuse
 
     create_call_reuse(con)
+    return con
+
+
+def connect(db: str | os.PathLike | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
+    """The store (agentobs.store.db.connect) with the model: read-write opens migrate and ensure the views."""
+    from ..store.db import connect as store_connect
+
+    con = store_connect(db, read_only=read_only)
+    return con if read_only else ensure(con)
+
+
+def upkeep(con: duckdb.DuckDBPyConnection) -> bool:
+    """The model's upkeep after writes: the views, then the KV-event index (agentobs.model.kvindex) when it is not
+    current. An index that cannot be built is logged and left (metric runs then compute that part inline):
+    returns False then, True otherwise."""
+    from . import kvindex
+
+    ensure(con)
+    try:
+        kvindex.refresh(con)
+    except Exception as e:  # noqa: BLE001 - readers derive it inline without
+        log.warning("KV-event index not built (%s: %s)", type(e).__name__, e)
+        return False
+    return True

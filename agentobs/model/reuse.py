@@ -97,5 +97,5 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
 
 
 def create_view(con: duckdb.DuckDBPyConnection) -> None:
-    """``call_reuse`` as a model view (hooked into agentobs.model.create_views)."""
+    """``call_reuse`` as a model view (made by agentobs.model.ensure)."""
     con.execute("CREATE OR REPLACE VIEW call_reuse AS " + reuse_sql())

@@ -22,8 +22,9 @@ import pyarrow as pa
 from ..config import Settings, load_settings
 from ..metrics import prepare
 from ..metrics.usual import usual_cte
-from ..redact import mask_url
+from ..source import as_source
 from .period import Period
+from .query_files import load
 
 TOP_N = 20
 FINDINGS_LEFT_OUT = "findings were left out of this report (findings=None); no findings were evaluated."
@@ -113,122 +114,21 @@ class Report:
         raise KeyError(key)
 
 
-# -- fleet totals over m_calls (the headline and the week before) -------------------------------------
-TOTALS_SQL = """
-SELECT count(*) AS calls,
-       (SELECT count(DISTINCT session_id) FROM st) AS sessions,
-       (SELECT count(DISTINCT task_id) FROM st) AS tasks,
-       CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
-       CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
-       CAST(sum(prompt_tokens - coalesce(cached_tokens, 0)) AS BIGINT) AS computed_prompt_tokens,
-       CAST(sum(output_tokens) AS BIGINT) AS output_tokens,
-       sum(gpu_s) AS gpu_s,
-       sum(cost_usd) AS cost_usd,
-       sum(list_cost_usd) AS list_cost_usd,
-       sum(cached_tokens) FILTER (WHERE session_id IS NOT NULL)
-           / nullif(sum(prompt_tokens) FILTER (WHERE session_id IS NOT NULL AND cached_tokens IS NOT NULL), 0) AS hit_rate,
-       sum(cached_tokens) FILTER (WHERE session_id IS NOT NULL AND reusable_tokens_eff IS NOT NULL)
-           / nullif(sum(reusable_tokens_eff) FILTER (WHERE session_id IS NOT NULL AND cached_tokens IS NOT NULL), 0)
-           AS reuse_hit_rate,
-       CAST(sum(reprefill_tokens) AS BIGINT) AS reprefill_tokens,
-       sum(reprefill_tokens) / nullif(sum(reprefill_tokens) + sum(cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)
-           AS reprefill_share_of_cache_tokens,
-       sum(reprefill_tokens) / nullif(sum(prompt_tokens - cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)
-           AS reprefill_share_of_computed_prefill,
-       sum(reprefill_cost_usd) AS reprefill_cost_usd,
-       sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS reprefill_cost_share,
-       (SELECT rent_paid_usd FROM rent) AS rent_paid_usd,
-       (SELECT rent_wasted_usd FROM rent) AS rent_wasted_usd,
-       count(*) FILTER (WHERE is_retry) AS retries
-FROM m_calls m
-WHERE m.in_filter AND m.start_s >= $lo AND m.start_s < $hi
-"""
-# idle KV rent: token-seconds summed per pricing instance (the previous call's, where the KV sat; else the
-# call's own), then priced — as the idle_kv_rent metric does; joining m_cost to every call built the join's
-# hash table on the calls (a positional view is estimated at 0 rows). The distinct sessions and tasks are
-# counted from their distinct pairs, apart from the sums (DISTINCT aggregates among the sums slow all of them;
-# docs/metrics.md, "Round 9")
-TOTALS_SQL = """
-WITH st AS MATERIALIZED (
-    SELECT DISTINCT session_id, task_id FROM m_calls WHERE in_filter AND start_s >= $lo AND start_s < $hi
-),
-rent AS (
-    SELECT sum(r.paid_ts * k.usd_per_token_s) AS rent_paid_usd, sum(r.wasted_ts * k.usd_per_token_s) AS rent_wasted_usd
-    FROM (SELECT coalesce(prev_instance, instance, '') AS inst,
-                 sum(rent_paid_token_s) FILTER (WHERE session_id IS NOT NULL) AS paid_ts,
-                 sum(rent_wasted_token_s) FILTER (WHERE session_id IS NOT NULL) AS wasted_ts
-          FROM m_calls
-          WHERE in_filter AND start_s >= $lo AND start_s < $hi
-          GROUP BY 1) r
-    LEFT JOIN m_cost k ON k.instance = r.inst
-)
-""" + TOTALS_SQL
-
-# every dimension of SPEND_DIMENSIONS from ONE scan of the calls: the calls are first summed per (dimensions,
-# session, task) — far fewer rows than calls (a session rarely changes instance or model), and enough to count
-# distinct sessions and tasks — then GROUPING SETS gives one group per value of each dimension. The spend share
-# divides by the sum of the dimension's groups (a window over the few groups). One query, not five each counting
-# distinct sessions and tasks over every call (docs/report.md has the figures).
-SPEND_SQL = """
-WITH pre AS (
-    SELECT {cols}, session_id, task_id, count(*) AS n,
-           sum(prompt_tokens) AS p, sum(cached_tokens) AS c, sum(prompt_tokens - coalesce(cached_tokens, 0)) AS pc,
-           sum(output_tokens) AS o, sum(gpu_s) AS g, sum(cost_usd) AS usd, sum(reprefill_tokens) AS x,
-           sum(reprefill_cost_usd) AS x_usd, sum(list_cost_usd) AS list_usd
-    FROM m_calls
-    WHERE in_win
-    GROUP BY {cols}, session_id, task_id
-),
-agg AS (
-    SELECT {dim} AS dimension,
-           coalesce({value}, '(none)') AS value,
-           CAST(sum(n) AS BIGINT) AS calls,
-           count(DISTINCT session_id) AS sessions,
-           count(DISTINCT task_id) AS tasks,
-           CAST(sum(p) AS BIGINT) AS prompt_tokens,
-           CAST(sum(c) AS BIGINT) AS cached_tokens,
-           CAST(sum(pc) AS BIGINT) AS computed_prompt_tokens,
-           CAST(sum(o) AS BIGINT) AS output_tokens,
-           sum(g) AS gpu_s,
-           sum(usd) AS cost_usd,
-           CAST(sum(x) AS BIGINT) AS reprefill_tokens,
-           sum(x_usd) AS reprefill_cost_usd,
-           sum(list_usd) AS list_price_usd
-    FROM pre
-    GROUP BY GROUPING SETS ({sets})
-)
-SELECT dimension, value, calls, sessions, tasks, prompt_tokens, cached_tokens, computed_prompt_tokens,
-       output_tokens, gpu_s, cost_usd,
-       cost_usd / nullif(sum(cost_usd) OVER (PARTITION BY dimension), 0) AS share_of_spend,
-       reprefill_tokens, reprefill_cost_usd, list_price_usd
-FROM agg
-""".format(
+# -- the report's own SQL (agentobs/report/queries/*.sql, each with a checked header: agentobs.report.query_files)
+TOTALS_SQL = load("totals").render()
+SPEND_SQL = load("spend").render(
     cols=", ".join(SPEND_DIMENSIONS.values()),
     sets=", ".join(f"({c})" for c in SPEND_DIMENSIONS.values()),
     dim="CASE " + " ".join(f"WHEN GROUPING({c}) = 0 THEN '{n}'" for n, c in SPEND_DIMENSIONS.items()) + " END",
     value="CASE " + " ".join(f"WHEN GROUPING({c}) = 0 THEN CAST({c} AS VARCHAR)" for c in SPEND_DIMENSIONS.values())
           + " END")
+TASK_TYPES_SQL = load("task_types").render()
 
-# what each session/task in the top lists is: task type, tenant, agent, model (each its usual value,
-# agentobs.metrics.usual), first start, and its first session (the earliest call's; a tie: the least id). One scan
-# of the ids' calls grouped by the attribute combination; the rest comes from those few groups.
-ABOUT_SQL = """
-WITH g AS MATERIALIZED (
-    SELECT {key} AS id, task_type, tenant, agent_name, model, count(*) AS n, min(start_s) AS first_start_s,
-           max(end_s) AS last_end_s, arg_min(session_id, (start_s, session_id)) AS first_session_id
-    FROM m_calls
-    WHERE in_win AND list_contains($ids, {key})
-    GROUP BY ALL
-),
-""" + ",\n".join(usual_cte(f"u_{c}", "id", c, "g") for c in ("task_type", "tenant", "agent_name", "model")) + """
-SELECT b.id, u_task_type.task_type, u_tenant.tenant, u_agent_name.agent_name, u_model.model, b.first_start_s,
-       b.last_end_s, b.first_session_id
-FROM (SELECT id, min(first_start_s) AS first_start_s, max(last_end_s) AS last_end_s,
-             arg_min(first_session_id, (first_start_s, first_session_id)) AS first_session_id
-      FROM g GROUP BY id) b
-LEFT JOIN u_task_type ON u_task_type.id = b.id LEFT JOIN u_tenant ON u_tenant.id = b.id
-LEFT JOIN u_agent_name ON u_agent_name.id = b.id LEFT JOIN u_model ON u_model.id = b.id
-"""
+
+def about_sql(key: str) -> str:
+    """What the sessions or tasks (``key``: session_id or task_id) of a top list are (queries/about.sql)."""
+    usual = ",\n".join(usual_cte(f"u_{c}", "id", c, "g") for c in ("task_type", "tenant", "agent_name", "model"))
+    return load("about").render(key=key, usual=usual)
 
 
 def _fmt_ts(t: float) -> str:
@@ -365,17 +265,7 @@ class _Builder:
             Figure("amplification_p90", "Amplification, p90 over tasks",
                    _num(per_task["amplification"].quantile(0.9, "linear")), "ratio_x", "task_cost by task"),
         ]
-        # a task's type: the type of most of its calls (a tie: the least, the same every run); from the
-        # (task, type) pairs, not mode() over every call per task (cheaper; docs/metrics.md, "Round 9")
-        dist = self.sql("""
-            SELECT task_type, count(*) AS tasks, quantile_cont(cost_usd, 0.5) AS cost_p50_usd,
-                   quantile_cont(cost_usd, 0.9) AS cost_p90_usd, quantile_cont(cost_usd, 0.99) AS cost_p99_usd,
-                   max(cost_usd) AS cost_max_usd
-            FROM (SELECT task_id, sum(cost_usd) AS cost_usd, arg_min(task_type, (-n, task_type)) AS task_type
-                  FROM (SELECT task_id, task_type, sum(cost_usd) AS cost_usd, count(*) AS n
-                        FROM m_calls WHERE in_win GROUP BY task_id, task_type)
-                  GROUP BY task_id)
-            GROUP BY task_type""")
+        dist = self.sql(TASK_TYPES_SQL)  # a task's type: the type of most of its calls (queries/task_types.sql)
         by_type = by_type.join(dist, on="task_type", how="left")
         sec.tables.append(Table("task_cost_by_task_type", "By task type", sec.basis, by_type.to_arrow(),
                                 show=["task_type", "tasks", "calls", "retries", "failed_calls", "amplification",
@@ -461,7 +351,7 @@ class _Builder:
                                      ("task", "task_cost", "task", "task_id")):
             df = self.metric(metric, by)
             df = df.filter(pl.col(col).is_not_null()).sort("cost_usd", descending=True, nulls_last=True).head(TOP_N)
-            about = self.sql(ABOUT_SQL.format(key=col), {"ids": df[col].to_list()})
+            about = self.sql(about_sql(col), {"ids": df[col].to_list()})
             df = df.join(about.rename({"id": col}), on=col, how="left")
             sess = df[col] if key == "session" else df["first_session_id"]
             links = [console_link(self.base_url, "session", self.period, session=s) if s else None
@@ -648,20 +538,22 @@ def _histogram(values: list[float], title: str, bins: int = 20) -> Chart:
 
 def build(db, period: Period, settings: Settings | None = None, clock: Callable[[], float] = time.time,
           findings: Callable | None | bool = True) -> Report:
-    """The report of ``period`` from the store ``db`` (a path or an open connection).
+    """The report of ``period`` from ``db``: a Source (agentobs.source), or what agentobs.metrics.prepare takes.
     ``findings``: True = the tax ledger of agentobs.findings (``build``); None/False = leave out (a note says so); a
     callable = use it (it takes ``db, since=, until=, settings=, simulate=`` and returns a Ledger)."""
     settings = settings if settings is not None else load_settings()
+    fn: Callable | None
     if findings is True:
         from ..findings import build as fn
     else:
         fn = findings or None
+    src = as_source(db)
     t0 = time.perf_counter()
     prev = period.previous()
-    run, close = prepare(db, since=period.since, until=period.until, settings=settings, clock=clock)
+    run, close = prepare(src, since=period.since, until=period.until, settings=settings, clock=clock)
     timings = {"prepare": time.perf_counter() - t0, **{f"prepare {k}": v for k, v in run.timings.items()}}
     try:
-        b = _Builder(run, period, settings, mask_url(db), fn, db)
+        b = _Builder(run, period, settings, src.label(), fn, src)
         cur, before = b.totals(period), b.totals(prev)
         calls = int(cur.get("calls") or 0)
         basis, cost_tbl = b.cost_basis()
@@ -681,4 +573,4 @@ def build(db, period: Period, settings: Settings | None = None, clock: Callable[
         timings.update(b.timings)
     finally:
         close()
-    return Report(period, prev, clock(), mask_url(db), calls, sections, timings)
+    return Report(period, prev, clock(), src.label(), calls, sections, timings)

@@ -87,14 +87,8 @@ class KVCache:
         return lead(self.ks, self.iv, as_chain(chain).runs(0, n))
 
     # -- allocation --------------------------------------------------------------------------
-    def free(self) -> int:
-        return self.capacity - self.used
-
     def evictable(self) -> int:
         return self.n_lru
-
-    def cached_blocks(self) -> int:
-        return self.n_cached
 
     def allocate(self, n: int, now: float) -> bool:
         """Reserve ``n`` blocks, evicting unused cached blocks (LRU) as needed."""

@@ -87,9 +87,6 @@ class BlockKVCache:
             return n
 
     # -- allocation --------------------------------------------------------------------------
-    def free(self) -> int:
-        return self.capacity - self.used
-
     def evictable(self) -> int:
         return len(self.lru)
 
@@ -224,6 +221,3 @@ class BlockKVCache:
         if 0 in left:
             freed = [h for h, c in zip(sub, left, strict=False) if c == 0] if min(left) < max(left) else sub
             lru.update(zip(reversed(freed), repeat(None)))
-
-    def cached_blocks(self) -> int:
-        return len(self.ref)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,7 +162,3 @@ def compare_table(summaries: list[Summary]):
         rows["computed_tokens_per_task"].append(int(s.computed_per_task))
         rows["usd_per_task"].append(round(s.usd_per_task, 4))
     return pa.table(rows)
-
-
-def mean(xs):
-    return statistics.fmean(xs) if xs else float("nan")

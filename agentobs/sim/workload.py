@@ -302,11 +302,11 @@ def _load_json(path: Path):
         if data[:2] == b"\x1f\x8b":
             data = gzip.decompress(data)
     except (OSError, EOFError) as e:
-        raise InputError(f"cannot read: {getattr(e, 'strerror', None) or e}", str(path)) from None
+        raise InputError(f"cannot read: {getattr(e, 'strerror', None) or e}", str(path)) from e
     try:
         return json.loads(data)
     except ValueError as e:
-        raise InputError(f"not JSON: {e}", str(path)) from None
+        raise InputError(f"not JSON: {e}", str(path)) from e
 
 
 def _expand(ids: list[int], k: int, base: int) -> list[int]:
@@ -496,7 +496,7 @@ def mooncake(path: Path | None, block_size: int, ids: IdAlloc, limit: int | None
         try:
             rows.append(json.loads(line))
         except ValueError as e:
-            raise InputError(f"not JSON: {e}", f"{path}:{ln}") from None
+            raise InputError(f"not JSON: {e}", f"{path}:{ln}") from e
         if limit and len(rows) >= limit:
             break
     passes: dict[int, int] = {}

@@ -1,4 +1,8 @@
-"""Opening the DuckDB store: migrations on read-write opens, sandboxed read-only opens."""
+"""Opening the DuckDB store: migrations on read-write opens, sandboxed read-only opens.
+
+The store holds tables only; the session model's views over them are the model's (agentobs.model.connect /
+agentobs.model.ensure, called by the layers above the store).
+"""
 
 from __future__ import annotations
 
@@ -7,19 +11,22 @@ from pathlib import Path
 
 import duckdb
 
-from ..errors import StoreError
+from ..errors import ConfigError, StoreError
 from .functions import ensure as ensure_functions
 from .schema import MIGRATIONS
 
 
 def resolve_db_path(db: str | os.PathLike | None = None) -> str:
+    """``db``, else the setting ``db`` (``--db``, ``$AGENTOBS_DB``, the settings file; default ./agentobs.duckdb)."""
     if db is not None:
         return str(db)
-    return os.environ.get("AGENTOBS_DB", "agentobs.duckdb")
+    from ..config import load_settings
+
+    return str(load_settings().db)
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
-    """Apply pending migrations in order, record each; (re)create the model views. Returns applied names."""
+    """Apply pending migrations in order, record each. Returns applied names."""
     con.execute(
         "CREATE TABLE IF NOT EXISTS schema_migrations (name VARCHAR PRIMARY KEY, applied_at TIMESTAMP DEFAULT now())"
     )
@@ -37,14 +44,12 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
             con.execute("ROLLBACK")
             raise
         applied.append(name)
-    from ..model import create_views
-
-    create_views(con)
     return applied
 
 
 def connect(db: str | os.PathLike | None = None, read_only: bool = False) -> duckdb.DuckDBPyConnection:
-    """Open the store. Read-write opens migrate; read-only opens require an existing store."""
+    """Open the store. Read-write opens migrate (tables; the model's views: agentobs.model.connect); read-only
+    opens require an existing store."""
     path = resolve_db_path(db)
     if read_only:
         if path != ":memory:" and not Path(path).exists():
@@ -54,13 +59,21 @@ def connect(db: str | os.PathLike | None = None, read_only: bool = False) -> duc
         try:
             return ensure_functions(duckdb.connect(path, read_only=True))
         except duckdb.Error as e:
-            raise StoreError(f"cannot open {path!r} read-only: {e}") from None
+            raise StoreError(f"cannot open {path!r} read-only: {e}") from e
     try:
         con = duckdb.connect(path)
     except duckdb.Error as e:
-        raise StoreError(f"cannot open {path!r}: {e}") from None
+        raise StoreError(f"cannot open {path!r}: {e}") from e
     migrate(con)
     return ensure_functions(con)
+
+
+def set_memory_limit(con: duckdb.DuckDBPyConnection, limit: str) -> None:
+    """``SET memory_limit`` (DuckDB's buffer manager: beyond it, operators spill to disk or fail)."""
+    try:
+        con.execute("SET memory_limit = ?", [limit])
+    except duckdb.Error as e:
+        raise ConfigError(f"memory limit {limit!r} is not a DuckDB size (e.g. 512MB, 2GB): {e}") from None
 
 
 def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2GB") -> duckdb.DuckDBPyConnection:
@@ -68,13 +81,13 @@ def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2
     path = resolve_db_path(db)
     if path != ":memory:" and not Path(path).exists():
         raise StoreError(f"no agentobs database at {path!r}")
-    config = {"enable_external_access": False}
+    config: dict[str, str | bool | int | float | list[str]] = {"enable_external_access": False}
     if memory_limit:
         config["memory_limit"] = memory_limit
     try:
         con = duckdb.connect(path, read_only=path != ":memory:", config=config)
     except duckdb.Error as e:
-        raise StoreError(f"cannot open {path!r} read-only: {e}") from None
+        raise StoreError(f"cannot open {path!r} read-only: {e}") from e
     ensure_functions(con)  # before the configuration is locked
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")

@@ -246,9 +246,10 @@ class Writer:
             pass  # no transaction open (BEGIN itself failed)
 
 
-def insert_spans(cur: duckdb.DuckDBPyConnection, batch: pa.Table) -> int:
+def insert_spans(cur: duckdb.DuckDBPyConnection, batch: pa.Table, unique: bool = False) -> int:
     """Append ``batch`` to ``spans`` inside the caller's transaction, skipping a span (trace_id, span_id)
-    already stored or repeated in the batch; returns the rows inserted.
+    already stored or repeated in the batch; returns the rows inserted. ``unique``: the caller guarantees no
+    span is repeated in the batch (the loader: ``loader.first_of_each_span``), so that check is skipped.
 
     A span sent again has its start time again, so the stored side is read only where ``start_ns`` lies in
     the batch's range: DuckDB skips the row groups outside it by their min/max, and spans arrive roughly in
@@ -264,7 +265,7 @@ def insert_spans(cur: duckdb.DuckDBPyConnection, batch: pa.Table) -> int:
             "INSERT INTO spans BY NAME SELECT * FROM _agentobs_spans b "
             f"WHERE NOT EXISTS (SELECT 1 FROM spans s WHERE {window} "
             "AND s.trace_id = b.trace_id AND s.span_id = b.span_id) "
-            "QUALIFY row_number() OVER (PARTITION BY b.trace_id, b.span_id) = 1").fetchone()
+            + ("" if unique else "QUALIFY row_number() OVER (PARTITION BY b.trace_id, b.span_id) = 1")).fetchone()
     finally:
         cur.unregister("_agentobs_spans")
     return int(res[0]) if res else 0

@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from agentobs.metrics.run import prepare
-from agentobs.store.db import connect
+from agentobs.model import connect
 
 JOIN_MIN = 0.99
 

@@ -118,7 +118,7 @@ def run_config(name: str, out: Path, args) -> dict:
 
 def check_run(db: Path, responses: Path) -> dict:
     """Checks 1 and 2 of one run."""
-    from agentobs.store.db import connect
+    from agentobs.model import connect
 
     recs = [json.loads(x) for x in responses.read_text().splitlines() if x.strip()]
     ok_recs = [r for r in recs if r["error"] is None]

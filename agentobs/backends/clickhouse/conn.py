@@ -2,7 +2,8 @@
 
 URLs: ``chdb:`` (in-memory), ``chdb:///path/to/dir`` (an on-disk chDB database), or
 ``http(s)://user:password@host:8123/database`` (a ClickHouse server, read by clickhouse-connect).
-Values reach SQL only as ClickHouse query parameters (``{name:Type}``).
+Values reach SQL only as ClickHouse query parameters (``{name:Type}``). Errors are re-raised ``from None``: a
+client's exception may carry the URL with its password, and a chained traceback would print it unmasked.
 """
 
 from __future__ import annotations

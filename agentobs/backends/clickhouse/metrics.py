@@ -1,5 +1,5 @@
 """The metric suite on ClickHouse: agentobs.metrics' own MetricRun, unchanged, over a cursor that
-speaks ClickHouse (``agentobs.metrics.prepare(db=ClickHouse(url))`` picks it).
+speaks ClickHouse (``agentobs.source.ClickHouseSource.cursor()`` hands it out).
 
 ``MetricRun`` (agentobs/metrics/run.py) prepares its tables and runs every metric through a DuckDB
 cursor's ``execute`` / ``register`` / ``sql(...).pl()``. ``ClickHouseCursor`` offers the same calls:
@@ -13,15 +13,12 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import time
-from collections.abc import Callable, Iterable
 
 import polars as pl
 import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from ...config import Settings
 from ...errors import QueryError
 from .conn import ClickHouse
 from .dialect import LIST_PARAMS, to_clickhouse
@@ -47,6 +44,7 @@ class _Result:
 
     def pl(self) -> pl.DataFrame:
         df = pl.from_arrow(self._t)
+        assert isinstance(df, pl.DataFrame)  # a Table gives a DataFrame (a Series only from an Array)
         # DuckDB hands back naive UTC timestamps; ClickHouse's carry the server zone
         return df.with_columns([pl.col(c).dt.convert_time_zone("UTC").dt.replace_time_zone(None)
                                 for c, t in df.schema.items() if isinstance(t, pl.Datetime) and t.time_zone])
@@ -56,7 +54,9 @@ class _Result:
 
 
 class ClickHouseCursor:
-    """The subset of a DuckDB cursor MetricRun uses, on ClickHouse."""
+    """The subset of a DuckDB cursor MetricRun uses, on ClickHouse (agentobs.source.Cursor)."""
+
+    dialect = "clickhouse"
 
     def __init__(self, ch: ClickHouse):
         self.ch = ch
@@ -169,20 +169,3 @@ def _ch_type(t: pa.DataType) -> str:
     if pa.types.is_boolean(t):
         return "Nullable(Bool)"
     raise QueryError(f"no ClickHouse type for {t}")
-
-
-# agentobs.metrics.prepare / compute / compute_all take a ClickHouse connection as ``db`` and run the same
-# MetricRun over ClickHouseCursor; these are the same calls under the names this module always had.
-def compute_all(ch: ClickHouse, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
-                metrics: Iterable[str] | None = None, by: dict[str, str] | None = None,
-                clock: Callable[[], float] = time.time) -> dict[str, pl.DataFrame]:
-    from ...metrics.run import compute_all as _compute_all
-
-    return _compute_all(ch, since, until, filters, settings, metrics, by, clock)
-
-
-def compute(name: str, ch: ClickHouse, since=None, until=None, by: str | None = None, filters: dict | None = None,
-            settings: Settings | None = None, clock: Callable[[], float] = time.time) -> pl.DataFrame:
-    from ...metrics.run import compute as _compute
-
-    return _compute(name, ch, since, until, by, filters, settings, clock)

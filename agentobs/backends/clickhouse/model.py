@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from importlib import resources
 
+from ... import conventions as C
 from ...collect import normalize as N
 from ...collect.prom import KEPT_CREATED
 from ...config import Settings, load_settings
@@ -103,11 +104,11 @@ WITH
     {_first_str(('gen_ai.provider.name', 'gen_ai.system'), merged=False)} AS _provider,
     {_first_str(('server.address', 'agentobs.instance'))} AS _addr,
     {_merged('server.port')} AS _port,
-    {_num(N.INPUT_KEYS, True)} AS _p0,
-    {_num(N.CACHED_KEYS, True)} AS _c,
-    (lower(trimBoth({_merged(N.INPUT_EXCLUDES_CACHE)})) = 'true') AS _excl,
-    {_first_present(N.STREAM_KEYS, "lower(trimBoth({}))")} = 'false' AS _not_streamed,
-    {_first_present(N.HTTP_STATUS_KEYS, "toFloat64OrNull({})")} AS _http_status,
+    {_num(C.INPUT_KEYS, True)} AS _p0,
+    {_num(C.CACHED_KEYS, True)} AS _c,
+    (lower(trimBoth({_merged(C.INPUT_EXCLUDES_CACHE)})) = 'true') AS _excl,
+    {_first_present(C.STREAM_KEYS, "lower(trimBoth({}))")} = 'false' AS _not_streamed,
+    {_first_present(C.HTTP_STATUS_KEYS, "toFloat64OrNull({})")} AS _http_status,
     arrayFirstIndex(n -> n IN {_arr(N.EXCEPTION_EVENTS)}, Events.Name) AS _exc_i,
     arraySort(arrayFilter((t, n) -> n = {chunk} AND toUnixTimestamp64Nano(t) != 0, Events.Timestamp, Events.Name)) AS _chunks,
     {_a('gen_ai.response.finish_reasons')} AS _fr,
@@ -139,13 +140,13 @@ SELECT
     {_first_str(('gen_ai.response.id',), merged=False)} AS response_id,
     {_first_str(('gen_ai.request.id',), merged=False)} AS request_id,
     if(_p0 IS NOT NULL AND _c IS NOT NULL AND (_excl OR _c > _p0),
-       _p0 + _c + coalesce({_num(N.CACHE_WRITE_KEYS, True)}, 0), _p0) AS input_tokens,
+       _p0 + _c + coalesce({_num(C.CACHE_WRITE_KEYS, True)}, 0), _p0) AS input_tokens,
     _c AS cached_tokens,
-    {_num(N.OUTPUT_KEYS, True)} AS output_tokens,
+    {_num(C.OUTPUT_KEYS, True)} AS output_tokens,
     {_num(('agentobs.prompt.system_tokens',), True)} AS system_tokens,
     {_num(('agentobs.prompt.tool_tokens',), True)} AS tool_def_tokens,
     if(_role != 'engine' AND coalesce(_not_streamed, false), CAST(NULL AS Nullable(Float64)),
-       coalesce({_num(N.TTFT_KEYS, False)},
+       coalesce({_num(C.TTFT_KEYS, False)},
                 if(empty(_chunks), NULL, (toUnixTimestamp64Nano(_chunks[1]) - _start_ns) / 1e9))) AS ttft_s,
     {_num(('gen_ai.latency.time_in_queue',), False)} AS queue_s,
     {_num(('gen_ai.latency.time_in_model_prefill',), False)} AS prefill_s,

@@ -45,7 +45,7 @@ def check_select(query: str) -> str:
     try:
         stmts = [s for s in sqlglot.parse(query, read="clickhouse") if s is not None]
     except sqlglot.errors.ParseError as e:
-        raise QueryError(f"SQL does not parse: {str(e).splitlines()[0]}") from None
+        raise QueryError(f"SQL does not parse: {str(e).splitlines()[0]}") from e
     if len(stmts) != 1:
         raise QueryError(f"one statement only, got {len(stmts)}")
     if not isinstance(stmts[0], exp.Query):

@@ -1,5 +1,5 @@
-"""SQL: read-only queries over the store (agentobs.sql.run_query; on ClickHouse
-agentobs.backends.clickhouse.sql.run_query), schema browser, saved queries, downloads."""
+"""SQL: read-only queries over the source (agentobs.source: Source.user_sql), schema browser, saved queries,
+downloads."""
 
 from __future__ import annotations
 
@@ -9,15 +9,9 @@ from agentobs.config import load_settings
 from agentobs.console import data, saved, ui
 from agentobs.errors import AgentobsError
 from agentobs.output import render
-from agentobs.sql import run_query
 
-CLICKHOUSE = data.is_clickhouse(ui.stamp())
-ctx = ui.page("SQL", note=(
-    "ClickHouse SQL over the same views (llm_calls, sessions, turn_gaps, …). Read-only: one SELECT at a time "
-    "(run with readonly = 1); writes, DDL, SETTINGS and functions that reach files, the network, other databases "
-    "or processes (file, url, s3, remote, mysql, executable, …) are refused." if CLICKHOUSE else
-    "Read-only: one SELECT at a time; writes, ATTACH/COPY/INSTALL/LOAD and any file or network "
-    "access are refused.") + " Results are capped in rows and time.")
+SOURCE = data.source(ui.stamp())
+ctx = ui.page("SQL", note=SOURCE.sql_rules + " Results are capped in rows and time.")
 settings = load_settings()
 
 # The URL holds the last query run (q) and its row cap / time limit when not the defaults: opening the link (or
@@ -78,12 +72,7 @@ with editor:
         ui.to_url("rows", cap, default=DEFAULT_CAP)
         ui.to_url("timeout", limit, default=DEFAULT_TIMEOUT)
         try:
-            if CLICKHOUSE:
-                from agentobs.backends.clickhouse.sql import run_query as ch_run_query
-
-                res = ch_run_query(data.source(ctx.stamp), sql_text, row_cap=cap, timeout_s=limit)
-            else:
-                res = run_query(sql_text, ctx.db, row_cap=cap, timeout_s=limit)
+            res = data.source(ctx.stamp).user_sql(sql_text, row_cap=cap, timeout_s=limit)
         except AgentobsError as e:
             st.error(str(e))
         else:

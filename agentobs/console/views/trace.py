@@ -32,8 +32,11 @@ def _rows(sql: str, params: dict) -> list[dict]:
     return data.query(ctx.stamp, sql, params).to_dicts()
 
 
+# the spans' events when the source's model keeps them (the DuckDB store does; the ClickHouse model does not)
+schema = ui.schema(ctx.stamp)
+has_events = bool(((schema["name"] == "spans") & (schema["column"] == "events")).any())
 try:
-    tr = load(_rows, ident, events=not data.is_clickhouse(ctx.stamp))
+    tr = load(_rows, ident, events=has_events)
 except TraceNotFound as e:
     st.error(str(e))
     st.stop()

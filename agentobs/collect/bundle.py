@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..collect.files import ImportResult, import_kv_events, import_otlp, import_prom, import_server_info
 from ..config import Settings
 from ..errors import InputError
 from ..store.writer import Writer
+from .files import ImportResult, import_kv_events, import_otlp, import_prom, import_server_info
 
 FORMAT = "agentobs-sim-bundle/1"
 
@@ -38,7 +38,7 @@ def read_manifest(root: str | os.PathLike) -> dict:
     except FileNotFoundError:
         raise InputError("no manifest.json: not a simulator bundle (run `agentobs simulate --out DIR`)", str(root)) from None
     except ValueError as e:
-        raise InputError(f"manifest.json is not JSON: {e}", str(p)) from None
+        raise InputError(f"manifest.json is not JSON: {e}", str(p)) from e
     if not isinstance(m, dict) or m.get("format") != FORMAT:
         raise InputError(f"manifest format is {m.get('format') if isinstance(m, dict) else m!r}, expected {FORMAT!r}", str(p))
     for i, inst in enumerate(m.get("instances") or []):
