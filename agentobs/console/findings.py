@@ -24,6 +24,7 @@ CAUSE_COLORS = {
     "routed_away": "#ef6c00",
     "evicted_full": "#8e24aa",
     "evicted_partial": "#fdd835",
+    "unexplained": "#90a4ae",   # a shortfall nothing explains (estimate mode without evidence: docs/metrics.md)
     "unknown": "#b0bec5",
     "error": "#6a1b9a",
 }
