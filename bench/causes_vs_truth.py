@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from agentobs.config import load_settings
-from agentobs.sim.bundle import import_bundle
+from agentobs.collect.bundle import import_bundle
 from agentobs.sim.run import simulate
 from agentobs.sim.scenarios import scenario, trace_scenario
 from agentobs.sim.validate import compare

@@ -15,7 +15,7 @@ import duckdb
 import pytest
 
 from agentobs.config import Settings, load_settings
-from agentobs.sim.bundle import import_bundle
+from agentobs.collect.bundle import import_bundle
 from agentobs.sim.run import simulate
 from agentobs.sim.scenarios import scenario, trace_scenario
 from agentobs.sim.validate import compare
