@@ -17,13 +17,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from agentobs.config import load_settings
 from agentobs.collect.bundle import import_bundle
+from agentobs.config import load_settings
+from agentobs.model import connect
 from agentobs.sim.run import simulate
 from agentobs.sim.scenarios import scenario, trace_scenario
 from agentobs.sim.validate import compare
 from agentobs.sim.workload import dataset_dir
-from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from agentobs.config import Settings, load_settings
 from agentobs.collect.bundle import import_bundle
+from agentobs.config import Settings, load_settings
+from agentobs.model import connect
 from agentobs.sim.run import simulate
 from agentobs.sim.scenarios import scenario, trace_scenario
 from agentobs.sim.validate import compare
 from agentobs.sim.workload import dataset_dir
-from agentobs.store.db import connect
 from agentobs.store.writer import Writer
 
 EDITS = replace(scenario("edits"), duration_s=600.0, snapshot_s=0.0)
