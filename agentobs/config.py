@@ -49,6 +49,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("itl_tail_threshold", "slo", "ITL tail threshold: 'slo' (itl_slo_ms) or 'p99' (p99 of all gaps of the model).", str),
     Setting("long_prefill_tokens", 8192, "A prefill computing at least this many tokens (P - C) is 'long' (itl_tail).", int),
     Setting("abandoned_after_s", 600.0, "A session's last call counts as abandoned (idle_kv_rent) only when the data goes on at least this many seconds after it ended.", float),
+    Setting("hit_tolerance_blocks", 1, "Estimate mode: a shortfall R_eff - C of at most this many KV blocks, without evidence of eviction, is a hit (agent harnesses re-render the tail of the context).", int),
     Setting("metrics_bucket_s", 60.0, "Time bucket of the time series metrics (concurrency, capacity), in seconds.", float),
     # -- findings (docs/findings.md) --
     Setting("findings_min_usd_week", 1.0, "A finding with a measurable tax fires only when it costs at least this many $ per week.", float),

@@ -54,7 +54,11 @@ def check_worked_timeline(app: AppTest) -> None:
     assert calls["r_eff"].to_list() == [None, 3408, 4880]
     assert calls["reprefill_tokens"].to_list() == [None, 0, 1808]
     assert calls["hit_class"].to_list() == [None, "hit", "partial"]
-    assert calls["miss_cause"].to_list() == ["cold", None, "evicted_partial"]
+    # issue 20: the first call hit 3072 tokens the session never stored (prior_hit, not cold); no KV events prove the
+    # third call's shortfall an eviction: unexplained (X keeps the 1808; its band is [0, 1808])
+    assert calls["miss_cause"].to_list() == ["prior_hit", None, "unexplained"]
+    assert calls["reprefill_low_tokens"].to_list() == [None, 0, 0]
+    assert calls["reprefill_high_tokens"].to_list() == [None, 0, 1808]
     assert [round(g, 3) if g is not None else None for g in calls["gap_before_s"]] == [None, 0.109, 41.748]
     assert len(app.get("vega_lite_chart")) == 1
     labels = {m.label: m.value for m in app.metric}
@@ -67,7 +71,8 @@ def check_instance_change(app: AppTest) -> pl.DataFrame:
     calls = df_of(app)
     assert calls["instance"].to_list() == ["10.42.7.31:8000", "10.42.7.32:8000", "10.42.7.32:8000"]
     # call 2 moved to B: routed_away; R_eff = floor(min(1500, 2599)/16)*16 = 1488, C = 0 → X = 1488
-    assert calls["miss_cause"].to_list() == ["cold", "routed_away", None]
+    # (the first call hit 512 tokens it never stored: prior_hit since issue 20)
+    assert calls["miss_cause"].to_list() == ["prior_hit", "routed_away", None]
     assert calls["reprefill_tokens"].to_list() == [None, 1488, 0]
     assert "moved to instance" in app.get("vega_lite_chart")[0].proto.spec  # the instance-change rule layer
     return calls

@@ -51,17 +51,25 @@ def test_worked_example_via_otlp_import(tmp_path):
     c = reuse_rows(path)
     c3 = c["5a9c3e7f1b6d82a5"]
     assert (c3["reusable_tokens"], c3["reusable_tokens_eff"], c3["reprefill_tokens"]) == (4892, 4880, 1808)
-    assert c3["miss_cause"] == "evicted_partial" and c3["hit_class"] == "partial"
+    # no KV events and no other evidence of an eviction (issue 20): the shortfall is "unexplained", still counted in X
+    # (the band: X_low = 0 with no evidence, X_high = the whole shortfall)
+    assert c3["miss_cause"] == "unexplained" and c3["hit_class"] == "partial"
+    assert (c3["reprefill_low_tokens"], c3["reprefill_high_tokens"], c3["cause_evidence"]) == (0, 1808, "none")
     assert round(c3["gap_before_s"], 3) == 41.748
     # call 3 computes P − C = 7357 − 3072 = 4285 = 1808 recomputed + 2465 new + 12 trailing partial block
     assert c3["prompt_tokens"] - c3["cached_tokens"] == 4285 == 1808 + (7357 - 4892) + (4892 - 4880)
-    assert c["1c5e9a3b7d2f4e61"]["miss_cause"] == "cold" and c["1c5e9a3b7d2f4e61"]["reprefill_tokens"] is None
+    # the session's first call hit blocks the session never stored (C = 3072: a prefix another session or run left
+    # behind): prior_hit, not an uncached cold start (issue 20; before: cold)
+    c1 = c["1c5e9a3b7d2f4e61"]
+    assert (c1["miss_cause"], c1["cached_tokens"], c1["reprefill_tokens"]) == ("prior_hit", 3072, None)
     by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
-    assert by_cause["evicted_partial"]["calls"] == 1 and by_cause["evicted_partial"]["reprefill_tokens"] == 1808
+    assert by_cause["unexplained"]["calls"] == 1 and by_cause["unexplained"]["reprefill_tokens"] == 1808
+    assert (by_cause["unexplained"]["reprefill_low_tokens"], by_cause["unexplained"]["reprefill_high_tokens"]) \
+        == (0, 1808)
     # the model view gives the same per-call numbers
     ro = duckdb.connect(path, read_only=True)
     assert ro.execute("SELECT reprefill_tokens, miss_cause FROM call_reuse WHERE call_id = '5a9c3e7f1b6d82a5'").fetchone() \
-        == (1808, "evicted_partial")
+        == (1808, "unexplained")
     ro.close()
 
 
@@ -168,7 +176,10 @@ def test_rent_exact_with_kv_events_vs_estimate(tmp_path):
     # $1/s; KV capacity 1000 × 16 = 16000 tokens
     cfg = Settings(values={"cost": {"usd_per_hour": 3600.0}, "abandoned_after_s": 0.0})
     r = compute("idle_kv_rent", db=path, settings=cfg).to_dicts()[0]
-    assert (r["windows"], r["retained"], r["evicted"], r["evicted_rent_unknown"], r["abandoned"]) == (3, 1, 2, 1, 3)
+    # e2's window: no KV events of s2 and no other evidence -> unknown, not evicted (issue 20; before: evicted with
+    # rent unknown)
+    assert (r["windows"], r["retained"], r["evicted"], r["unknown"], r["evicted_rent_unknown"], r["abandoned"]) \
+        == (3, 1, 1, 1, 0, 3)
     assert r["open_sessions"] == 0
     assert r["rent_paid_usd"] == pytest.approx(24000 / 16000)   # token-s × $/s ÷ capacity
     assert r["rent_wasted_usd"] == pytest.approx(6000 / 16000)
@@ -427,8 +438,11 @@ def test_duty_cycle_throughput_and_cost(tmp_path):
     # GPU-time at $1/s: (3024 / 1000 + 400 / 100) s = 7.024 $
     assert t["cost_usd"] == pytest.approx(7.024) and t["gpu_s"] == pytest.approx(7.024)
     # d2 started before d1 ended, so it has no prev (cold); d3's prev is d2: R_eff = floor(2000 / 16) * 16 = 2000,
-    # C = 1984 -> X = 16 tokens -> re-prefill cost 16 / 1000 tok/s × $1/s
-    assert t["reprefill_tokens"] == 16 and t["reprefill_cost_usd"] == pytest.approx(0.016)
+    # C = 1984: a 16-token shortfall, one block, within the hit tolerance and no evidence of an eviction -> X = 0
+    # (issue 20; before: 16 tokens, $0.016); the band's upper end keeps it: 16 / 1000 tok/s × $1/s
+    assert t["reprefill_tokens"] == 0 and t["reprefill_cost_usd"] == pytest.approx(0.0)
+    c = reuse_rows(path)
+    assert (c["d3"]["reprefill_low_tokens"], c["d3"]["reprefill_high_tokens"]) == (0, 16)
     # list price: computed 3024 × $1/M + cached 2976 × $0.1/M + output 400 × $2/M
     assert t["list_price_usd"] == pytest.approx((3024 * 1 + 2976 * 0.1 + 400 * 2) / 1e6)
     assert t["control_plane_share"] == pytest.approx(600 / 3000)

@@ -204,10 +204,10 @@ def _assemble(src: Src, parent: np.ndarray, n: int, codes: np.ndarray | None, la
     nl = len(labels)
     pre = []
     for lab in labels:
-        for prevq in ('', '"'):
+        for pq in ('', '"'):
             for lead in (",", open_):
                 for openq in ("", '"'):
-                    pre.append(prevq + lead + lab + openq)
+                    pre.append(pq + lead + lab + openq)
     pb = src.add(pa.array(pre + [open_ + close, close, '"' + close], pa.string()))
     cnt = np.bincount(parent, minlength=n) * 2 + 1
     off = np.zeros(n + 1, np.int64)
@@ -307,7 +307,7 @@ class Values:
                     coff = _offsets(cparent, na)
                     has = np.diff(coff) > 0
                     self.first_idx[arows[has]] = coff[:-1][has]
-                    ejson = _assemble(esrc, cparent, na, None, [""], ev.val, ev.quoted, "[", "]")
+                    ejson = _assemble(esrc, cparent, na, None, [""], ev.val, ev.quoted, "[", "]")  # type: ignore[has-type]
                 else:
                     ejson = pa.array(["[]"] * na, pa.string())
                 val[arows] = src.add(ejson) + np.arange(na)

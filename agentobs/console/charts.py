@@ -26,7 +26,8 @@ def timeline_calls(calls: pl.DataFrame, reuse: pl.DataFrame | None) -> pl.DataFr
     ``kind`` is what colors the bar: the hit class when known, else ``error`` / ``unknown``."""
     out = calls
     if reuse is not None and reuse.height:
-        keep = [c for c in ("call_id", "r_eff", "reprefill_tokens", "hit_class", "miss_cause") if c in reuse.columns]
+        keep = [c for c in ("call_id", "r_eff", "reprefill_tokens", "reprefill_low_tokens", "reprefill_high_tokens",
+                            "hit_class", "miss_cause", "cause_evidence") if c in reuse.columns]
         out = out.join(reuse.select(keep), on="call_id", how="left")
     for c, dtype in (("hit_class", pl.String), ("miss_cause", pl.String), ("r_eff", pl.Int64),
                      ("reprefill_tokens", pl.Int64)):

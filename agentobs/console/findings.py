@@ -24,6 +24,7 @@ CAUSE_COLORS = {
     "routed_away": "#ef6c00",
     "evicted_full": "#8e24aa",
     "evicted_partial": "#fdd835",
+    "unexplained": "#90a4ae",   # a shortfall nothing explains (estimate mode without evidence: docs/metrics.md)
     "unknown": "#b0bec5",
     "error": "#6a1b9a",
 }
@@ -110,7 +111,9 @@ def answer(ctx: Context, simulate: bool = True, slot=None):
                   help="Every re-prefill token of the view (METRICS.md §1: X = max(0, R_eff − C)) at its GPU-time "
                        "cost (§8), observed in the window and scaled to a week. Findings own parts of it; each "
                        "call's re-prefill is owned by at most one finding (docs/findings.md).")
-        st.caption(f"{money(led.usd_window)} observed · {led.window_text} · findings own "
+        band = led.band_text()
+        st.caption((f"band {band} (X_low: evidence of the cause; X_high: every shortfall) · " if band else "")
+                   + f"{money(led.usd_window)} observed · {led.window_text} · findings own "
                    f"{money(led.owned('reprefill')[1])}, {money(led.unattributed_usd_week)} unattributed · "
                    f"{led.sessions_with_reprefill:,} of {led.sessions:,} sessions paid it")
         fixes = led.top_fixes(3)
@@ -158,6 +161,8 @@ def render(f, ctx: Context | None = None, expanded: bool = False) -> None:
                     sessions_page_link(ctx, f)
         if tax.usd_window is not None and tax.window_s:
             st.caption(f"observed {money(tax.usd_window)} in the window, × {tax.scale:,.2f} → {money(usd)}{per}")
+        if tax.band_text():
+            st.caption(f"band {tax.band_text()}: severity on the lower end, confidence from the spread")
         if f.also_recovers is not None:
             st.caption(f"also recovers {money(f.also_recovers.usd_week)}{f.also_recovers.per} beyond this "
                        f"finding's tax: {f.also_recovers.basis}")

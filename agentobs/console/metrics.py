@@ -189,7 +189,7 @@ def describe(name: str) -> str:
 
 
 @st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
-def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame:
+def _call_reuse(stamp, session_id: str, default_block_size: int, hit_tolerance_blocks: int = 1) -> pl.DataFrame:
     """The metrics API's ``call_reuse`` body (agentobs.model.reuse.reuse_sql) over ONE session's calls:
     reuse is defined within a session (prev(c), earlier blocks of the session), so restricting the input to
     the session gives the same rows as the fleet-wide run, without materializing every call.
@@ -217,7 +217,8 @@ def _call_reuse(stamp, session_id: str, default_block_size: int) -> pl.DataFrame
                         FROM llm_calls WHERE session_id = $sid""", {"sid": session_id})
         # the KV section from the stored KV-event index when current: the session's calls are few, the store's KV
         # events are not (agentobs/model/kvindex.py)
-        df = cur.sql(reuse_sql("m_src", "$default_block_size", has_rid=True, kv_index=kv_index_usable(cur)),
+        df = cur.sql(reuse_sql("m_src", "$default_block_size", has_rid=True, kv_index=kv_index_usable(cur),
+                               hit_tolerance_blocks=hit_tolerance_blocks),
                      params={"default_block_size": default_block_size}).pl()
     finally:
         cur.close()
@@ -228,4 +229,5 @@ def call_reuse(ctx: Context, session_id: str) -> pl.DataFrame:
     """Per-call R_eff, re-prefill X, hit class and miss cause of one session (the metrics API's call_reuse)."""
     from agentobs.config import load_settings
 
-    return _call_reuse(ctx.stamp, session_id, int(load_settings().default_block_size))
+    s = load_settings()
+    return _call_reuse(ctx.stamp, session_id, int(s.default_block_size), int(s.hit_tolerance_blocks))

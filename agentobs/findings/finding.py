@@ -71,6 +71,19 @@ class Tax:
     usd_window: float | None = None
     window_s: float | None = None
     scale: float | None = None  # *_week ÷ *_window: 604800 ÷ window_s, or 1 (period "window")
+    # the band of a re-prefill tax (docs/metrics.md, "Miss causes from evidence"): the $ of the owned calls' X_low and
+    # X_high, per week as usd_week; None when not a re-prefill tax. mode: exact | estimate | mixed
+    usd_low_week: float | None = None
+    usd_high_week: float | None = None
+    mode: str | None = None
+
+    def band_text(self) -> str:
+        """The band as every surface prints it, or '' (exact, or no band)."""
+        if self.usd_low_week is None or self.usd_high_week is None or self.mode in (None, "exact"):
+            return ""
+        from .context import fmt_usd  # the one $ format of every surface
+
+        return f"{self.mode}: {fmt_usd(self.usd_low_week)}–{fmt_usd(self.usd_high_week)}{self.per}"
 
     @property
     def per(self) -> str:

@@ -32,21 +32,26 @@ from typing import Any
 
 from ..config import Settings, load_settings
 from .acks import active
-from .context import Context, default_since, fmt_duration
+from .context import Context, default_since, fmt_duration, fmt_usd
 from .finding import SEVERITIES, Finding, Tax
 
 # the kinds whose claims are settled against each other (a call's re-prefill has one owner; rent, another $, too)
 OWNED_KINDS = ("reprefill", "rent", "observability")
 
+# by cause: every cause with a re-prefill or a band (a hit within the tolerance, a prompt edit: X = 0, X_high > 0)
 FLEET_SQL = """
 SELECT coalesce(CAST(miss_cause AS VARCHAR), 'none') AS cause, count(*) AS calls,
        count(DISTINCT session_id) AS sessions,
        CAST(coalesce(sum(reprefill_tokens), 0) AS BIGINT) AS tokens,
-       coalesce(sum(reprefill_cost_usd), 0) AS usd
+       coalesce(sum(reprefill_cost_usd), 0) AS usd,
+       CAST(coalesce(sum(reprefill_low_tokens), 0) AS BIGINT) AS tokens_low,
+       CAST(coalesce(sum(reprefill_high_tokens), 0) AS BIGINT) AS tokens_high,
+       coalesce(sum(reprefill_cost_low_usd), 0) AS usd_low,
+       coalesce(sum(reprefill_cost_high_usd), 0) AS usd_high
 FROM m_calls
-WHERE in_win AND reprefill_tokens > 0
+WHERE in_win AND (reprefill_tokens > 0 OR reprefill_high_tokens > 0)
 GROUP BY ALL
-ORDER BY usd DESC, cause
+ORDER BY usd DESC, usd_high DESC, cause
 """
 
 TOTALS_SQL = """
@@ -54,7 +59,14 @@ SELECT count(*) AS calls, count(DISTINCT session_id) AS sessions,
        count(DISTINCT session_id) FILTER (WHERE reprefill_tokens > 0) AS sessions_with_reprefill,
        CAST(coalesce(sum(prompt_tokens), 0) AS BIGINT) AS prompt_tokens,
        CAST(coalesce(sum(reprefill_tokens), 0) AS BIGINT) AS reprefill_tokens,
-       coalesce(sum(reprefill_cost_usd), 0) AS reprefill_usd
+       coalesce(sum(reprefill_cost_usd), 0) AS reprefill_usd,
+       CAST(coalesce(sum(reprefill_low_tokens), 0) AS BIGINT) AS reprefill_low_tokens,
+       CAST(coalesce(sum(reprefill_high_tokens), 0) AS BIGINT) AS reprefill_high_tokens,
+       coalesce(sum(reprefill_cost_low_usd), 0) AS reprefill_low_usd,
+       coalesce(sum(reprefill_cost_high_usd), 0) AS reprefill_high_usd,
+       CASE WHEN count(*) FILTER (WHERE reprefill_high_tokens > 0 AND mode = 'estimate') = 0 THEN 'exact'
+            WHEN count(*) FILTER (WHERE reprefill_high_tokens > 0 AND mode = 'exact') = 0 THEN 'estimate'
+            ELSE 'mixed' END AS mode
 FROM m_calls WHERE in_win
 """
 
@@ -78,6 +90,11 @@ class CauseTax:
     usd_window: float
     tokens_week: float
     usd_week: float
+    # the band (docs/metrics.md, "Miss causes from evidence"): X_low / X_high of the cause's calls, in the window
+    tokens_low_window: float = 0.0
+    tokens_high_window: float = 0.0
+    usd_low_window: float = 0.0
+    usd_high_window: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +130,20 @@ class Ledger:
     affected: dict[str, tuple[Affected, ...]] = field(default_factory=dict, compare=False)
     sessions_with_reprefill: int = 0
     computed_s: float = 0.0
+    # the band of the fleet's re-prefill in the window (X_low: with evidence of its cause; X_high: every shortfall)
+    # and the mode of the calls behind it: exact | estimate | mixed
+    tokens_low_window: float = 0.0
+    tokens_high_window: float = 0.0
+    usd_low_window: float = 0.0
+    usd_high_window: float = 0.0
+    mode: str = "exact"
+
+    def band_text(self) -> str:
+        """The fleet tax's band as every surface prints it ('' in exact mode)."""
+        if self.mode == "exact":
+            return ""
+        return (f"{self.mode}: {fmt_usd(self.usd_low_window * self.scale)}–{fmt_usd(self.usd_high_window * self.scale)}"
+                f"{self.per}")
 
     # -- the fleet's figures, scaled as every finding's --------------------------------------------
     @property
@@ -160,7 +191,11 @@ class Ledger:
                       "sessions_with_reprefill": self.sessions_with_reprefill,
                       "prompt_tokens": self.prompt_tokens,
                       "tax": {"tokens_window": self.tokens_window, "usd_window": self.usd_window,
-                              "tokens_week": self.tokens_week, "usd_week": self.usd_week},
+                              "tokens_week": self.tokens_week, "usd_week": self.usd_week, "mode": self.mode,
+                              "band": {"tokens_low_window": self.tokens_low_window,
+                                       "tokens_high_window": self.tokens_high_window,
+                                       "usd_low_week": self.usd_low_window * self.scale,
+                                       "usd_high_week": self.usd_high_window * self.scale}},
                       "owned_by_findings": {"tokens_week": owned_tok, "usd_week": owned_usd},
                       "unattributed_usd_week": self.unattributed_usd_week,
                       "by_cause": [dataclasses.asdict(c) for c in self.by_cause]},
@@ -203,11 +238,20 @@ def _claims_sql(found: list[tuple[int, Finding]]) -> tuple[str, dict]:
         ctes.append(f"c{k} AS (\n{sql}\n)")
         parts.append(f"SELECT {k} AS k, call_id, session_id, CAST(tokens AS DOUBLE) AS tokens, "
                      f"CAST(usd AS DOUBLE) AS usd FROM c{k}")
+    # the band of an owned call's $: its claimed $ scaled by X_low / X and X_high / X (a call's claim is its
+    # re-prefill, or for the retention rule re-prefill less rent: the same share of it is in doubt)
     sql = ("WITH " + ",\n".join(ctes) + ",\nclaims AS (\n" + "\nUNION ALL\n".join(parts) + "\n),\n"
-           "firsts AS (SELECT call_id, min(k) AS k FROM claims GROUP BY call_id)\n"
+           "firsts AS (SELECT call_id, min(k) AS k FROM claims GROUP BY call_id),\n"
+           "band AS (SELECT call_id, any_value(mode) AS mode,\n"
+           "         any_value(CAST(reprefill_low_tokens AS DOUBLE) / nullif(reprefill_tokens, 0)) AS lo,\n"
+           "         any_value(CAST(reprefill_high_tokens AS DOUBLE) / nullif(reprefill_tokens, 0)) AS hi\n"
+           "  FROM m_calls WHERE in_win AND call_id IN (SELECT call_id FROM firsts) GROUP BY call_id)\n"
            "SELECT c.k, c.session_id, count(*) AS calls, coalesce(sum(c.tokens), 0) AS tokens, "
-           "coalesce(sum(c.usd), 0) AS usd\n"
+           "coalesce(sum(c.usd), 0) AS usd,\n"
+           "coalesce(sum(c.usd * coalesce(b.lo, 1.0)), 0) AS usd_low, coalesce(sum(c.usd * coalesce(b.hi, 1.0)), 0) "
+           "AS usd_high,\ncount(*) FILTER (WHERE b.mode = 'estimate') AS estimate_calls\n"
            "FROM claims c JOIN firsts f ON f.call_id = c.call_id AND f.k = c.k\n"
+           "LEFT JOIN band b ON b.call_id = c.call_id\n"
            "GROUP BY c.k, c.session_id\nORDER BY c.k, usd DESC, c.session_id")
     return sql, params
 
@@ -222,8 +266,14 @@ def _settle(found: list[Finding], ctx: Context) -> tuple[list[Finding], dict[str
             continue
         sql, params = _claims_sql(ranked)
         per: dict[int, list[Affected]] = {i: [] for i, _ in ranked}
+        band: dict[int, list[float]] = {i: [0.0, 0.0, 0, 0] for i, _ in ranked}  # usd low, usd high, est., calls
         for r in ctx.rows(sql, params):
             per[r["k"]].append(Affected(r["session_id"], int(r["calls"]), float(r["tokens"]), float(r["usd"])))
+            b = band[r["k"]]
+            b[0] += float(r["usd_low"])
+            b[1] += float(r["usd_high"])
+            b[2] += int(r["estimate_calls"])
+            b[3] += int(r["calls"])
         for i, f in ranked:
             rows = per[i]
             affected[f.id] = tuple(rows)
@@ -233,6 +283,11 @@ def _settle(found: list[Finding], ctx: Context) -> tuple[list[Finding], dict[str
             tok, usd = sum(a.tokens for a in rows), sum(a.usd for a in rows)
             before = f.tax.usd_window
             tax = _rescale(f.tax, tok, usd, ctx)
+            if kind == "reprefill":
+                lo, hi, est, n = band[i]
+                mode = "exact" if est == 0 else "estimate" if est == n else "mixed"
+                tax = dataclasses.replace(tax, usd_low_week=lo * ctx.tax_scale, usd_high_week=hi * ctx.tax_scale,
+                                          mode=mode)
             if before is not None and usd < before - 1e-9:
                 shared = before - usd
                 tax = dataclasses.replace(tax, basis=f"{tax.basis}; owned calls only: ${shared:,.2f} of the observed "
@@ -283,6 +338,23 @@ def _cap(f: Finding, ctx: Context) -> Finding:
     return dataclasses.replace(f, recoverable=capped, also_recovers=also)
 
 
+def _graded(f: Finding, ctx: Context) -> Finding:
+    """The one severity (on the band's lower end when the tax has a band: what the evidence proves) and the
+    confidence, lowered by the band's spread: X_high more than twice X_low makes it low, more than 1.25× at most
+    medium (docs/findings.md)."""
+    t = f.tax
+    if t.mode in ("estimate", "mixed") and t.usd_low_week is not None:
+        sev = ctx.severity(dataclasses.replace(t, usd_week=t.usd_low_week))  # same period conversion as the tax
+        conf = f.confidence
+        hi, lo = t.usd_high_week or 0.0, t.usd_low_week
+        if hi > 2.0 * lo:
+            conf = "low"
+        elif hi > 1.25 * lo and conf == "high":
+            conf = "medium"
+        return dataclasses.replace(f, severity=sev, confidence=conf)
+    return dataclasses.replace(f, severity=ctx.severity(t))
+
+
 def _coverage_text(ctx: Context, since_given: bool) -> str:
     base = ctx.window_text()
     if since_given and ctx.since is not None and ctx.until is not None and ctx.window_s + 1 < ctx.until - ctx.since:
@@ -321,11 +393,13 @@ def build(db, since=None, until=None, filters: dict | None = None, settings: Set
         found, affected = _settle(found, ctx)
         found = refine(found, ctx, simulate=simulate)
         found = [_cap(f, ctx) for f in found]
-        found = [dataclasses.replace(f, severity=ctx.severity(f.tax)) for f in found]
+        found = [_graded(f, ctx) for f in found]
         acks = active(mrun.cur, clock)
         totals = ctx.one(TOTALS_SQL)
         by_cause = [CauseTax(r["cause"], int(r["calls"]), int(r["sessions"]), float(r["tokens"]), float(r["usd"]),
-                             float(r["tokens"]) * ctx.tax_scale, float(r["usd"]) * ctx.tax_scale)
+                             float(r["tokens"]) * ctx.tax_scale, float(r["usd"]) * ctx.tax_scale,
+                             float(r["tokens_low"]), float(r["tokens_high"]), float(r["usd_low"] or 0.0),
+                             float(r["usd_high"] or 0.0))
                     for r in ctx.rows(FLEET_SQL)]
         bucket = _bucket_s(ctx.window_s)
         trend = tuple((float(r["t_s"]), r["cause"], float(r["tokens"]), float(r["usd"] or 0.0))
@@ -355,4 +429,8 @@ def build(db, since=None, until=None, filters: dict | None = None, settings: Set
         tokens_window=float(totals.get("reprefill_tokens") or 0), usd_window=float(totals.get("reprefill_usd") or 0),
         by_cause=tuple(by_cause), trend=trend, trend_bucket_s=bucket, affected=affected,
         sessions_with_reprefill=int(totals.get("sessions_with_reprefill") or 0),
-        computed_s=time.perf_counter() - t0)
+        computed_s=time.perf_counter() - t0,
+        tokens_low_window=float(totals.get("reprefill_low_tokens") or 0),
+        tokens_high_window=float(totals.get("reprefill_high_tokens") or 0),
+        usd_low_window=float(totals.get("reprefill_low_usd") or 0),
+        usd_high_window=float(totals.get("reprefill_high_usd") or 0), mode=totals.get("mode") or "exact")

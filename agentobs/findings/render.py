@@ -31,14 +31,17 @@ def headline(ledger) -> list[str]:
     it, and the top fixes (each: $/week, sessions, the exact change; then its id and what it recovers)."""
     per = ledger.per
     scale = f", ×{ledger.scale:,.1f}" if ledger.period == "week" else ""
+    band = ledger.band_text()
     out = [f"Recompute tax: {fmt_usd(ledger.usd_week)}{per} ({fmt_usd(ledger.usd_window)} observed in "
-           f"{fmt_duration(ledger.window_s)}{scale}; {fmt_tokens(ledger.tokens_week)} tokens)"]
+           f"{fmt_duration(ledger.window_s)}{scale}; {fmt_tokens(ledger.tokens_week)} tokens)"
+           + (f" · band {band}" if band else "")]
     if ledger.usd_week > 0:
         out.append(f"Findings own {fmt_usd(ledger.owned('reprefill')[1])}{per}; "
                    f"{fmt_usd(ledger.unattributed_usd_week)} below the floors or without a rule")
     for i, f in enumerate(ledger.top_fixes(3), 1):
         rec = f.recoverable.usd_week
-        out.append(f"{i}. {fmt_usd(f.tax.usd_week)}{f.tax.per}"
+        fb = f.tax.band_text()
+        out.append(f"{i}. {fmt_usd(f.tax.usd_week)}{f.tax.per}" + (f" ({fb})" if fb else "")
                    + (f" · {f.sessions:,} sessions" if f.sessions is not None else "") + f" · {short_fix(f)}")
         out.append(f"   {f.id}" + (f" · recovers {fmt_usd(rec)}" if rec is not None else ""))
     return out
@@ -82,7 +85,7 @@ def to_markdown(findings: list[Finding], heading: str = "##") -> str:
         observed = (f"; observed {fmt_usd(t.usd_window)} in {fmt_duration(t.window_s)} × {t.scale:,.1f}"
                     if t.usd_window is not None and t.window_s and t.scale else "")
         lines += [f"- **Tax** ({f.kind}): {fmt_tokens(t.tokens_week)} tokens{t.per}, {fmt_usd(t.usd_week)}{t.per}"
-                  f"{observed} ({t.basis})",
+                  f"{observed} ({t.basis})" + (f"; band {t.band_text()}" if t.band_text() else ""),
                   f"- **Recoverable** ({f.recoverable.method}): {fmt_tokens(f.recoverable.tokens_week)} tokens"
                   f"{f.recoverable.per}, {fmt_usd(f.recoverable.usd_week)}{f.recoverable.per} ({f.recoverable.basis})"]
         if f.also_recovers is not None:

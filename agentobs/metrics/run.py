@@ -102,7 +102,9 @@ def names() -> list[str]:
 _ENUM_COLUMNS = {
     "block_size_source": ("engine_config", "default"),
     "mode": ("no_session", "exact", "estimate"),
-    "miss_cause": ("error", "cold", "routed_away", "cache_disabled", "evicted_full", "evicted_partial", "unknown"),
+    "miss_cause": ("error", "cold", "prior_hit", "routed_away", "cache_disabled", "evicted_full", "evicted_partial",
+                   "prompt_edit", "unexplained", "unknown"),
+    "cause_evidence": ("block_hashes", "cache_off", "other_instance", "kv_removal", "kv_no_removal", "tolerance", "none"),
     "hit_class": ("hit", "partial", "miss"),
     "window_outcome": ("retained", "evicted", "routed_away", "unknown"),
     "rent_mode": ("kv_events", "estimate"),
@@ -135,6 +137,8 @@ def _cost_columns(k: Callable[[str], str], t: str) -> list[str]:
             f"{gpu} AS gpu_s",
             f"({gpu}) * {k('usd_per_s')} AS cost_usd",
             f"{t}.reprefill_tokens / {k('prefill_tps')} * {k('usd_per_s')} AS reprefill_cost_usd",
+            f"{t}.reprefill_low_tokens / {k('prefill_tps')} * {k('usd_per_s')} AS reprefill_cost_low_usd",
+            f"{t}.reprefill_high_tokens / {k('prefill_tps')} * {k('usd_per_s')} AS reprefill_cost_high_usd",
             f"{computed} * {k('list_input_per_tok')} + coalesce({t}.cached_tokens, 0) * {k('list_cached_per_tok')}"
             f" + coalesce({t}.output_tokens, 0) * {k('list_output_per_tok')} AS list_cost_usd"]
 
@@ -297,7 +301,8 @@ class MetricRun:
             self.timings["kv_index_check"] = time.perf_counter() - t0
             sql = "CREATE OR REPLACE TEMP TABLE m_x AS\n" + reuse.reuse_sql(
                 src, "$default_block_size", select, joins + "\nORDER BY r.rid",
-                abandoned_after_s=abandoned_after_s, has_rid=True, rid="rowid", narrow=True, kv_index=self.kv_index)
+                abandoned_after_s=abandoned_after_s, has_rid=True, rid="rowid", narrow=True, kv_index=self.kv_index,
+                hit_tolerance_blocks=int(self.settings.hit_tolerance_blocks))
             self._timed("m_calls", sql, params)
             t0 = time.perf_counter()
             # m_x must hold exactly one row per m_src row, in rowid order (ORDER BY keeps it so, whatever
@@ -329,7 +334,8 @@ class MetricRun:
             select = ("r.*, " + cost_cols + f"({in_filter}) AS in_filter,\n({in_filter}) AND {window} AS in_win")
             sql = "CREATE OR REPLACE TEMP TABLE m_calls AS\n" + reuse.reuse_sql(
                 src, "$default_block_size", select, cost_join,
-                abandoned_after_s=abandoned_after_s, has_rid=True, rid="rid")
+                abandoned_after_s=abandoned_after_s, has_rid=True, rid="rid",
+                hit_tolerance_blocks=int(self.settings.hit_tolerance_blocks))
             self._timed("m_calls", sql, params)
             self.cur.execute("DROP TABLE m_src")
             self.calls_table = "m_calls"

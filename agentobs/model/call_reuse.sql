@@ -3,17 +3,26 @@
 --   calls_src    llm_calls columns (call_id, session_id, branch, instance, start_s, end_s, P, C, O, ...)
 --   cfg_src      instance_config (block_size, prefix_caching)
 --   kv_src       kv_events (BlockStored with session_id, BlockRemoved, AllBlocksCleared)
---   reuse_params one row: default_block_size, abandoned_after_s, data_end_s (the latest span end in the store)
+--   reuse_params one row: default_block_size, abandoned_after_s, hit_tolerance_blocks, data_end_s (the latest span
+--                end in the store)
 -- Columns (docs/metrics.md, "call_reuse"):
 --   prev_call_id     prev(c): latest earlier call of the session and branch that ended before c started;
 --                    for the first call of a non-main branch, the latest earlier call of the session (fork point)
 --   reusable_tokens  R: exact (leading blocks of c present in earlier calls' block_hashes, × B) or
 --                    append-only estimate (P(prev) when P(c) ≥ P(prev)); NULL when cold / context reset
 --   reusable_tokens_eff  R_eff = floor(min(R, P−1)/B)·B
---   reprefill_tokens X = max(0, R_eff − C); NULL when C is unknown
---   miss_cause       error (the call failed and measured no re-prefill) | cold | routed_away | cache_disabled |
---                    evicted_full | evicted_partial | unknown | NULL (no miss)
---   hit_class        hit (C ≥ R_eff − B) | partial | miss (C = 0) | NULL
+--   shortfall_tokens S = max(0, R_eff − C); NULL when C is unknown
+--   reprefill_tokens X: exact mode S; estimate mode S when the cause is a re-prefill (cache_disabled, routed_away,
+--                    evicted_*, unexplained), 0 for a hit within the tolerance and for prompt_edit
+--   reprefill_low_tokens / reprefill_high_tokens  the band of X (exact: X = low = high; estimate: low = S with
+--                    evidence of the cause, high = S + the decode-filled block vLLM recomputes after an eviction;
+--                    a context reset's high counts the control-plane prefix, system + tool-definition tokens)
+--   miss_cause       error (the call failed and measured no re-prefill) | cold | prior_hit (first call, C ≥ B: blocks
+--                    the session never stored) | routed_away | cache_disabled | evicted_full | evicted_partial |
+--                    prompt_edit | unexplained | unknown | NULL (no miss, or a hit within the tolerance)
+--   cause_evidence   what the cause rests on: block_hashes | cache_off | other_instance | kv_removal |
+--                    kv_no_removal | tolerance | none | NULL
+--   hit_class        hit (C ≥ R_eff − tolerance·B) | partial | miss (C = 0) | NULL
 --   window_outcome   the idle window before c: retained | evicted | routed_away | unknown
 --   rent_*           token-seconds of KV at rest K = P(prev)+O(prev) over that window (§4)
 -- calls_src carries rid (a row number fixed once: m_src's column, or the view's materialized CTE), so the
@@ -35,7 +44,8 @@ WITH c AS (
 n AS MATERIALIZED (
     SELECT rid, call_id, session_id, branch, instance, start_s, end_s, prompt_tokens, cached_tokens,
            output_tokens, status, attempt, block_size, block_size_source, prefix_caching, queue_s, ttft_s,
-           block_hashes IS NOT NULL AS has_hashes
+           block_hashes IS NOT NULL AS has_hashes, engine,
+           coalesce(system_tokens, 0) + coalesce(tool_def_tokens, 0) AS control_tokens
     FROM c
 ),
 -- prev(c) within the session and branch. Calls that started before c are the only candidates (a call
@@ -110,9 +120,13 @@ r AS (
                 WHEN lb.n_lead IS NOT NULL AND j.prev_has_hashes THEN lb.n_lead * j.block_size
                 WHEN j.prompt_tokens IS NULL OR j.prev_prompt_tokens IS NULL THEN NULL
                 WHEN j.prompt_tokens >= j.prev_prompt_tokens THEN j.prev_prompt_tokens
+                -- a sub-agent's first call shorter than its fork point's context: it shares the fork point's
+                -- control-plane prefix (system prompt, tool definitions), when the spans say how long that is
+                WHEN j.prev_forked AND j.control_tokens > 0 THEN least(j.control_tokens, j.prompt_tokens)
                 ELSE NULL END AS reusable_tokens,
            (j.prev_call_id IS NOT NULL AND NOT (lb.n_lead IS NOT NULL AND j.prev_has_hashes)
-            AND j.prompt_tokens < j.prev_prompt_tokens) AS context_reset
+            AND j.prompt_tokens < j.prev_prompt_tokens AND NOT (j.prev_forked AND j.control_tokens > 0))
+               AS context_reset
     FROM j LEFT JOIN lead_blocks lb USING (rid)
 ),
 x AS (
@@ -127,32 +141,16 @@ y AS (
            CASE WHEN reusable_tokens_eff IS NULL THEN NULL
                 WHEN reusable_tokens_eff = 0 THEN 0
                 WHEN cached_tokens IS NULL THEN NULL
-                ELSE greatest(reusable_tokens_eff - cached_tokens, 0) END AS reprefill_tokens,
+                ELSE greatest(reusable_tokens_eff - cached_tokens, 0) END AS shortfall_tokens,
            CASE WHEN reusable_tokens_eff IS NULL OR cached_tokens IS NULL THEN NULL
-                WHEN cached_tokens >= reusable_tokens_eff - block_size THEN 'hit'
+                WHEN cached_tokens >= reusable_tokens_eff - rp.hit_tolerance_blocks * block_size THEN 'hit'
                 WHEN cached_tokens = 0 THEN 'miss'
-                ELSE 'partial' END AS hit_class
-    FROM x
+                ELSE 'partial' END AS hit_class,
+           rp.hit_tolerance_blocks * block_size AS tolerance_tokens
+    FROM x CROSS JOIN reuse_params rp
 ),
 z AS MATERIALIZED (
     SELECT y.*,
-           -- a failed call (error type, HTTP error, exception, span status ERROR) is its own cause, not a hit or a
-           -- cold start; one that did recompute a prefix (X > 0) keeps the cause of that recompute
-           CASE WHEN status = 'error' AND coalesce(reprefill_tokens, 0) = 0 THEN 'error'
-                WHEN session_id IS NULL THEN NULL
-                WHEN prev_call_id IS NULL THEN 'cold'
-                WHEN reusable_tokens_eff IS NULL THEN NULL
-                WHEN reprefill_tokens IS NULL THEN 'unknown'
-                WHEN reprefill_tokens = 0 THEN NULL
-                WHEN prefix_caching = false THEN 'cache_disabled'
-                WHEN instance <> prev_instance THEN 'routed_away'
-                WHEN cached_tokens = 0 THEN 'evicted_full'
-                ELSE 'evicted_partial' END AS miss_cause,
-           CASE WHEN prev_call_id IS NULL THEN NULL
-                WHEN instance <> prev_instance THEN 'routed_away'
-                WHEN hit_class IS NULL THEN 'unknown'
-                WHEN hit_class = 'hit' THEN 'retained'
-                ELSE 'evicted' END AS window_outcome,
            start_s - prev_end_s AS gap_before_s,
            CASE WHEN prev_call_id IS NOT NULL
                 THEN coalesce(prev_prompt_tokens, 0) + coalesce(prev_output_tokens, 0) END AS kv_tokens_before,
@@ -160,7 +158,12 @@ z AS MATERIALIZED (
            -- attempt > 1, or prev(c) of its own branch failed and c re-sends the same P (a branch's first call is
            -- never a retry of its fork point: a turn and its retries stay in one branch, as turn_no counts them)
            coalesce(attempt > 1 OR (prev_status = 'error' AND NOT prev_forked AND prompt_tokens = prev_prompt_tokens),
-                    false) AS is_retry
+                    false) AS is_retry,
+           -- prior blocks: what the session's first call hit (blocks it never stored: a warm engine, an earlier run,
+           -- a prefix shared with other sessions); its own KV events say nothing about them
+           CASE WHEN session_id IS NOT NULL
+                THEN coalesce(first_value(cached_tokens) OVER (PARTITION BY session_id ORDER BY start_s, rid), 0)
+           END AS prior_tokens
     FROM y
 ),
 -- kv index begin (kv_sess … kv_rm_chain read kv_src alone: agentobs.model.kvindex stores their result)
@@ -242,11 +245,23 @@ kv_rm AS (SELECT DISTINCT instance, session_id, ts_s FROM kv_rm_chain),
 kv_end AS (SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_src GROUP BY instance),
 -- the idle window's eviction: the first removal, after the previous call ended and on its instance, of a
 -- block the next call would reuse — a block of the session's live chain at t2(prev) before the reusable
--- prefix ends (R_eff of c, else P(prev), in blocks); blocks of unknown depth count. Output/decode blocks
--- of earlier turns that no prompt continues (LRU evicts them first) do not end the window.
+-- prefix ends (R_eff of c, else P(prev), in blocks), that c did not replace (a block the session superseded while
+-- c ran was rewritten by c's prompt — a re-rendered tail, an edit — so its removal cost c nothing; one superseded
+-- between t2(prev) and t0(c) was by another branch of the session, a sub-agent); blocks of
+-- unknown depth count. Output/decode blocks of earlier turns that no prompt continues (LRU evicts them first)
+-- do not end the window.
+-- edit_depth: the least depth of such a removed block that c replaced (superseded while c ran): c's prompt
+-- differs from there on, so what c could reuse ends there (the estimate's R = P(prev) assumes it does not)
 ev AS (
-    SELECT z.rid, min(rm.ts_s) AS evict_ts_s
-    FROM (SELECT z.rid, z.session_id, z.prev_instance, z.prev_end_s,
+    SELECT z.rid,
+           min(rm.ts_s) FILTER (WHERE NOT coalesce(rm.superseded_s > z.start_s AND rm.superseded_s <= z.end_s, false))
+               AS evict_ts_s,
+           -- strong evidence: a removed block no call of the session had replaced by t2(c) (a removal of a block
+           -- another branch superseded may be of a block c no longer has: counted in X, not in X_low)
+           min(rm.ts_s) FILTER (WHERE coalesce(rm.superseded_s > z.end_s, true)) AS strong_ts_s,
+           min(rm.depth) FILTER (WHERE rm.depth >= 0 AND rm.superseded_s > z.start_s AND rm.superseded_s <= z.end_s)
+               AS edit_depth
+    FROM (SELECT z.rid, z.session_id, z.prev_instance, z.prev_end_s, z.start_s, z.end_s,
                  coalesce(z.reusable_tokens_eff, z.prev_prompt_tokens, 0) // z.block_size AS n_blocks
           FROM z JOIN kv_sess k ON k.instance = z.prev_instance AND k.session_id = z.session_id) z
     JOIN kv_rm_chain rm
@@ -286,25 +301,109 @@ w AS (
     LEFT JOIN kv_sess ks ON ks.instance = z.prev_instance AND ks.session_id = z.session_id
     LEFT JOIN kv_sess ka ON ka.instance = z.instance AND ka.session_id = z.session_id
 ),
+-- the cause of a shortfall S = R_eff − C, from evidence (docs/metrics.md, "Miss causes from evidence"). Exact mode
+-- (block hashes): R is what c shares with the session's earlier prompts, so S is re-prefill; the cause ladder as
+-- before. Estimate mode: R = P(prev) assumes c extends prev to the last token, so S is re-prefill only with
+-- evidence: another instance, the cache off, or a KV-event removal of a block c reused before its prefill;
+-- without it S within the tolerance is a hit, S beyond it is a prompt edit when the session's own KV events
+-- cover the shortfall (they show no removal: the blocks were there, c no longer shares them), else unexplained
+v AS (
+    SELECT w.*, ev.evict_ts_s, ev.edit_depth,
+           coalesce(ev.strong_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0), false) AS strong,
+           CASE WHEN ev.evict_ts_s IS NULL THEN NULL
+                WHEN ev.evict_ts_s < w.start_s THEN 'idle'
+                WHEN ev.evict_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0) THEN 'queued'
+                ELSE 'after_resume' END AS evict_phase,
+           CASE WHEN w.session_id IS NULL OR w.prev_call_id IS NULL OR w.shortfall_tokens IS NULL
+                     OR w.shortfall_tokens = 0 THEN NULL
+                WHEN w.mode = 'exact' THEN 'block_hashes'
+                WHEN w.prefix_caching = false THEN 'cache_off'
+                WHEN w.instance <> w.prev_instance THEN 'other_instance'
+                WHEN ev.evict_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0) THEN 'kv_removal'
+                WHEN w.shortfall_tokens <= w.tolerance_tokens THEN 'tolerance'
+                WHEN w.prev_kv_known AND w.cached_tokens >= w.prior_tokens THEN 'kv_no_removal'
+                ELSE 'none' END AS cause_evidence
+    FROM w
+    LEFT JOIN ev USING (rid)
+),
+u AS (
+    SELECT v.*,
+           -- a removal: what c reused up to where its prompt changed (edit_depth), less what it hit
+           CASE WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
+                THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
+                WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
+                                                                   'kv_removal', 'none')
+                THEN shortfall_tokens ELSE 0 END AS reprefill_tokens,
+           CASE WHEN cause_evidence = 'kv_removal' AND NOT strong THEN 0
+                WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
+                THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
+                WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
+                                                                   'kv_removal')
+                THEN shortfall_tokens ELSE 0 END AS reprefill_low_tokens,
+           CASE WHEN context_reset AND cached_tokens IS NOT NULL AND prompt_tokens IS NOT NULL
+                -- a reset keeps at most the control-plane prefix (system prompt, tool definitions)
+                THEN greatest((greatest(least(control_tokens, prompt_tokens - 1), 0) // block_size) * block_size
+                              - cached_tokens, 0)
+                WHEN cause_evidence IS NULL OR cause_evidence = 'block_hashes' THEN shortfall_tokens
+                -- vLLM caches the block decoding filled (the previous prompt's last partial block, completed by
+                -- its first output tokens): after an eviction it recomputes that block too (docs/metrics.md)
+                WHEN engine = 'vllm' AND cause_evidence = 'kv_removal'
+                     AND prev_prompt_tokens % block_size > 0
+                     AND prev_prompt_tokens % block_size + coalesce(prev_output_tokens, 0) >= block_size
+                     AND reusable_tokens_eff + block_size <= ((prompt_tokens - 1) // block_size) * block_size
+                THEN shortfall_tokens + block_size
+                ELSE shortfall_tokens END AS reprefill_high_tokens
+    FROM v
+),
+-- the labels of each call (cause, window outcome) from the evidence
+lab AS (
+    SELECT w.rid,
+       -- a failed call (error type, HTTP error, exception, span status ERROR) is its own cause, not a hit or a
+       -- cold start; one that did recompute a prefix (X > 0) keeps the cause of that recompute
+       CASE WHEN w.status = 'error' AND coalesce(w.reprefill_tokens, 0) = 0 THEN 'error'
+            WHEN w.session_id IS NULL THEN NULL
+            WHEN w.prev_call_id IS NULL THEN CASE WHEN w.cached_tokens >= w.block_size THEN 'prior_hit' ELSE 'cold' END
+            WHEN w.reusable_tokens_eff IS NULL THEN NULL
+            WHEN w.shortfall_tokens IS NULL THEN 'unknown'
+            WHEN w.shortfall_tokens = 0 THEN NULL
+            WHEN w.cause_evidence = 'cache_off' OR (w.cause_evidence = 'block_hashes' AND w.prefix_caching = false)
+                THEN 'cache_disabled'
+            WHEN w.cause_evidence = 'other_instance'
+                 OR (w.cause_evidence = 'block_hashes' AND w.instance <> w.prev_instance) THEN 'routed_away'
+            -- a removal, but c hit all it reused up to where its prompt changed: the shortfall is the edit
+            WHEN w.cause_evidence = 'kv_removal' AND w.reprefill_tokens = 0 THEN 'prompt_edit'
+            WHEN w.cause_evidence IN ('block_hashes', 'kv_removal')
+                THEN CASE WHEN w.cached_tokens = 0 THEN 'evicted_full' ELSE 'evicted_partial' END
+            WHEN w.cause_evidence = 'tolerance' THEN NULL
+            WHEN w.cause_evidence = 'kv_no_removal' THEN 'prompt_edit'
+            ELSE 'unexplained' END AS miss_cause,
+       -- the idle window: retained (a hit, or KV events that show the blocks stayed), evicted only with evidence
+       -- (exact mode, the cache off, a removal), unknown when nothing says which
+       CASE WHEN w.prev_call_id IS NULL THEN NULL
+            WHEN w.instance <> w.prev_instance THEN 'routed_away'
+            WHEN w.hit_class IS NULL THEN 'unknown'
+            WHEN w.hit_class = 'hit' THEN 'retained'
+            WHEN w.cause_evidence = 'kv_removal' AND w.reprefill_tokens = 0 THEN 'retained'
+            WHEN w.cause_evidence IN ('block_hashes', 'cache_off', 'kv_removal') THEN 'evicted'
+            WHEN w.cause_evidence = 'kv_no_removal' THEN 'retained'
+            ELSE 'unknown' END AS window_outcome
+    FROM u w
+),
 -- every computed column, keyed by rid (the narrow result: the metric run stores it as is, see reuse.py)
 fin AS (
     SELECT w.rid, w.instance, w.start_s, w.prompt_tokens, w.cached_tokens, w.output_tokens,
        w.block_size, w.block_size_source, w.prefix_caching,
        w.prev_call_id, w.prev_instance, w.gap_before_s, w.mode,
-       w.reusable_tokens, w.reusable_tokens_eff, w.reprefill_tokens, w.miss_cause, w.context_reset, w.hit_class,
+       w.reusable_tokens, w.reusable_tokens_eff, w.reprefill_tokens, l.miss_cause, w.context_reset, w.hit_class,
        w.is_retry, w.turn_no, w.is_last_attempt, w.is_last,
-       w.kv_tokens_before, w.window_outcome,
+       w.kv_tokens_before, l.window_outcome,
        CASE WHEN w.prev_call_id IS NULL THEN NULL WHEN w.prev_kv_known THEN 'kv_events' ELSE 'estimate' END AS rent_mode,
-       ev.evict_ts_s,
-       CASE WHEN ev.evict_ts_s IS NULL THEN NULL
-            WHEN ev.evict_ts_s < w.start_s THEN 'idle'
-            WHEN ev.evict_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0) THEN 'queued'
-            ELSE 'after_resume' END AS evict_phase,
-       CASE WHEN w.window_outcome = 'retained' THEN w.kv_tokens_before * w.gap_before_s END AS rent_paid_token_s,
-       CASE WHEN w.window_outcome = 'evicted' AND w.prev_kv_known
-                THEN w.kv_tokens_before * (least(coalesce(ev.evict_ts_s, w.start_s), w.start_s) - w.prev_end_s)
-            WHEN w.window_outcome = 'routed_away' AND w.prev_kv_known AND ev.evict_ts_s IS NOT NULL
-                THEN w.kv_tokens_before * (ev.evict_ts_s - w.prev_end_s)
+       w.evict_ts_s, w.evict_phase,
+       CASE WHEN l.window_outcome = 'retained' THEN w.kv_tokens_before * w.gap_before_s END AS rent_paid_token_s,
+       CASE WHEN l.window_outcome = 'evicted' AND w.prev_kv_known
+                THEN w.kv_tokens_before * (least(coalesce(w.evict_ts_s, w.start_s), w.start_s) - w.prev_end_s)
+            WHEN l.window_outcome = 'routed_away' AND w.prev_kv_known AND w.evict_ts_s IS NOT NULL
+                THEN w.kv_tokens_before * (w.evict_ts_s - w.prev_end_s)
        END AS rent_wasted_token_s,
        CASE WHEN w.abandoned
             THEN coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0) END AS abandon_kv_tokens,
@@ -312,9 +411,10 @@ fin AS (
             THEN (coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0))
                  * (coalesce(ab.abandon_evict_ts_s, ke.last_s) - w.end_s) END AS abandon_rent_token_s,
        CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored,
-       w.abandoned
-    FROM w
-    LEFT JOIN ev USING (rid)
+       w.abandoned,
+       w.shortfall_tokens, w.reprefill_low_tokens, w.reprefill_high_tokens, w.cause_evidence
+    FROM u w
+    JOIN lab l USING (rid)
     LEFT JOIN ab USING (rid)
     LEFT JOIN kv_end ke ON ke.instance = w.instance
 )
@@ -328,6 +428,6 @@ SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.
        f.is_retry, f.turn_no, f.is_last_attempt, f.is_last,
        f.kv_tokens_before, f.window_outcome, f.rent_mode, f.evict_ts_s, f.evict_phase,
        f.rent_paid_token_s, f.rent_wasted_token_s, f.abandon_kv_tokens, f.abandon_rent_token_s, f.abandon_censored,
-       f.abandoned
+       f.abandoned, f.shortfall_tokens, f.reprefill_low_tokens, f.reprefill_high_tokens, f.cause_evidence
 FROM fin f
 JOIN calls_src c USING (rid)

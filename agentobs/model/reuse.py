@@ -26,6 +26,7 @@ CALL_COLUMNS = (
 )
 DEFAULT_BLOCK_SIZE = int(Settings().default_block_size)
 DEFAULT_ABANDONED_AFTER_S = float(Settings().abandoned_after_s)
+DEFAULT_HIT_TOLERANCE_BLOCKS = int(Settings().hit_tolerance_blocks)
 
 
 def seconds_literal(value) -> str:
@@ -34,6 +35,13 @@ def seconds_literal(value) -> str:
     if not math.isfinite(v) or v < 0:
         raise ConfigError(f"setting abandoned_after_s must be a finite number of seconds ≥ 0, got {value!r}")
     return repr(v)
+
+
+def blocks_literal(value) -> str:
+    """The hit tolerance (a setting, whole blocks ≥ 0) as a SQL literal."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"setting hit_tolerance_blocks must be a whole number of blocks ≥ 0, got {value!r}")
+    return str(value)
 
 
 _FINAL = "-- final:"
@@ -50,7 +58,7 @@ def body_sql(narrow: bool = False) -> str:
 
 def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: str = "*", tail: str = "",
               abandoned_after_s: float | None = None, has_rid: bool = False, rid: str = "rid", narrow: bool = False,
-              kv_index: bool = False) -> str:
+              kv_index: bool = False, hit_tolerance_blocks: int | None = None) -> str:
     """The call_reuse SELECT over ``calls`` (a relation name of ours). ``block_size`` is a SQL
     expression for the default block size (a parameter such as ``$default_block_size``); ``select``
     and ``tail`` extend the outer query (the body is aliased ``r``). All arguments are our own SQL text;
@@ -61,7 +69,9 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
     m_src: no numbering pass at all; the CTE is then never materialized, each use scans the table). ``narrow``: the
     body without its final join back onto ``calls`` (see body_sql): the metric run stores that and puts the call
     columns beside it with a positional join. ``kv_index``: read the KV section's result from the stored KV-event
-    index (agentobs.model.kvindex; the caller checked it is current) instead of computing it from kv_events."""
+    index (agentobs.model.kvindex; the caller checked it is current) instead of computing it from kv_events.
+    ``hit_tolerance_blocks``: the setting (a shortfall of at most this many blocks, without evidence of eviction, is a
+    hit in estimate mode); validated, then a literal."""
     body = body_sql(narrow)
     if kv_index:
         from . import kvindex
@@ -71,6 +81,7 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
         body = body.replace(kvindex.section(), kvindex.INDEXED)
     bs = block_size if block_size is not None else str(DEFAULT_BLOCK_SIZE)
     ab = seconds_literal(abandoned_after_s if abandoned_after_s is not None else DEFAULT_ABANDONED_AFTER_S)
+    tol = blocks_literal(hit_tolerance_blocks if hit_tolerance_blocks is not None else DEFAULT_HIT_TOLERANCE_BLOCKS)
     return (
         (f"WITH calls_src AS NOT MATERIALIZED (SELECT rowid AS rid, {CALL_COLUMNS} FROM {calls}),\n"
          if has_rid and rid == "rowid" else
@@ -79,6 +90,7 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
         "cfg_src AS (SELECT * FROM instance_config),\n"
         "kv_src AS (SELECT * FROM kv_events),\n"
         f"reuse_params AS (SELECT CAST({bs} AS INTEGER) AS default_block_size, CAST({ab} AS DOUBLE) AS abandoned_after_s,\n"
+        f"    CAST({tol} AS INTEGER) AS hit_tolerance_blocks,\n"
         "    (SELECT max(end_ns) FROM spans) / 1e9 AS data_end_s)\n"
         f"SELECT {select} FROM (\n{body}\n) r\n{tail}"
     )

@@ -415,6 +415,11 @@ class _Builder:
                    "previous: the week before on the same scaling rule", prev_usd),
             Figure("recompute_tax_usd_window", "Observed in the window", ledger.usd_window, "usd",
                    ledger.window_text),
+            Figure("recompute_tax_low_usd_week", "Lower end " + _per_text(ledger.per),
+                   ledger.usd_low_window * ledger.scale, "usd",
+                   f"re-prefill with evidence of its cause ({ledger.mode} mode; band {ledger.band_text() or 'none'})"),
+            Figure("recompute_tax_high_usd_week", "Upper end " + _per_text(ledger.per),
+                   ledger.usd_high_window * ledger.scale, "usd", "every shortfall R_eff − C, explained or not"),
             Figure("owned_by_findings_usd_week", "Owned by findings " + _per_text(ledger.per), owned_usd, "usd",
                    "Σ of the findings' tax; each call's re-prefill counted once"),
             Figure("unattributed_usd_week", "Not attributed " + _per_text(ledger.per), ledger.unattributed_usd_week,
@@ -440,10 +445,13 @@ class _Builder:
             "cause": [c.cause for c in ledger.by_cause], "calls": [c.calls for c in ledger.by_cause],
             "sessions": [c.sessions for c in ledger.by_cause],
             "reprefill_tokens": [c.tokens_window for c in ledger.by_cause],
-            "usd_window": [c.usd_window for c in ledger.by_cause], "usd_week": [c.usd_week for c in ledger.by_cause]},
+            "usd_window": [c.usd_window for c in ledger.by_cause], "usd_week": [c.usd_week for c in ledger.by_cause],
+            "usd_low_week": [c.usd_low_window * ledger.scale for c in ledger.by_cause],
+            "usd_high_week": [c.usd_high_window * ledger.scale for c in ledger.by_cause]},
             schema=pa.schema([("cause", pa.string()), ("calls", pa.int64()), ("sessions", pa.int64()),
                               ("reprefill_tokens", pa.float64()), ("usd_window", pa.float64()),
-                              ("usd_week", pa.float64())]))
+                              ("usd_week", pa.float64()), ("usd_low_week", pa.float64()),
+                              ("usd_high_week", pa.float64())]))
         sec.tables.append(Table("tax_by_cause", "Recompute tax by miss cause", "METRICS.md §1 miss causes", causes,
                                 chart=Chart("bars", "Recompute tax by miss cause (USD/week)", "cause", "usd_week")))
         if not fixes:

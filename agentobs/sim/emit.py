@@ -269,12 +269,16 @@ class BundleSink:
         reff = min(call.R, ((P - 1) // B) * B) if P > 0 else 0
         C = 0 if call.rejected else r.C
         X = 0 if call.first or call.rejected else max(0, reff - C)
+        kind = "first" if call.first else call.spec.kind
+        shared = None
+        if prev is not None and not prev.rejected and not call.rejected:
+            shared = common_prefix(r.chain, r.nblk, prev.req.chain, prev.req.nblk) * B
         if call.rejected:
             cause = "rejected"
         elif call.first:
-            cause = "cold"
+            cause = "prior_hit" if C >= B else "cold"  # blocks the session never stored (a prefix other sessions left)
         elif X == 0:
-            cause = "hit"
+            cause = "prompt_edit" if kind == "edit" else "hit"
         elif not inst.spec.prefix_caching:  # owns the miss first: routing back here would not have hit either
             cause = "cache_disabled"
         elif prev is not None and not prev.rejected and prev.req.inst is not inst:
@@ -287,7 +291,9 @@ class BundleSink:
         if prev is not None and not prev.rejected and not call.rejected:
             gap = call.t0 - prev.t2
             K = prev.req.P + prev.req.O
-            pe = prev.req.evict_first
+            # the window ends with the first eviction of a block c would reuse (a block of prev's that c's prompt no
+            # longer has — a re-rendered tail, an edited history, prev's output — costs c nothing when it goes)
+            pe = first_reuse_eviction(prev.req, r.chain, reff // B)
             if prev.req.inst is not inst:
                 outcome = "routed_away"
             elif not inst.spec.prefix_caching:
@@ -317,7 +323,7 @@ class BundleSink:
                 call.first, call.R, reff, X, cause, prev.span_id if prev else None,
                 prev.req.inst.spec.name if prev is not None and prev.req.inst is not None else None, gap, K, ev, when,
                 outcome, paid, wasted, r.queue_s if r.t_admit is not None else None, r.preempted,
-                r.C_host, r.status, call.rejected)
+                r.C_host, r.status, call.rejected, kind, shared)
         for k, v in zip(TRUTH_COLUMNS, vals, strict=True):
             T[k].append(v)
 
@@ -469,5 +475,38 @@ TRUTH_COLUMNS = (
     "cached_tokens", "output_tokens", "start_s", "end_s", "first_call", "reusable_tokens", "reusable_eff_tokens",
     "reprefill_tokens", "cause", "prev_call_id", "prev_instance", "gap_s", "kv_tokens", "evict_s", "evicted_while",
     "window", "rent_paid_tok_s", "rent_wasted_tok_s", "queue_s", "preemptions", "host_hit_tokens", "status",
-    "rejected",
+    "rejected", "prompt_kind", "shared_prev_tokens",
 )
+
+
+def first_reuse_eviction(prev, chain, n: int) -> float | None:
+    """When the first of the blocks ``chain[:n]`` (what a call reuses) that ``prev`` held was evicted, or None."""
+    log = prev.evict_log
+    if not log or n <= 0:
+        return None
+    runs = chain.runs(0, n)
+    for t, a, b in log:
+        for lo, hi in runs:
+            if a < hi and lo < b:
+                return t
+    return None
+
+
+def common_prefix(a, na: int, b, nb: int) -> int:
+    """Leading blocks two prompts share: the first ``na`` blocks of chain ``a`` and the first ``nb`` of ``b``."""
+    ra, rb = a.runs(0, na), b.runs(0, nb)
+    i = j = n = 0
+    oa = ob = 0  # offsets into the current runs
+    while i < len(ra) and j < len(rb):
+        xa, xb = ra[i][0] + oa, rb[j][0] + ob
+        if xa != xb:
+            break
+        step = min(ra[i][1] - xa, rb[j][1] - xb)
+        n += step
+        oa += step
+        ob += step
+        if ra[i][0] + oa >= ra[i][1]:
+            i, oa = i + 1, 0
+        if rb[j][0] + ob >= rb[j][1]:
+            j, ob = j + 1, 0
+    return n

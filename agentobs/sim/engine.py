@@ -56,7 +56,7 @@ class Req:
         "cid", "sess", "branch", "attempt", "chain", "nblk", "P", "O", "fail", "t0", "inst", "C", "C_host",
         "t_arrive", "t_admit", "t_first", "t_end", "rem", "v_first", "v_end", "n_alloc", "n_cached",
         "preempted", "itl", "prefill_s", "queue_s", "status", "finish", "R", "prev", "evict_first",
-        "evicted_blocks", "call", "seq", "out_ids", "order", "ctx",
+        "evicted_blocks", "call", "seq", "out_ids", "order", "ctx", "evict_log",
     )
 
     def __init__(self):
@@ -64,6 +64,7 @@ class Req:
         self.C_host = 0
         self.preempted = 0
         self.evict_first = None
+        self.evict_log = None  # (time, first id, end id) of each evicted run of this request's blocks, in time order
         self.evicted_blocks = 0
         self.itl = None
         self.status = "ok"
@@ -135,10 +136,14 @@ class Instance:
     def _on_evict(self, ranges: list[tuple[int, int]]) -> None:
         owners: dict[Req, int] = {}
         pop = self.owner.pop_range
+        now = self.now
         for lo, hi in ranges:
             for a, b, r in pop(lo, hi):
                 owners[r] = owners.get(r, 0) + (b - a)
-        now = self.now
+                log = r.evict_log
+                if log is None:
+                    r.evict_log = log = []
+                log.append((now, a, b))
         for r, n in owners.items():
             if r.evict_first is None:
                 r.evict_first = now

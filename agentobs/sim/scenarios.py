@@ -41,6 +41,7 @@ def _served(i: InstanceSpec) -> InstanceSpec:
 
 
 SAMPLE_MIX = {"coding": 3.0, "support": 4.0, "research": 1.0, "batch-eval": 0.3}
+EDITS_MIX = {"coding-edit": 2.0, "research-fork": 1.0, "support": 1.0}
 
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
@@ -63,6 +64,16 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("claude-code", "Replay of the 24 Claude Code sessions on 2 vLLM replicas (block 64), session-affine.",
                  (_v("10.2.0.1:8000", block_size=64), _v("10.2.0.2:8000", block_size=64)),
                  router="session_affinity", workload="claude-code", block_size=64, duration_s=10 * 86400.0),
+        Scenario("edits", "30 min of agents whose harness rewrites the context (issue 20): the last turn re-rendered, "
+                 "history edited or compacted mid-session, sub-agents forked; 2 vLLM replicas (block 16, a 300k-token "
+                 "pool each), session-affine; ground truth labels every call's prompt kind and cause.",
+                 (_v("10.5.0.1:8000", kv_capacity_tokens=300_000), _v("10.5.0.2:8000", kv_capacity_tokens=300_000)),
+                 router="session_affinity", mix=EDITS_MIX, duration_s=1800.0, sessions_per_min=3.0),
+        Scenario("edits-unbounded", "The edits workload on 2 vLLM replicas whose KV pool never fills (nothing is "
+                 "evicted: every shortfall is a prompt edit or a re-rendered tail).",
+                 (_v("10.5.1.1:8000", kv_capacity_tokens=50_000_000),
+                  _v("10.5.1.2:8000", kv_capacity_tokens=50_000_000)),
+                 router="session_affinity", mix=EDITS_MIX, duration_s=1800.0, sessions_per_min=3.0),
         Scenario("mooncake", "Replay of the Mooncake conversation trace (first 3,000 requests) on 4 vLLM replicas.",
                  tuple(_v(f"10.3.0.{i}:8000") for i in range(4)), router="cache_aware", workload="mooncake",
                  duration_s=86400.0),

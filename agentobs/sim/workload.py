@@ -56,6 +56,10 @@ class CallSpec:
     system_tokens: int = 0
     tool_tokens: int = 0
     model: str | None = None
+    # what the prompt is to the previous call of its thread (ground truth, truth/calls.parquet prompt_kind):
+    # first | append | tail_rewrite (the last 1-2 blocks re-rendered) | edit (history edited mid-session: the
+    # shared prefix shrinks while P grows) | compaction (a new context) | fork (a sub-agent's first call)
+    kind: str = "append"
 
 
 @dataclass
@@ -112,6 +116,8 @@ class TaskType:
     branches: tuple[int, int] = (0, 0)   # parallel branches forked once (research sub-agents)
     branch_turns: tuple[int, int] = (3, 6)
     compact_at: int = 0          # context compaction threshold (tokens), 0 = never
+    tail_rewrite_p: float = 0.0  # share of turns whose prompt re-renders the last 1-2 blocks of the previous one
+    edit_p: float = 0.0          # share of turns that edit history: keep 30-80% of the previous prompt's blocks
 
 
 TASK_TYPES: dict[str, TaskType] = {
@@ -131,6 +137,16 @@ TASK_TYPES: dict[str, TaskType] = {
         TaskType("toolcall20", "tool-agent", (20, 20), 4000, 2000, Dist(600, 0.3, 200, 1500),
                  Dist(1500, 0.4, 600, 3000), Dist(180, 0.4, 60, 400), Dist(0, 0, 5.0, 30.0, uniform=True),
                  ("run_tool",)),
+        # agents whose harness rewrites the context (issue 20): the last turn re-rendered, history edited or
+        # compacted mid-session, sub-agents forked from the main thread
+        TaskType("coding-edit", "edit-agent", (12, 30), 2500, 5500, Dist(900, 0.8, 200, 4000),
+                 Dist(900, 1.0, 60, 9000), Dist(180, 0.7, 20, 2000), Dist(9.0, 1.1, 0.5, 300.0),
+                 ("read_file", "grep", "run_tests", "edit_file"), retry_p=0.02, human_p=0.05, compact_at=60_000,
+                 tail_rewrite_p=0.5, edit_p=0.08),
+        TaskType("research-fork", "fork-researcher", (5, 10), 2200, 2600, Dist(400, 0.5, 100, 2000),
+                 Dist(2500, 0.7, 300, 9000), Dist(300, 0.6, 50, 1500), Dist(6.0, 0.8, 1.0, 60.0),
+                 ("web_search", "fetch_url"), retry_p=0.03, branches=(2, 4), branch_turns=(3, 6),
+                 tail_rewrite_p=0.3, edit_p=0.05),
     )
 }
 
@@ -147,6 +163,10 @@ class _Chain:
     def __init__(self, ids: IdAlloc, B: int, head: Chain):
         self.ids, self.B = ids, B
         self.chain = head.prefix(len(head))
+
+    def rewrite_from(self, keep: int) -> None:
+        """The prompt changes from block ``keep`` on: later prompts share only the first ``keep`` blocks."""
+        self.chain = self.chain.prefix(min(keep, len(self.chain)))
 
     def prompt(self, P: int) -> tuple[Chain, int]:
         n = P // self.B
@@ -203,26 +223,45 @@ def _synthetic_session(tt: TaskType, i: int, t0: float, rng: random.Random, ids:
     calls: list[CallSpec] = []
     n = 0
 
-    def mk(ch: _Chain, P: int, gap: float, tool: str | None) -> CallSpec:
+    def mk(ch: _Chain, P: int, gap: float, tool: str | None, kind: str = "append") -> CallSpec:
         chain, nblk = ch.prompt(P)
         O = max(1, _tokens(tt.output, rng))  # noqa: E741
         fail = rng.random() < tt.retry_p
         return CallSpec(chain, nblk, P, O, gap, None, tool, fail, rng.uniform(0.5, 3.0), tt.system_tokens,
-                        tt.tool_def_tokens)
+                        tt.tool_def_tokens, kind=kind)
+
+    head_blocks = head_tokens // B
+
+    def rewrite(ch: _Chain, prev_nblk: int) -> str:
+        """Draws (only for task types that rewrite, so other types' random streams stay as they were) whether this
+        turn edits history or re-renders the tail, and cuts the thread's chain accordingly."""
+        if tt.edit_p and rng.random() < tt.edit_p:
+            ch.rewrite_from(max(head_blocks, int(prev_nblk * rng.uniform(0.3, 0.8))))
+            return "edit"
+        if tt.tail_rewrite_p and rng.random() < tt.tail_rewrite_p:
+            ch.rewrite_from(max(head_blocks, prev_nblk - rng.randint(1, 2)))
+            return "tail_rewrite"
+        return "append"
 
     prevO = 0
+    last_nblk = 0
     for k in range(turns):
         if k == 0:
-            gap, tool = 0.0, None
+            gap, tool, kind = 0.0, None, "first"
         else:
             human = rng.random() < tt.human_p
             gap = tt.human_gap.draw(rng) if human else tt.gap.draw(rng)
             tool = None if human or not tt.tools else rng.choice(tt.tools)
             P = P + prevO + _tokens(tt.growth, rng)
+            kind = "append"
             if tt.compact_at and P > tt.compact_at:  # compaction: a new context (summary)
                 main = _Chain(ids, B, shared)
                 P = head_tokens + rng.randint(2000, 5000)
-        c = mk(main, P, gap, tool)
+                kind = "compaction"
+            elif tt.edit_p or tt.tail_rewrite_p:
+                kind = rewrite(main, last_nblk)
+        c = mk(main, P, gap, tool, kind)
+        last_nblk = c.nblk
         calls.append(c)
         n += 1
         prevO = c.O
@@ -239,7 +278,9 @@ def _synthetic_session(tt: TaskType, i: int, t0: float, rng: random.Random, ids:
                     if j:
                         bp += bcalls[-1].O + _tokens(tt.growth, rng)
                     bt = rng.choice(tt.tools) if tt.tools else None
-                    bcalls.append(mk(ch, bp, tt.gap.draw(rng), bt))
+                    bkind = "fork" if not j else (rewrite(ch, bcalls[-1].nblk) if tt.edit_p or tt.tail_rewrite_p
+                                                  else "append")
+                    bcalls.append(mk(ch, bp, tt.gap.draw(rng), bt, bkind))
                     n += 1
                 threads.append((f"b{b + 1}", bcalls))
             segments.append(Segment("par", threads))
@@ -332,7 +373,8 @@ def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing
                 nblk = min(len(chain), P // block_size)
                 tool = "tool_use" if prev_stop == "tool_use" else None
                 res.append(CallSpec(chain, nblk, P, max(1, int(r.get("out", 1))), float(r.get("think_time", 0) or 0),
-                                    None, tool, False, 1.0, sysn, tooln, r.get("model")))  # noqa: B023
+                                    None, tool, False, 1.0, sysn, tooln, r.get("model"),  # noqa: B023
+                                    kind=_trace_kind(hs[j - 1], h) if j else "append"))
                 prev_stop = r.get("stop")
             return res
 
@@ -346,6 +388,7 @@ def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing
                 sub = conv(r.get("requests") or [])
                 if sub:
                     sub[0].gap_s = 0.0
+                    sub[0].kind = "fork"
                     segments.append(Segment("par", [(str(r.get("agent_id") or "subagent"), sub)]))
                     n += len(sub)
             else:
@@ -365,6 +408,20 @@ def claude_code(paths: list[Path] | None, block_size: int, ids: IdAlloc, spacing
         out.append(Session(f"cc-{name}", f"task-cc-{name}", "coding", "team-platform", "claude-code", i * spacing_s,
                            segments, n))
     return out
+
+
+def _trace_kind(prev: list[int], cur: list[int]) -> str:
+    """What a trace request's prompt is to the previous one of its thread, from their 64-token block ids."""
+    n = 0
+    for a, b in zip(prev, cur, strict=False):
+        if a != b:
+            break
+        n += 1
+    if n == len(prev):
+        return "append"
+    if len(cur) < len(prev):
+        return "compaction"
+    return "tail_rewrite" if len(prev) - n <= 2 else "edit"
 
 
 def _renumber_tails(segments: list[Segment], tails: list[int], ids: IdAlloc) -> None:

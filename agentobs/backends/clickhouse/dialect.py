@@ -38,7 +38,8 @@ PARAM_TYPES = {
     "bucket_s": "Float64", "itl_slo_ms": "Float64", "itl_tail_mode": "String", "long_prefill_tokens": "Int64",
     "ttft_slo_s": "Float64", "default_block_size": "Int32",
     # findings (agentobs/findings), report (agentobs/report/build.py)
-    "instance": "Nullable(String)", "model": "Nullable(String)", "cause": "String", "cause2": "String", "mode": "String", "slo_ms": "Float64",
+    "instance": "Nullable(String)", "model": "Nullable(String)", "cause": "String", "cause2": "String", "cause3": "String",
+    "mode": "String", "slo_ms": "Float64",
     "long_tokens": "Int64", "queue_s": "Float64", "lo": "Nullable(Float64)", "hi": "Nullable(Float64)",
     "ids": "Array(String)",
     # console (agentobs/console/data.py, metrics.py)

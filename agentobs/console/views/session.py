@@ -52,7 +52,8 @@ st.subheader("Calls")
 table = table.with_columns(pl.col("trace_id").map_elements(lambda t: ui.link("trace", ctx, trace=t),
                                                           return_dtype=pl.String).alias("trace"))
 cols = [c for c in ("trace", "call_id", "start_ts", "attempt", "branch", "instance", "model", "ttft_s", "e2e_s", "gap_before_s",
-                    "prompt_tokens", "cached_tokens", "r_eff", "reprefill_tokens", "hit_class", "miss_cause",
+                    "prompt_tokens", "cached_tokens", "r_eff", "reprefill_tokens", "reprefill_low_tokens",
+                    "reprefill_high_tokens", "hit_class", "miss_cause", "cause_evidence",
                     "output_tokens", "status", "finish_reason", "source") if c in table.columns]
 ui.table(table.select(cols), column_config={
     "trace": st.column_config.LinkColumn("trace", display_text="spans ↗", width="small"),
@@ -64,6 +65,10 @@ ui.table(table.select(cols), column_config={
     "cached_tokens": st.column_config.NumberColumn("C", format="%,d"),
     "r_eff": st.column_config.NumberColumn("R_eff", format="%,d"),
     "reprefill_tokens": st.column_config.NumberColumn("X re-prefill", format="%,d"),
+    "reprefill_low_tokens": st.column_config.NumberColumn("X low", format="%,d",
+                                                         help="re-prefill with evidence of its cause (estimate mode)"),
+    "reprefill_high_tokens": st.column_config.NumberColumn("X high", format="%,d",
+                                                          help="every shortfall R_eff − C (estimate mode)"),
     "output_tokens": st.column_config.NumberColumn("O", format="%,d"),
 })
 if tools.height:

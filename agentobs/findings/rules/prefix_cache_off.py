@@ -59,7 +59,7 @@ def check(ctx: Context) -> list[Finding]:
                 "reprefill_tokens": x,
                 "share_of_computed_prefill": share,
                 "reprefill_usd": usd,
-            }, MISSES_SQL, {"instance": inst, "cause": "cache_disabled", "cause2": ""}),
+            }, MISSES_SQL, {"instance": inst, "cause": "cache_disabled", "cause2": "", "cause3": ""}),
             tax=tax,
             recoverable=rec,
             confidence=ctx.confidence(m["cause_calls"], exact=m["cause_exact"] == m["cause_calls"]),

@@ -42,14 +42,14 @@ SELECT count(*) AS calls,
        count(*) FILTER (WHERE queue_s IS NOT NULL) AS queue_time_known,
        count(*) FILTER (WHERE queued) AS queued_calls,
        count(*) FILTER (WHERE queued AND (reusable_tokens_eff > 0 OR cached_tokens > 0)) AS queued_with_prefix,
-       count(*) FILTER (WHERE queued AND miss_cause IN ('evicted_full', 'evicted_partial')) AS queued_evicted_calls,
+       count(*) FILTER (WHERE queued AND miss_cause IN ('evicted_full', 'evicted_partial', 'unexplained')) AS queued_evicted_calls,
        count(*) FILTER (WHERE evict_phase = 'queued') AS evicted_while_queued,
-       CAST(coalesce(sum(reprefill_tokens) FILTER (WHERE queued AND miss_cause IN ('evicted_full', 'evicted_partial')), 0)
+       CAST(coalesce(sum(reprefill_tokens) FILTER (WHERE queued AND miss_cause IN ('evicted_full', 'evicted_partial', 'unexplained')), 0)
             AS BIGINT) AS queued_reprefill_tokens,
-       coalesce(sum(reprefill_cost_usd) FILTER (WHERE queued AND miss_cause IN ('evicted_full', 'evicted_partial')), 0)
+       coalesce(sum(reprefill_cost_usd) FILTER (WHERE queued AND miss_cause IN ('evicted_full', 'evicted_partial', 'unexplained')), 0)
            AS queued_reprefill_usd,
        CAST(coalesce(sum(prompt_tokens - coalesce(cached_tokens, 0)), 0) AS BIGINT) AS computed_prefill,
-       count(*) FILTER (WHERE queued AND miss_cause IN ('evicted_full', 'evicted_partial') AND mode = 'exact') AS exact,
+       count(*) FILTER (WHERE queued AND miss_cause IN ('evicted_full', 'evicted_partial', 'unexplained') AND mode = 'exact') AS exact,
        any_value(cost_basis) AS cost_basis
 FROM q
 """
@@ -57,7 +57,7 @@ FROM q
 # the calls the finding owns in the ledger: queued calls that lost their prefix to eviction
 CLAIM_SQL = QUEUED_CTE + """
 SELECT call_id, session_id, reprefill_tokens AS tokens, coalesce(reprefill_cost_usd, 0) AS usd FROM q
-WHERE queued AND reprefill_tokens > 0 AND miss_cause IN ('evicted_full', 'evicted_partial')
+WHERE queued AND reprefill_tokens > 0 AND miss_cause IN ('evicted_full', 'evicted_partial', 'unexplained')
 """
 
 QUEUE_SQL = """

@@ -3,9 +3,11 @@
 -- section: METRICS.md §1, §3
 -- definition: Re-prefill X = max(0, R_eff − C): prompt tokens computed again although the session had computed
 --   them before; shares ΣX / (ΣX + ΣC) (of cache-related tokens) and ΣX / Σ(P − C) (of computed prefill), and
---   cost share cost(X) / total cost with the §8 cost model. By miss cause (error, cold, routed_away, cache_disabled,
---   evicted_full, evicted_partial, unknown; context_reset and none = no miss shown separately; error = failed calls
---   without re-prefill).
+--   cost share cost(X) / total cost with the §8 cost model. By miss cause (error, cold, prior_hit, routed_away,
+--   cache_disabled, evicted_full, evicted_partial, prompt_edit, unexplained, unknown; context_reset and none = no miss
+--   shown separately; error = failed calls without re-prefill). Every X carries its band: exact mode X_low = X =
+--   X_high; estimate mode X_low = the shortfall with evidence of its cause, X_high = every shortfall R_eff − C
+--   (reprefill_low_tokens, reprefill_high_tokens and their $; mode says which modes the group's calls are in).
 -- unit: tokens; ratio 0–1 (shares); USD (costs, basis in cost_basis)
 -- grain: one row per group (default: one per miss cause)
 -- sources: call_reuse (llm_calls, instance_config, kv_events), cost model ([cost] settings, instance_config)
@@ -36,6 +38,8 @@ SELECT grp,
        CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
        CAST(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL) AS BIGINT) AS reusable_tokens_eff,
        CAST(sum(reprefill_tokens) AS BIGINT) AS reprefill_tokens,
+       CAST(sum(reprefill_low_tokens) AS BIGINT) AS reprefill_low_tokens,
+       CAST(sum(reprefill_high_tokens) AS BIGINT) AS reprefill_high_tokens,
        CAST(sum(prompt_tokens - coalesce(cached_tokens, 0)) AS BIGINT) AS computed_prompt_tokens,
        sum(cached_tokens) / nullif(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS hit_rate,
        sum(cached_tokens) FILTER (WHERE reusable_tokens_eff IS NOT NULL)
@@ -45,6 +49,8 @@ SELECT grp,
        sum(reprefill_tokens) / nullif(sum(prompt_tokens - cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)
            AS share_of_computed_prefill,
        sum(reprefill_cost_usd) AS reprefill_cost_usd,
+       sum(reprefill_cost_low_usd) AS reprefill_cost_low_usd,
+       sum(reprefill_cost_high_usd) AS reprefill_cost_high_usd,
        sum(cost_usd) AS cost_usd,
        sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS cost_share
 FROM base
@@ -60,8 +66,9 @@ basis AS (
     FROM (SELECT DISTINCT cost_instances FROM agg) d
 )
 SELECT agg.grp, agg.calls, agg.calls_with_reprefill, agg.prompt_tokens, agg.cached_tokens, agg.reusable_tokens_eff,
-       agg.reprefill_tokens, agg.computed_prompt_tokens, agg.hit_rate, agg.reuse_hit_rate, agg.share_of_cache_tokens,
-       agg.share_of_computed_prefill, agg.reprefill_cost_usd, agg.cost_usd, agg.cost_share,
+       agg.reprefill_tokens, agg.reprefill_low_tokens, agg.reprefill_high_tokens, agg.computed_prompt_tokens, agg.hit_rate, agg.reuse_hit_rate, agg.share_of_cache_tokens,
+       agg.share_of_computed_prefill, agg.reprefill_cost_usd, agg.reprefill_cost_low_usd, agg.reprefill_cost_high_usd,
+       agg.cost_usd, agg.cost_share,
        agg.reprefill_cost_usd / nullif(fleet.fleet_cost_usd, 0) AS fleet_cost_share,
        agg.mode, b.cost_basis
 FROM agg CROSS JOIN fleet
