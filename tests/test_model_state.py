@@ -41,6 +41,7 @@ def test_rebuild_equals_call_reuse_view(sample_copy):
     assert _rows_differ(con, "model_calls", "call_reuse", cols) == (0, 0)
     assert state.refresh(con, s).mode == "current"
     # another setting: stale, and refresh rebuilds
+    assert not state.current(con, Settings(values={"hit_tolerance_blocks": 2}))  # the tolerance is in it too
     s2 = Settings(values={"default_block_size": 32})
     assert not state.current(con, s2)
     assert state.refresh(con, s2).mode == "rebuild"

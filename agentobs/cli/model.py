@@ -36,7 +36,7 @@ def model_refresh_cmd(ctx: Ctx):
 @model_.command("rebuild")
 @common
 def model_rebuild_cmd(ctx: Ctx):
-    """Derive it whole, e.g. after changing default_block_size or abandoned_after_s (refresh also rebuilds when
+    """Derive it whole, e.g. after changing default_block_size, abandoned_after_s or hit_tolerance_blocks (refresh also rebuilds when
     it sees such a change)."""
     from ..model.state import rebuild
 

@@ -106,7 +106,8 @@ def version() -> str:
 def fingerprint(settings: Settings) -> str:
     """What the stored rows depend on besides the data: the SQL and the settings call_reuse reads."""
     return json.dumps({"version": version(), "default_block_size": int(settings.default_block_size),
-                       "abandoned_after_s": float(seconds_literal(settings.abandoned_after_s))}, sort_keys=True)
+                       "abandoned_after_s": float(seconds_literal(settings.abandoned_after_s)),
+                       "hit_tolerance_blocks": int(settings.hit_tolerance_blocks)}, sort_keys=True)
 
 
 @dataclass
@@ -191,7 +192,7 @@ def _reuse(src: str, settings: Settings, call: str, own: str, kv_index: bool) ->
     return reuse_sql(src, str(int(settings.default_block_size)), f"{skey('cs')} AS skey, {call}, {own}",
                      "JOIN calls_src cs ON cs.rid = r.rid",
                      abandoned_after_s=settings.abandoned_after_s, has_rid=True, rid="rid", narrow=True,
-                     kv_index=kv_index)
+                     kv_index=kv_index, hit_tolerance_blocks=int(settings.hit_tolerance_blocks))
 
 
 _FIN: dict[tuple, list[str]] = {}
@@ -211,7 +212,8 @@ def _ask_fin_columns(cur, kv_index: bool, settings: Settings) -> list[str]:
                 "LIMIT 0")
     cols = [r[0] for r in cur.execute("DESCRIBE " + reuse_sql(
         "inc_empty", str(int(settings.default_block_size)), abandoned_after_s=settings.abandoned_after_s,
-        has_rid=True, rid="rid", narrow=True, kv_index=kv_index)).fetchall()]
+        has_rid=True, rid="rid", narrow=True, kv_index=kv_index,
+        hit_tolerance_blocks=int(settings.hit_tolerance_blocks))).fetchall()]
     cur.execute("DROP TABLE inc_empty")
     return [c for c in cols if c != "rid" and c not in _CALL_COLS]
 
