@@ -33,7 +33,7 @@ def form(name: str, since: float | None, until: float | None, filters: dict[str,
     if name in _WHOLE_STORE_ONLY and (since is not None or until is not None or by not in _WHOLE_STORE_ONLY[name]):
         return None
     sql = resources.files(__package__).joinpath(file).read_text()
-    params = {"by": by, "h0": None if since is None else int(since // 3600),
+    params: dict[str, object] = {"by": by, "h0": None if since is None else int(since // 3600),
               "h1": None if until is None else int(until // 3600)}
     preds = []
     for i, (k, values) in enumerate(sorted(filters.items())):

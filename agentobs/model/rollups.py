@@ -191,7 +191,8 @@ def quantiles(con, series: str, qs=(0.5, 0.9, 0.99), since: float | None = None,
     cols = ("model", "instance", "gap_lo", "hit_class")
     if by is not None and by not in cols:
         raise ValueError(f"cannot group sketches by {by!r}: one of {', '.join(cols)}")
-    preds, params = ["series = $series"], {"series": series}
+    preds: list[str] = ["series = $series"]
+    params: dict[str, object] = {"series": series}
     if since is not None:
         preds.append("hour >= $h0")
         params["h0"] = int(since // 3600)
