@@ -9,7 +9,7 @@ Block size B = 16 (no engine config: the default_block_size setting). Session s1
     c2   main    A     10–12   2000  992    1000   992    0      hit        —        (992 ≥ 992 − 16)
     c3   main    B     20–22   3000  0      2000   2000   2000   miss       routed_away
     d1   b1      B     23–25   3500  2992   3000   2992   0      hit        —        (fork point: c3)
-    c4   main    B     30–32   4000  1000   3000   2992   1992   partial    evicted_partial
+    c4   main    B     30–32   4000  1000   3000   2992   1992   partial    unexplained  (no KV events: no evidence)
     d2   b1      A     33–35   4500  0      3500   3488   3488   miss       routed_away  (attempt 2: a retry)
     c5   main    B     40–42   5000  NULL   4000   4000   NULL   NULL       unknown
     c6   main    B     50–51   6000  4992   5000   4992   0      hit        —        (status error)
@@ -120,7 +120,9 @@ def test_calls_show_hit_class_reprefill_and_miss_cause(db):
         "c2": ("hit", 0, None),                      # R_eff 992, C 992
         "c3": ("miss", 2000, "routed_away"),         # R_eff 2000 on A, served by B with nothing cached
         "d1": ("hit", 0, None),                      # the branch's first call reuses its fork point c3
-        "c4": ("partial", 1992, "evicted_partial"),  # 2992 − 1000, same instance as c3
+        # 2992 − 1000, same instance as c3; the store has no KV events or block hashes, so nothing shows the blocks
+        # were evicted: the shortfall (> 1 block of tolerance) is `unexplained` (X = 1992, X_low = 0; docs/metrics.md)
+        "c4": ("partial", 1992, "unexplained"),
         "d2": ("miss", 3488, "routed_away"),         # prev = d1 (its branch) on B; d2 on A
         "c5": (None, None, "unknown"),               # C unknown: X unknown
         "c6": ("hit", 0, "error"),                   # failed (status ERROR) with no re-prefill: its own cause
@@ -132,7 +134,7 @@ def test_calls_show_hit_class_reprefill_and_miss_cause(db):
     # the table shows the same columns
     out = agentobs("calls", "--session", "s1", "--db", db)
     line = next(x for x in out.splitlines() if x.startswith(cid("c4")))
-    assert "partial" in line and "1,992" in line and "evicted_partial" in line
+    assert "partial" in line and "1,992" in line and "unexplained" in line
 
 
 def test_sessions_hit_rate_leaves_out_unknown_cached_tokens_and_shows_branches(db):

@@ -78,12 +78,13 @@ class Tax:
     mode: str | None = None
 
     def band_text(self) -> str:
-        """The band as every surface prints it, or '' (exact, or no band)."""
+        """The band as every surface prints it, or '' (exact, no band, or both ends print as the same amount)."""
         if self.usd_low_week is None or self.usd_high_week is None or self.mode in (None, "exact"):
             return ""
         from .context import fmt_usd  # the one $ format of every surface
 
-        return f"{self.mode}: {fmt_usd(self.usd_low_week)}–{fmt_usd(self.usd_high_week)}{self.per}"
+        low, high = fmt_usd(self.usd_low_week), fmt_usd(self.usd_high_week)
+        return "" if low == high else f"{self.mode}: {low}–{high}{self.per}"
 
     @property
     def per(self) -> str:

@@ -139,11 +139,11 @@ class Ledger:
     mode: str = "exact"
 
     def band_text(self) -> str:
-        """The fleet tax's band as every surface prints it ('' in exact mode)."""
+        """The fleet tax's band as every surface prints it ('' in exact mode, or when both ends print alike)."""
         if self.mode == "exact":
             return ""
-        return (f"{self.mode}: {fmt_usd(self.usd_low_window * self.scale)}–{fmt_usd(self.usd_high_window * self.scale)}"
-                f"{self.per}")
+        low, high = fmt_usd(self.usd_low_window * self.scale), fmt_usd(self.usd_high_window * self.scale)
+        return "" if low == high else f"{self.mode}: {low}–{high}{self.per}"
 
     # -- the fleet's figures, scaled as every finding's --------------------------------------------
     @property
