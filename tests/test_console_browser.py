@@ -296,6 +296,7 @@ def test_page_state_survives_a_reload(console, page):
     page.get_by_role("heading", name="SQL", level=1).wait_for()
     settle(page)
     page.get_by_text(re.compile(r"^5 rows in \d+ ms$")).wait_for()
-    assert "ORDER BY calls DESC" in page.locator("[data-testid='stTextArea'] textarea").input_value()
+    # expect() retries: under load the text area can be drawn a moment before its value is restored
+    expect(page.locator("[data-testid='stTextArea'] textarea")).to_have_value(re.compile("ORDER BY calls DESC"))
     no_exception(page)
     shot(page, "sql-after-reload")
