@@ -80,8 +80,14 @@ c[3].metric("turn-resume TTFT p99", ui.secs(f.after.ttft_p99_s),
 for n in w.notes:
     st.warning(n)
 st.subheader("Before → after")
-ui.table(w.table(), column_config={"change": st.column_config.NumberColumn("change", format="percent")})
+# one column mixes tokens, $ and seconds: four significant digits with thousands separators reads for all three
+ui.table(w.table(), column_config={"before": st.column_config.NumberColumn("before", format="%,.4g"),
+                                   "after": st.column_config.NumberColumn("after", format="%,.4g"),
+                                   "change": st.column_config.NumberColumn("change", format="percent")})
 st.subheader("Calibration")
 st.caption("The unchanged replay against what was observed of the same sessions (not scaled): error = simulated ÷ "
            "observed − 1. A large error on a figure says how far to trust that figure's change.")
-ui.table(w.calibration_table(), column_config={"error": st.column_config.NumberColumn("error", format="percent")})
+ui.table(w.calibration_table(), column_config={
+    "observed": st.column_config.NumberColumn("observed", format="%,.4g"),
+    "simulated": st.column_config.NumberColumn("simulated", format="%,.4g"),
+    "error": st.column_config.NumberColumn("error", format="percent")})
