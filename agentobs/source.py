@@ -322,6 +322,12 @@ def rowid(src_or_cur: Source | Cursor) -> bool:
     return dialect_of(src_or_cur) == "duckdb"
 
 
+def keeps_model_state(cur: Cursor) -> bool:
+    """Whether the store can hold the maintained session model (agentobs/model/state.py: DuckDB stores; ClickHouse
+    computes from its views)."""
+    return dialect_of(cur) == "duckdb"
+
+
 def counts_changes(cur: Cursor) -> bool:
     """Whether UPDATE/DELETE return the number of rows they changed (DuckDB; a ClickHouse mutation does not)."""
     return dialect_of(cur) == "duckdb"

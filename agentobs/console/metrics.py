@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import threading
 
-import duckdb
 import polars as pl
 import streamlit as st
 
@@ -198,11 +197,11 @@ def _call_reuse(stamp, session_id: str, default_block_size: int, hit_tolerance_b
     drops at close), as the metric run does: planning the body over the ``llm_calls`` view stack inline takes
     tens of seconds on chDB (docs/clickhouse.md)."""
     from agentobs.model.reuse import CALL_COLUMNS, reuse_sql
-    from agentobs.source import kv_index_usable
+    from agentobs.source import keeps_model_state, kv_index_usable
 
     cur = data.source(stamp).cursor()
     try:
-        if isinstance(cur, duckdb.DuckDBPyConnection):
+        if keeps_model_state(cur):
             from agentobs.config import load_settings
             from agentobs.model import state
 

@@ -38,7 +38,16 @@ from ..config import Settings, load_settings
 from ..errors import QueryError, did_you_mean
 from ..model import kvindex, reuse, state
 from ..model.itl import itl_gap_params, itl_gaps_sql
-from ..source import Cursor, Source, as_source, counts_changes, has_insertion_order, register_functions, rowid
+from ..source import (
+    Cursor,
+    Source,
+    as_source,
+    counts_changes,
+    has_insertion_order,
+    keeps_model_state,
+    register_functions,
+    rowid,
+)
 from .catalog import BY_COLUMNS, Metric, catalogue
 from .cost import CostModel, cost_table, parse_cost
 
@@ -227,7 +236,7 @@ class MetricRun:
         self.timings[label] = time.perf_counter() - t0
 
     def _prepare(self) -> None:
-        if isinstance(self.cur, duckdb.DuckDBPyConnection):
+        if keeps_model_state(self.cur):
             t0 = time.perf_counter()
             use = state.current(self.cur, self.settings)
             self.timings["state_check"] = time.perf_counter() - t0
