@@ -13,7 +13,8 @@ path, a connection or the backend behind it.
 - ``label()``: the source as shown to users (a ClickHouse URL without its password); ``where()`` the same with
   what it is ("store …", "ClickHouse …"); ``check()`` fails in one line when there is nothing to read.
 - ``stamp()``: the state of the data (file size and times; ClickHouse data parts), what caches key on; ``None``
-  when it cannot be known (an in-memory store). ``run_stamp()``: what a shared metric run is keyed by.
+  when it cannot be known (an in-memory store). ``run_stamp()``: what a shared metric run is keyed by;
+  ``run_cache``: the runs shared on this source (agentobs.metrics.runcache).
 - ``schema()``, ``user_sql()``: the tables users may query, and one read-only user SELECT (sandboxed).
 
 The store path is one setting (``db``: ``--db``, ``$AGENTOBS_DB``, the settings file, default ./agentobs.duckdb);
@@ -76,6 +77,16 @@ class Cursor(Protocol):
     def close(self) -> None: ...
 
 
+class RunCache:
+    """The metric runs shared on one Source (agentobs.metrics.runcache keeps them): entries by key, under the
+    cache's own lock. Every Source makes its own in its constructor, so runs are shared between the callers
+    handed the same Source, and nothing is shared across Sources or kept process-wide."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, Any] = {}
+        self.lock = threading.Lock()
+
+
 @runtime_checkable
 class Source(Protocol):
     """A DuckDB store or a ClickHouse database, read one way (see the module docstring)."""
@@ -83,6 +94,7 @@ class Source(Protocol):
     dialect: str
     kind: str
     sql_rules: str
+    run_cache: RunCache  # the metric runs shared on this source (agentobs.metrics.runcache)
 
     def cursor(self) -> Cursor: ...
 
@@ -117,6 +129,7 @@ class DuckDBSource:
     def __init__(self, db: str | os.PathLike | None = None, con: duckdb.DuckDBPyConnection | None = None):
         self.con = con
         self.path = None if con is not None else resolve_db_path(db)
+        self.run_cache = RunCache()
 
     def __repr__(self) -> str:
         return f"DuckDBSource({self.label()!r})"
@@ -167,7 +180,7 @@ class DuckDBSource:
         return tuple(out) if out[2] is not None else None
 
     def run_stamp(self) -> tuple | None:
-        """What a shared metric run is keyed by (agentobs.metrics.run.prepare): the file's state."""
+        """What a shared metric run is keyed by (agentobs.metrics.runcache.prepare): the file's state."""
         return self.stamp()
 
     def schema(self) -> pl.DataFrame:
@@ -211,6 +224,7 @@ class ClickHouseSource:
             self._own = False
         self.ch = ch
         self._stamp: tuple[float, tuple] | None = None  # (when, the last stamp read)
+        self.run_cache = RunCache()
 
     def __repr__(self) -> str:
         return f"ClickHouseSource({self.label()!r})"

@@ -17,6 +17,7 @@ from agentobs.config import Settings
 from agentobs.metrics import MetricRun, names, prepare
 from agentobs.metrics.cost import parse_cost
 from agentobs.model import connect
+from agentobs.source import DuckDBSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from metrics_scale import GENERATE  # noqa: E402
@@ -67,12 +68,17 @@ def test_pruned_window_equals_the_full_working_set(store):
 
 def test_a_second_prepare_of_the_same_window_reuses_the_first(store):
     s = Settings()
-    run1, close1 = prepare(store, since=T0, until=T0 + 43_200, settings=s)
-    run2, close2 = prepare(store, since=T0, until=T0 + 43_200, settings=s)      # e.g. findings inside the report
-    run3, close3 = prepare(store, since=T0, until=T0 + 43_201, settings=s)      # another window: its own run
-    run4, close4 = prepare(store, since=T0, until=T0 + 43_200, settings=Settings(values={"ttft_slo_s": 1.0}))
+    src = DuckDBSource(store)  # runs are shared on one Source (agentobs.metrics.runcache: its run_cache)
+    run1, close1 = prepare(src, since=T0, until=T0 + 43_200, settings=s)
+    run2, close2 = prepare(src, since=T0, until=T0 + 43_200, settings=s)      # e.g. findings inside the report
+    run3, close3 = prepare(src, since=T0, until=T0 + 43_201, settings=s)      # another window: its own run
+    run4, close4 = prepare(src, since=T0, until=T0 + 43_200, settings=Settings(values={"ttft_slo_s": 1.0}))
     try:
         assert run2 is run1 and run3 is not run1 and run4 is not run1
+        other, close_other = prepare(DuckDBSource(store), since=T0, until=T0 + 43_200, settings=s)
+        close_other()
+        assert other is not run1                   # another Source (same file) has its own cache
+        assert len(src.run_cache.entries) == 3     # run1 (2 users), run3, run4
         close1()                                   # the first caller is done; the second still reads
         assert run2.compute("reuse", "task_type").height == 3
     finally:
@@ -83,11 +89,12 @@ def test_a_second_prepare_of_the_same_window_reuses_the_first(store):
 
     with pytest.raises(duckdb.Error):              # the last release closed the shared cursor
         run1.cur.sql("SELECT 1").fetchall()
-    run5, close5 = prepare(store, since=T0, until=T0 + 43_200, settings=s)
+    run5, close5 = prepare(src, since=T0, until=T0 + 43_200, settings=s)
     try:
         assert run5 is not run1                    # nothing is kept after the last user closed
     finally:
         close5()
+    assert src.run_cache.entries == {}
 
 
 def test_a_run_moved_to_the_previous_period_equals_a_preparation_of_it(store):
@@ -131,12 +138,13 @@ def test_findings_give_a_shared_run_back_with_its_own_window(store):
     from agentobs.findings import run as findings
 
     s = Settings(values={"findings_default_window_s": 21_600.0})   # 6 h: narrower than the day of data
-    run, close = prepare(store, settings=s)
+    src = DuckDBSource(store)  # runs are shared on one Source (its run_cache), as the report hands findings its own
+    run, close = prepare(src, settings=s)
     try:
         before = _suite(run)
         in_win = run.cur.sql("SELECT count(*) FILTER (WHERE in_win) FROM m_calls").fetchall()[0][0]
         assert in_win == 6000
-        findings(store, settings=s, simulate=False)        # shares `run` (same store, window, settings)
+        findings(src, settings=s, simulate=False)          # shares `run` (same Source, window, settings)
         assert run.cur.sql("SELECT count(*) FILTER (WHERE in_win) FROM m_calls").fetchall()[0][0] == 6000
         after = _suite(run)
         for name in names():

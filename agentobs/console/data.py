@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
 
 import polars as pl
 
@@ -61,9 +62,22 @@ def ch_stamp(url: str) -> Stamp:
     return shared_clickhouse(url).stamp()
 
 
+# The console is the edge that makes its Sources: one per store file for the process (a DuckDBSource holds no
+# connection), so a page's metrics and findings handed it share one preparation (agentobs.metrics.runcache keeps
+# the shared runs on the Source). ClickHouse sources are the process-wide ones of agentobs.source already.
+_DUCKDB_SOURCES: dict[str, Source] = {}
+_DUCKDB_SOURCES_LOCK = threading.Lock()
+
+
 def source(stamp: Stamp) -> Source:
     """The Source of a stamp (what agentobs.metrics.prepare / agentobs.findings.build read)."""
-    return from_stamp(stamp)
+    if stamp[0] != DuckDBSource.dialect:
+        return from_stamp(stamp)
+    with _DUCKDB_SOURCES_LOCK:
+        src = _DUCKDB_SOURCES.get(stamp[1])
+        if src is None:
+            src = _DUCKDB_SOURCES[stamp[1]] = from_stamp(stamp)
+        return src
 
 
 def label(stamp: Stamp) -> str:

@@ -23,7 +23,7 @@ from importlib import resources
 
 import duckdb
 
-from ..errors import ConfigError
+from ..errors import ConfigError, QueryError, did_you_mean
 
 REQUIRED = ("definition", "unit", "grain", "sources", "by")
 OPTIONAL = ("metric", "summary", "section", "notes")
@@ -142,3 +142,11 @@ def catalogue() -> dict[str, Metric]:
     finally:
         con.close()
     return out
+
+
+def get_metric(name: str) -> Metric:
+    """The catalogue's metric ``name``; a QueryError with a did-you-mean when there is none."""
+    cat = catalogue()
+    if name not in cat:
+        raise QueryError(f"unknown metric {name!r}{did_you_mean(name, cat, 'choose one of')}")
+    return cat[name]

@@ -3,7 +3,7 @@
 ``model_calls`` holds one row per model call: the call's columns (``llm_calls``, with ``block_hashes``) and every
 column ``call_reuse`` computes (agentobs/model/call_reuse.sql, read as a black box: whatever its narrow result
 ``fin`` selects is stored), plus ``skey``, the unit of re-derivation: the session (a call without one is its own
-unit). Metric runs read it instead of deriving ``call_reuse`` again (agentobs.metrics.run: ``MetricRun`` uses it
+unit). Metric runs read it instead of deriving ``call_reuse`` again (agentobs.metrics.prepare: ``MetricRun`` uses it
 when ``current``; otherwise it derives as before).
 
 ``refresh`` brings it up to date incrementally; ``rebuild`` derives it whole (a changed setting or a new release:

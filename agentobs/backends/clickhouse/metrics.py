@@ -1,7 +1,7 @@
 """The metric suite on ClickHouse: agentobs.metrics' own MetricRun, unchanged, over a cursor that
 speaks ClickHouse (``agentobs.source.ClickHouseSource.cursor()`` hands it out).
 
-``MetricRun`` (agentobs/metrics/run.py) prepares its tables and runs every metric through a DuckDB
+``MetricRun`` (agentobs/metrics/prepare.py) prepares its tables and runs every metric through a DuckDB
 cursor's ``execute`` / ``register`` / ``sql(...).pl()``. ``ClickHouseCursor`` offers the same calls:
 each statement is transpiled (agentobs.backends.clickhouse.dialect) and run on ClickHouse, temp tables
 become Memory tables with a per-run prefix, registered Arrow tables are inserted. So the metric SQL,
