@@ -60,7 +60,11 @@ def _acceptance(c, evicted_rel: float = 0.02):
 
 
 def test_edits_workload_estimate_mode_against_truth(edits):
-    _acceptance(edits[2])
+    c = edits[2]
+    _acceptance(c)
+    # this seeded replay (512 calls): the simulator's truth evicts 33,024 tokens (2,064 blocks of B = 16), and estimate
+    # mode, from KV removals in the gaps, attributes the same tokens to eviction and nothing else
+    assert (c.calls, c.truth_by_cause, c.model_by_cause) == (512, {"evicted": 33024}, {"evicted": 33024})
 
 
 def test_edits_workload_has_every_prompt_kind_and_cause(edits):
@@ -102,6 +106,10 @@ def test_bundled_traces_estimate_mode_against_truth(tmp_path):
     con, truth = _replay(sc, tmp_path)
     c = compare(con, truth)
     _acceptance(c)
+    # the bundled traces on 2 replicas with a 200k-token pool (125 calls): truth evicts 79,376 tokens (4,961 blocks of
+    # 16) in 5 calls; estimate mode finds the same calls and tokens
+    assert (c.calls, c.evicted_calls_model) == (125, 5)
+    assert c.truth_by_cause == c.model_by_cause == {"evicted": 79376}
 
 
 def test_without_kv_events_the_shortfall_is_unexplained_and_the_band_holds(tmp_path):
