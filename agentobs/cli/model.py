@@ -25,10 +25,15 @@ def model_refresh_cmd(ctx: Ctx):
     it was built with other settings)."""
     from ..model.state import refresh
 
+    _derive(ctx, refresh)
+
+
+def _derive(ctx: Ctx, fn) -> None:
+    """Run ``fn(con, settings)`` (refresh or rebuild) on an existing store and print what it did."""
     _open(ctx, read_only=True).close()  # an existing store only: one clear line if it is missing, none created
     con = _open(ctx)
     try:
-        _echo(refresh(con, ctx.settings))
+        _echo(fn(con, ctx.settings))
     finally:
         con.close()
 
@@ -40,12 +45,7 @@ def model_rebuild_cmd(ctx: Ctx):
     it sees such a change)."""
     from ..model.state import rebuild
 
-    _open(ctx, read_only=True).close()
-    con = _open(ctx)
-    try:
-        _echo(rebuild(con, ctx.settings))
-    finally:
-        con.close()
+    _derive(ctx, rebuild)
 
 
 @model_.command("status")
