@@ -37,6 +37,7 @@ from ..config import Settings
 from ..errors import QueryError, did_you_mean
 from ..model import kvindex, reuse, state
 from ..model.itl import itl_gap_params, itl_gaps_sql
+from ..model.itl import state_read_sql as itl_state_sql
 from ..source import Cursor, counts_changes, has_insertion_order, keeps_model_state, register_functions, rowid
 from .catalog import BY_COLUMNS, Metric, get_metric
 from .cost import CostModel, cost_table
@@ -508,7 +509,10 @@ class MetricRun:
         key = tuple(sorted(params.items()))
         if self._itl_gap_key != key:
             self._itl_gap_key = None
-            self._timed("m_itl_gap", "CREATE OR REPLACE TEMP TABLE m_itl_gap AS\n" + itl_gaps_sql(), params)
+            # over the maintained state without attribute filters, the maintained gaps (agentobs.model.itl: the
+            # attribution kept per call); else derived here
+            sql = itl_state_sql() if self.calls_table == "state" and not self.filters else itl_gaps_sql()
+            self._timed("m_itl_gap", "CREATE OR REPLACE TEMP TABLE m_itl_gap AS\n" + sql, params)
             self._itl_gap_key = key
         return "m_itl_gap"
 

@@ -21,3 +21,147 @@ def itl_gaps_sql() -> str:
     from importlib import resources
 
     return resources.files(__package__).joinpath("itl_gaps.sql").read_text()
+
+
+# -- the maintained gap attribution (kept with the session model, agentobs.model.state) --------------------------
+# ``model_itl_gap``: one row per inter-token gap of every streamed call in ``model_calls`` (trace_id, call_id, i),
+# with the call's instance, model and start, the gap g_ms and its time span [ta, tb] (itl_gaps.sql's), the cells
+# c0 = ⌊ta/5⌋, c1 = ⌊tb/5⌋ it spans, and the prefill of another call on the instance that overlaps it computing the
+# most tokens P − C (off_call_id, off_computed; a tie: the greater call id; NULL: none overlaps) over every call of
+# the store. What depends on the window or the settings — the tail threshold (a p99 of the window's gaps), the
+# tail flag, long_overlap (off_computed ≥ long_prefill_tokens) — is applied when a metric run reads it
+# (``state_read_sql``): for a run without attribute filters (its prefills are every call) the result equals
+# itl_gaps.sql's, whose pairs are formed for the tail gaps only; here every gap carries its attribution, so no
+# run forms pairs. A refresh re-derives the gaps of the calls it re-derives and re-attributes the stored gaps a
+# changed call's prefill window (before or after) overlaps (``refresh_sql``).
+TABLE = "model_itl_gap"
+CELL_S = 5  # the overlap joins' cell, as in itl_gaps.sql
+
+# the gaps of the streamed calls in relation {calls} (model_calls' columns); tb as itl_gaps.sql computes it
+_GAPS_SQL = """
+SELECT trace_id, call_id, i, instance, model, start_s, g_ms, tb - g_ms / 1000.0 AS ta, tb,
+       CAST(floor((tb - g_ms / 1000.0) / {cell}) AS BIGINT) AS c0, CAST(floor(tb / {cell}) AS BIGINT) AS c1
+FROM (
+    SELECT trace_id, call_id, i, instance, model, start_s, g_ms, t1 + cs[i] / 1000.0 AS tb
+    FROM (
+        SELECT trace_id, call_id, instance, model, start_s, t1, cs,
+               unnest(itl_ms) AS g_ms, generate_subscripts(itl_ms, 1) AS i
+        FROM (SELECT *, agentobs_cumsum(itl_ms) AS cs FROM (
+            SELECT trace_id, call_id, instance, model, start_s, start_s + ttft_s AS t1, itl_ms FROM {calls}
+            WHERE itl_ms IS NOT NULL AND ttft_s IS NOT NULL AND len(itl_ms) > 0))
+    )
+)
+"""
+
+# the prefill windows of relation {calls} (itl_gaps.sql's ``prefills``, every call)
+_PREFILLS_SQL = """
+SELECT call_id AS p_call_id, instance, start_s + coalesce(queue_s, 0) AS pa, start_s + ttft_s AS pb,
+       prompt_tokens - coalesce(cached_tokens, 0) AS computed, start_s AS s
+FROM {calls}
+WHERE ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL AND ttft_s > coalesce(queue_s, 0)
+"""
+
+# the attribution of the gaps in relation {gaps} (_GAPS_SQL's columns) to the prefills in relation {pre}
+# (_PREFILLS_SQL's): itl_gaps.sql's tail_ov and per_gap, for every gap
+_ATTR_SQL = """
+WITH pcells AS (
+    SELECT *, unnest(generate_series(CAST(floor(pa / {cell}) AS BIGINT), CAST(floor(pb / {cell}) AS BIGINT))) AS cell
+    FROM {pre} WHERE instance IN (SELECT DISTINCT instance FROM {gaps})
+),
+gcells AS (
+    SELECT trace_id, call_id, i, instance, ta, tb, unnest(generate_series(c0, c1)) AS cell FROM {gaps}
+),
+ov AS (
+    SELECT g.trace_id, g.call_id, g.i, p.p_call_id, p.computed
+    FROM gcells g JOIN pcells p ON p.instance = g.instance AND p.cell = g.cell
+    WHERE p.pa < g.tb AND p.pb > g.ta AND p.p_call_id <> g.call_id
+      AND g.cell = greatest(CAST(floor(g.ta / {cell}) AS BIGINT), CAST(floor(p.pa / {cell}) AS BIGINT))
+),
+att AS (
+    SELECT trace_id, call_id, i, arg_max(p_call_id, (computed, p_call_id)) AS off_call_id,
+           max(computed) AS off_computed
+    FROM ov GROUP BY trace_id, call_id, i
+)
+SELECT g.*, a.off_call_id, a.off_computed
+FROM {gaps} g LEFT JOIN att a ON a.trace_id IS NOT DISTINCT FROM g.trace_id AND a.call_id = g.call_id AND a.i = g.i
+"""
+
+
+def _fmt(sql: str, **rels: str) -> str:
+    return sql.format(cell=CELL_S, **rels)
+
+
+def rebuild(cur, calls: str) -> None:
+    """``model_itl_gap`` made whole from ``calls`` (model_calls), inside the caller's transaction (its connection
+    has agentobs_cumsum: registered before the transaction, agentobs.store.functions)."""
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_g AS {_fmt(_GAPS_SQL, calls=calls)}")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_p AS {_fmt(_PREFILLS_SQL, calls=calls)}")
+    cur.execute(f"CREATE OR REPLACE TABLE {TABLE} AS {_fmt(_ATTR_SQL, gaps='itl_g', pre='itl_p')}")
+    cur.execute("DROP TABLE itl_g")
+    cur.execute("DROP TABLE itl_p")
+
+
+def apply_delta(cur, calls: str, old: str, new: str) -> None:
+    """Bring ``model_itl_gap`` up to date after a refresh replaced the rows of ``old`` (removed from ``calls``) by
+    those of ``new`` (inserted), inside the caller's transaction: the gaps of the calls in ``new`` are derived, and
+    they and the stored gaps that a prefill window of ``old`` or ``new`` overlaps are attributed again, against the
+    prefills of ``calls`` near them (a scan of ``calls`` for the prefills whose start can reach them: within the
+    longest time to first token before a gap, or the longest negative queue time after it). Cost: the touched
+    calls and their neighbours in time, plus narrow scans of both tables."""
+    # the changed prefill windows (the calls removed and their new rows), by (instance, cell)
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_cw AS
+        SELECT instance, pa, pb, unnest(generate_series(CAST(floor(pa / {CELL_S}) AS BIGINT),
+                                                        CAST(floor(pb / {CELL_S}) AS BIGINT))) AS cell
+        FROM ({_fmt(_PREFILLS_SQL, calls=old)} UNION ALL {_fmt(_PREFILLS_SQL, calls=new)})""")
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_k AS SELECT DISTINCT trace_id, call_id FROM (
+        SELECT trace_id, call_id FROM {old} UNION ALL SELECT trace_id, call_id FROM {new})""")
+    # the stored gaps to attribute again: those of the changed calls, and those a changed prefill window overlaps
+    # (joined on the gap's first or last cell; a gap over more than two cells, rare, by its cell range)
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_r AS
+        SELECT g.rowid AS r FROM {TABLE} g JOIN itl_cw w ON w.instance = g.instance AND w.cell = g.c0
+            WHERE w.pa < g.tb AND w.pb > g.ta
+        UNION SELECT g.rowid FROM {TABLE} g JOIN itl_cw w ON w.instance = g.instance AND w.cell = g.c1
+            WHERE w.pa < g.tb AND w.pb > g.ta
+        UNION SELECT g.rowid FROM {TABLE} g JOIN itl_cw w ON w.instance = g.instance
+            WHERE g.c1 - g.c0 > 1 AND w.cell BETWEEN g.c0 AND g.c1 AND w.pa < g.tb AND w.pb > g.ta
+        UNION SELECT g.rowid FROM {TABLE} g SEMI JOIN itl_k k ON k.trace_id = g.trace_id AND k.call_id = g.call_id""")
+    # the gaps to attribute: the new calls' and the unchanged calls' among those
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_g AS {_fmt(_GAPS_SQL, calls=new)}")
+    cols = "trace_id, call_id, i, instance, model, start_s, g_ms, ta, tb, c0, c1"
+    cur.execute(f"""INSERT INTO itl_g SELECT {cols} FROM {TABLE} g
+        WHERE rowid IN (SELECT r FROM itl_r)
+          AND NOT EXISTS (SELECT 1 FROM itl_k k WHERE k.trace_id = g.trace_id AND k.call_id = g.call_id)""")
+    cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM itl_r)")
+    # the prefills that can overlap them: a prefill [pa, pb] of a call starting at s has pa >= s + min(queue, 0) and
+    # pb <= s + max ttft, so s lies in (ta - max ttft, tb - min(queue, 0)); candidates by (instance, whole second
+    # of s), their row ids first (a narrow scan of the calls), then their rows
+    lo, hi = cur.execute(f"SELECT coalesce(max(ttft_s), 0), coalesce(-least(min(queue_s), 0), 0) FROM {calls}"
+                         ).fetchall()[0]
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_sc AS
+        SELECT DISTINCT instance, unnest(generate_series(CAST(floor(ta - {float(lo)!r}) AS BIGINT),
+                                                         CAST(floor(tb + {float(hi)!r}) AS BIGINT))) AS sec
+        FROM itl_g""")
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_p AS {_fmt(_PREFILLS_SQL, calls=calls)}
+        AND rowid IN (SELECT c.rowid FROM {calls} c SEMI JOIN itl_sc w
+                      ON w.instance = c.instance AND w.sec = CAST(floor(c.start_s) AS BIGINT))""")
+    cur.execute(f"INSERT INTO {TABLE} {_fmt(_ATTR_SQL, gaps='itl_g', pre='itl_p')}")
+    for t in ("itl_cw", "itl_k", "itl_g", "itl_r", "itl_sc", "itl_p"):
+        cur.execute(f"DROP TABLE IF EXISTS {t}")
+
+
+def state_read_sql() -> str:
+    """m_itl_gap (itl_gaps.sql's columns) read from ``model_itl_gap`` for a metric run over the maintained state
+    without attribute filters: the gaps of the calls starting in the window (temp table ``m_win``), the threshold
+    and the tail flag, and the attribution of the tail gaps. Parameters: itl_gap_params'."""
+    return f"""
+SELECT call_id, instance, model, g_ms, thr_ms, g_ms > thr_ms AS tail,
+       coalesce(off_computed >= $long_prefill_tokens, false) AS long_overlap,
+       CASE WHEN g_ms > thr_ms THEN off_call_id END AS off_call_id,
+       CASE WHEN g_ms > thr_ms THEN off_computed END AS off_computed
+FROM (
+    SELECT g.*, CASE WHEN $itl_tail_mode = 'p99' THEN quantile_cont(g.g_ms, 0.99) OVER (PARTITION BY g.model)
+                     ELSE $itl_slo_ms END AS thr_ms
+    FROM {TABLE} g CROSS JOIN m_win w
+    WHERE (w.since IS NULL OR g.start_s >= w.since) AND (w.until IS NULL OR g.start_s < w.until)
+)
+"""

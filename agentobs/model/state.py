@@ -40,7 +40,8 @@ from importlib import resources
 import duckdb
 
 from ..config import Settings
-from . import kvindex, rollups, split_statements
+from ..store.functions import ensure as functions
+from . import itl, kvindex, rollups, split_statements
 from .reuse import CALL_COLUMNS, reuse_sql, seconds_literal
 
 TABLE = "model_calls"
@@ -48,7 +49,7 @@ META = "model_state_meta"
 KV_DIGEST = "model_state_kv"
 KV_END = "model_state_kv_end"
 CFG = "model_state_cfg"
-TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG, *rollups.TABLES)
+TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG, *rollups.TABLES, itl.TABLE)
 # views.sql's views a call is made from, in dependency order (each becomes a CTE over the chosen spans)
 _CALL_VIEWS = ("trace_context", "_gateway_spans", "_gateway_calls", "_engine_match", "_calls_joined", "llm_calls")
 _CALL_COLS = [c.strip() for c in CALL_COLUMNS.split(",")]
@@ -99,7 +100,8 @@ def version() -> str:
     h = hashlib.sha256()
     for name in ("call_reuse.sql", "views.sql"):
         h.update(resources.files(__package__).joinpath(name).read_bytes())
-    h.update(resources.files(__package__).joinpath("rollups.py").read_bytes())
+    for name in ("rollups.py", "itl.py"):
+        h.update(resources.files(__package__).joinpath(name).read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -231,6 +233,7 @@ def _write_marks(cur, settings: Settings, marks: Marks, mode: str, seconds: floa
 
 
 def _transaction(con, fn):
+    functions(con)  # agentobs_cumsum (the ITL gaps): a registration inside the transaction would abort it
     cur = con.cursor()
     cur.execute("BEGIN")
     try:
@@ -257,6 +260,7 @@ def rebuild(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, re
         cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_src AS SELECT {_RID} AS rid, {CALL_COLUMNS} FROM llm_calls")
         cur.execute(f"CREATE OR REPLACE TABLE {TABLE} AS {_derive_sql('inc_src', kv, settings, fin)}")
         rollups.rebuild(cur, TABLE)
+        itl.rebuild(cur, TABLE)
         n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
         units = cur.execute(f"SELECT count(DISTINCT skey) FROM {TABLE}").fetchall()[0][0]
         cur.execute("DROP TABLE inc_src")
@@ -325,14 +329,15 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     # span _engine_match reads for a call of T1
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_t1 AS SELECT DISTINCT trace_id FROM inc_new")
     _widen(cur, "inc_new", "inc_t1")
-    cur.execute("CREATE OR REPLACE TEMP TABLE inc_t2 AS SELECT trace_id FROM inc_t1")
-    cur.execute("CREATE OR REPLACE TEMP TABLE inc_t1s AS SELECT trace_id, role, request_id, response_id FROM spans "
-                "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
-    _widen(cur, "inc_t1s", "inc_t2")
     cur.step("calls")
-    # the spans of T2: their row ids first (one narrow column scanned), then those rows
+    # the spans of T1 (their row ids first: one narrow column scanned, then those rows); the traces paired with them
+    # (T2 less T1) are read from them, and their spans added (a second scan only when there are such traces)
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_spans AS SELECT * FROM spans WHERE rowid IN ("
-                "SELECT rowid FROM spans WHERE trace_id IN (SELECT trace_id FROM inc_t2))")
+                "SELECT rowid FROM spans WHERE trace_id IN (SELECT trace_id FROM inc_t1))")
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_t2 AS SELECT trace_id FROM inc_t1")
+    if _widen(cur, "inc_spans", "inc_t2"):
+        cur.execute("INSERT INTO inc_spans SELECT * FROM spans WHERE rowid IN (SELECT rowid FROM spans "
+                    "WHERE trace_id IN (SELECT trace_id FROM inc_t2 WHERE trace_id NOT IN (SELECT trace_id FROM inc_t1)))")
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_calls AS {_call_views_sql()}"
                 f"SELECT {CALL_COLUMNS} FROM llm_calls WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
     # the sessions to re-derive
@@ -387,11 +392,13 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     cur.execute(f"INSERT INTO {TABLE} SELECT * FROM inc_out")
     cur.step("rollups")
     rollups.apply_delta(cur, "inc_gone", "inc_out")
+    cur.step("itl_gaps")
+    itl.apply_delta(cur, TABLE, "inc_gone", "inc_out")
     cur.step("other")
     derived = cur.execute("SELECT count(*) FROM inc_src").fetchall()[0][0]
     units = cur.execute("SELECT count(*) FROM inc_keys").fetchall()[0][0]
     n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
-    for t in ("inc_new", "inc_t1", "inc_t2", "inc_t1s", "inc_spans", "inc_calls", "inc_keys", "inc_src", "inc_old",
+    for t in ("inc_new", "inc_t1", "inc_t2", "inc_spans", "inc_calls", "inc_keys", "inc_src", "inc_old",
               "inc_rows", "inc_inst", "inc_cfg", "inc_gone", "inc_out"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
     cur.step("marks")
@@ -399,15 +406,18 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     return n, derived, units
 
 
-def _widen(cur, spans_rel: str, traces: str) -> None:
+def _widen(cur, spans_rel: str, traces: str) -> int:
     """Add to temp table ``traces`` the traces of spans paired, by request/response id, with spans of ``spans_rel``
-    (an engine span's request id = a gateway span's response id, whatever their traces: views.sql _engine_match)."""
+    (an engine span's request id = a gateway span's response id, whatever their traces: views.sql _engine_match).
+    Returns the number of traces added."""
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE inc_ids AS SELECT DISTINCT id FROM (
         SELECT request_id AS id FROM {spans_rel} WHERE role = 'engine' UNION ALL
         SELECT response_id FROM {spans_rel} WHERE role = 'gateway') WHERE id IS NOT NULL""")
+    added = 0
     if cur.execute("SELECT count(*) FROM inc_ids").fetchall()[0][0]:
-        cur.execute(f"""INSERT INTO {traces} SELECT DISTINCT trace_id FROM spans
+        added = cur.execute(f"""INSERT INTO {traces} SELECT DISTINCT trace_id FROM spans
             WHERE ((role = 'engine' AND request_id IN (SELECT id FROM inc_ids))
                 OR (role = 'gateway' AND response_id IN (SELECT id FROM inc_ids)))
-              AND trace_id NOT IN (SELECT trace_id FROM {traces})""")
+              AND trace_id NOT IN (SELECT trace_id FROM {traces})""").fetchall()[0][0]
     cur.execute("DROP TABLE inc_ids")
+    return int(added)
