@@ -96,6 +96,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("loader_batch_mb", 4.0, "Spooled request bytes decoded and stored as one batch (one transaction), in MiB.", float),
     Setting("receiver_retry_after_s", 1.0, "Retry-After / RetryInfo delay sent with 429/503, in seconds.", float),
     Setting("collect_commit_s", 0.05, "Longest time collected rows wait before the writer commits (group commit), in seconds.", float),
+    Setting("collect_stop_refresh_s", 3.0, "Time budget of the session model's refresh when `agentobs collect` stops (SIGTERM/SIGINT), in seconds: past it the refresh is rolled back and the next refresh catches up; 0 skips it.", float),
     Setting("scrape_interval_s", 15.0, "Default scrape interval of fleet targets, in seconds.", float),
     Setting("scrape_timeout_s", 5.0, "Scrape timeout, in seconds: covers the fetch (the body read too), the parse and the hand-over to the writer; past it nothing of the scrape is stored.", float),
     Setting("scrape_jitter", 0.1, "Random delay added to each scrape, as a fraction of the interval.", float),

@@ -220,3 +220,39 @@ def test_collect_needs_the_fleet_file_once(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["collect", "--fleet", str(fleet), "--config", str(fleet)])
     assert e.value.code == 2 and "give the fleet file once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("budget", [3.0, 0.0])
+def test_stop_refreshes_the_session_model_within_its_budget(tmp_path, budget):
+    """At stop the collector refreshes the session model on the store with collect_stop_refresh_s as its budget (the
+    CLI's derive: agentobs.model.state.refresh); 0 skips it. In process: no receivers, no scrapes, two calls written
+    to the store directly while it runs."""
+    from agentobs.collect.fleet import Fleet
+    from agentobs.collect.service import Service
+    from agentobs.config import Settings
+    from agentobs.model import connect, ensure, state
+
+    db = tmp_path / "s.duckdb"
+    connect(db).close()  # a migrated store with the model's views
+    settings = Settings(values={"collect_stop_refresh_s": budget, "loader_processes": 1})
+    calls = []
+
+    def derive(con, budget_s=None):
+        calls.append(budget_s)
+        return state.refresh(con, settings, budget_s=budget_s)
+
+    svc = Service(Fleet(snapshot_every_s=0), settings, str(db), views=ensure, derive=derive).start()
+    sec = 1_000_000_000
+    for i in range(2):
+        svc.con.execute("INSERT INTO spans (trace_id, span_id, start_ns, end_ns, role, session_id, instance, model, "
+                        "input_tokens, cached_tokens, output_tokens) VALUES (?, ?, ?, ?, 'gateway', 's1', 'i1', 'm', "
+                        "1000, 0, 10)", [f"t{i}", f"g{i}", 10 * i * sec, (10 * i + 2) * sec])
+    svc.stop()
+    assert calls == ([budget] if budget else [])
+    con = duckdb.connect(str(db), read_only=True)
+    if budget:
+        assert con.execute("SELECT count(*) FROM model_calls").fetchall()[0][0] == 2
+        assert state.current(con, settings)
+    else:  # skipped: no state yet (readers derive it; the next refresh builds it)
+        assert not state.current(con, settings)
+    con.close()

@@ -251,3 +251,40 @@ def test_sketch_quantiles_within_stated_error(sample_copy):
     with pytest.raises(ValueError, match="whole hours"):
         rollups.quantiles(con, "e2e", since=1.5)
     con.close()
+
+
+def test_refresh_over_budget_rolls_back_and_the_next_catches_up(tmp_path):
+    """A refresh given no time (``budget_s=0``: what `agentobs collect` does at stop, past its budget) changes nothing
+    — no state at first, then the stored state with its old marks — and the next refresh catches up."""
+    con = connect(tmp_path / "budget.duckdb")
+    s = Settings()
+    ins = ("INSERT INTO spans (trace_id, span_id, start_ns, end_ns, role, session_id, instance, model, input_tokens, "
+           "cached_tokens, output_tokens) VALUES (?, ?, ?, ?, 'gateway', 's1', 'i1', 'm', ?, ?, 10)")
+    sec = 1_000_000_000
+    con.execute(ins, ["t1", "g1", 0, 2 * sec, 1000, 0])
+    r = state.refresh(con, s, budget_s=0)
+    assert (r.mode, r.derived) == ("deferred", 0) and "rolled back" in r.reason
+    assert not state.current(con, s) and state.status(con, s).startswith("no maintained session model")
+    assert state.refresh(con, s).mode == "rebuild"
+    con.execute(ins, ["t2", "g2", 10 * sec, 12 * sec, 1600, 992])
+    assert state.refresh(con, s, budget_s=0).mode == "deferred"
+    assert con.execute("SELECT count(*) FROM model_calls").fetchall()[0][0] == 1  # as before: g1 only
+    assert state.status(con, s).startswith("stale: 1 calls; new spans")
+    r = state.refresh(con, s)
+    assert (r.mode, r.calls) == ("incremental", 2) and state.current(con, s)
+    con.close()
+
+
+def test_budget_interrupts_a_running_statement():
+    """Past the deadline the statement running on a watched connection is interrupted (the refresh's transaction then
+    rolls back); one that has not started is not run."""
+    con = duckdb.connect()
+    budget = state._Budget(0.2)
+    budget.watch(con)
+    with pytest.raises(duckdb.InterruptException):
+        # ~10^13 rows: hours of work, so only the interrupt ends it
+        con.execute("SELECT sum(i) FROM range(10000000000000) t(i)").fetchall()
+    with pytest.raises(state._OverBudget):
+        budget.check()
+    budget.stop()
+    con.close()

@@ -53,7 +53,9 @@ def collect_cmd(click_ctx, fleet_path, old_fleet_path, db, settings_path, debug)
 
     # the session model (agentobs.model.state) is brought up to date on the store before each read snapshot and in
     # the snapshot's copy: collect imports nothing of the model, the CLI wires it
-    svc = Service(fleet, settings, ctx.db, views=model.ensure, upkeep=upkeep, derive=lambda con: refresh(con, settings))
+    # (and once more at stop, within collect_stop_refresh_s)
+    svc = Service(fleet, settings, ctx.db, views=model.ensure, upkeep=upkeep,
+                  derive=lambda con, budget_s=None: refresh(con, settings, budget_s=budget_s))
     where = ", ".join(x for x in (f"otlp grpc {fleet.grpc}" if fleet.grpc else "", f"otlp http {fleet.http}"
                                   if fleet.http else "", f"health {fleet.health}" if fleet.health else "") if x)
     err_console.print(f"agentobs collect: {len(fleet.targets)} scrape target(s), {len(fleet.kv)} KV-event "

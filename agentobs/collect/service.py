@@ -8,7 +8,8 @@ one ``Writer``.
 SIGTERM/SIGINT stop it in bounded time, whatever the store's size: the receivers stop accepting
 (in-flight exports finish their spool write), the loader stores the batches it is decoding and
 leaves the rest of the spool for the next start, the scraper and subscribers stop, the writer
-flushes, the store is closed, and the read-snapshot path is pointed at the store itself (a symbolic
+flushes, the derived tables (the session model) are refreshed within collect_stop_refresh_s (else
+rolled back, for the next refresh to catch up), the store is closed, and the read-snapshot path is pointed at the store itself (a symbolic
 link, replaced atomically): with the collector gone, readers open the store, never a stale copy.
 """
 
@@ -55,8 +56,9 @@ class Service:
     upkeep: Callable[[duckdb.DuckDBPyConnection], object] | None = None
     # ``derive`` brings the live store's derived tables up to date before each read snapshot (the CLI passes the
     # session model's refresh, agentobs.model.state), so the copy carries them and its upkeep has only what
-    # arrived in between to do. Not at stop (a bounded shutdown): readers of the store derive what is stale
-    derive: Callable[[duckdb.DuckDBPyConnection], object] | None = None
+    # arrived in between to do; and once more at stop, with ``budget_s`` = collect_stop_refresh_s (past it the
+    # refresh rolls back: the stop stays bounded, and the next refresh catches up)
+    derive: Callable[..., object] | None = None
     health: Health = field(default_factory=Health)
     stop_event: threading.Event = field(default_factory=threading.Event)
 
@@ -185,6 +187,13 @@ class Service:
             # process at once.
             log.warning("stop: %s still running; exiting without closing the store", ", ".join(self.stuck))
             return
+        budget = float(self.settings.collect_stop_refresh_s)
+        if self.derive is not None and budget > 0:
+            try:
+                self.derive(self.con, budget_s=budget)
+            except Exception:  # noqa: BLE001 - readers derive what is stale; the next start refreshes
+                self.health.write_errors.labels("derive").inc()
+            step("derived tables")
         self.con.close()
         step("store closed")
         if self.fleet.snapshot_every_s > 0:

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import cache
@@ -166,7 +167,7 @@ def status(con, settings: Settings) -> str:
 
 @dataclass
 class Refreshed:
-    mode: str  # 'rebuild' | 'incremental' | 'current'
+    mode: str  # 'rebuild' | 'incremental' | 'current' | 'deferred' (over its budget: rolled back)
     calls: int  # rows in model_calls after
     derived: int  # rows derived by this refresh
     sessions: int  # units (sessions) re-derived
@@ -232,12 +233,62 @@ def _write_marks(cur, settings: Settings, marks: Marks, mode: str, seconds: floa
     cur.execute(f"CREATE OR REPLACE TABLE {CFG} AS {_CFG_SQL}")
 
 
-def _transaction(con, fn):
+class _OverBudget(Exception):
+    """A refresh ran past its time budget (it was rolled back)."""
+
+
+class _Budget:
+    """A refresh's time budget (``refresh(budget_s=)``): past the deadline the statement running on a registered
+    connection is interrupted and the next one is not started (``check``); the transaction rolls back."""
+
+    def __init__(self, budget_s: float | None):
+        self.deadline = None if budget_s is None else time.monotonic() + max(float(budget_s), 0.0)
+        self.curs: list = []
+        self.hit = False
+        self.lock = threading.Lock()
+        self.timer: threading.Timer | None = None
+        if self.deadline is not None:
+            self.timer = threading.Timer(max(self.deadline - time.monotonic(), 0.0), self._fire)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def watch(self, cur) -> None:
+        with self.lock:
+            self.curs.append(cur)
+            hit = self.hit
+        if hit:
+            cur.interrupt()
+
+    def _fire(self) -> None:
+        with self.lock:
+            self.hit = True
+            curs = list(self.curs)
+        for c in curs:
+            try:
+                c.interrupt()
+            except Exception:  # noqa: BLE001 - nothing running on it, or it is closed
+                pass
+
+    def check(self) -> None:
+        if self.deadline is not None and (self.hit or time.monotonic() >= self.deadline):
+            raise _OverBudget
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+
+
+_NO_BUDGET = _Budget(None)
+
+
+def _transaction(con, fn, budget: _Budget = _NO_BUDGET):
     functions(con)  # agentobs_cumsum (the ITL gaps): a registration inside the transaction would abort it
     cur = con.cursor()
+    budget.watch(cur)
     cur.execute("BEGIN")
     try:
         out = fn(cur)
+        budget.check()
         cur.execute("COMMIT")
     except BaseException:
         cur.execute("ROLLBACK")
@@ -247,13 +298,36 @@ def _transaction(con, fn):
     return out
 
 
-def rebuild(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, reason: str = "asked") -> Refreshed:
-    """Derive ``model_calls`` whole (and the marks and digests) on a read-write connection."""
-    settings = settings if settings is not None else Settings()
+def rebuild(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, reason: str = "asked",
+            budget_s: float | None = None) -> Refreshed:
+    """Derive ``model_calls`` whole (and the marks and digests) on a read-write connection. ``budget_s``: as
+    ``refresh``'s."""
+    budget = _Budget(budget_s)
+    try:
+        return _rebuild(con, settings if settings is not None else Settings(), reason, budget)
+    except (_OverBudget, duckdb.InterruptException):
+        return _deferred(con, budget_s)
+    finally:
+        budget.stop()
+
+
+def _deferred(con, budget_s) -> Refreshed:
+    try:
+        n = con.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
+    except duckdb.Error:
+        n = 0
+    return Refreshed("deferred", n, 0, 0, float(budget_s or 0.0),
+                     f"stopped at its budget of {budget_s} s and rolled back: the next refresh catches up")
+
+
+def _rebuild(con, settings: Settings, reason: str, budget: _Budget) -> Refreshed:
     t0 = time.perf_counter()
+    budget.watch(con)
     kvindex.refresh(con)
+    budget.check()
 
     def work(cur):
+        cur = _Timed(cur, {}, budget)
         marks = _marks(cur)
         kv = kvindex.usable(cur)
         fin = _fin_columns(cur, kv, settings)
@@ -267,24 +341,38 @@ def rebuild(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, re
         _write_marks(cur, settings, marks, "rebuild", time.perf_counter() - t0)
         return n, units
 
-    n, units = _transaction(con, work)
+    n, units = _transaction(con, work, budget)
     return Refreshed("rebuild", n, n, units, time.perf_counter() - t0, reason)
 
 
-def refresh(con: duckdb.DuckDBPyConnection, settings: Settings | None = None) -> Refreshed:
+def refresh(con: duckdb.DuckDBPyConnection, settings: Settings | None = None, budget_s: float | None = None
+            ) -> Refreshed:
     """Bring ``model_calls`` up to date: nothing when current, a rebuild when there is none or it was derived with
-    other settings or SQL (or older spans changed), else an incremental update of the touched sessions."""
-    settings = settings if settings is not None else Settings()
+    other settings or SQL (or older spans changed), else an incremental update of the touched sessions.
+    ``budget_s``: the most seconds it may take (``agentobs collect`` at stop); past it the statement running is
+    interrupted and the transaction rolled back — the state stays as it was, with its marks, and the next refresh
+    catches up — and the result's mode is ``deferred``."""
+    budget = _Budget(budget_s)
+    try:
+        return _refresh(con, settings if settings is not None else Settings(), budget)
+    except (_OverBudget, duckdb.InterruptException):
+        return _deferred(con, budget_s)
+    finally:
+        budget.stop()
+
+
+def _refresh(con, settings: Settings, budget: _Budget) -> Refreshed:
     t0 = time.perf_counter()
+    budget.watch(con)
     stored = _stored_marks(con)
     if stored is None:
-        return rebuild(con, settings, "no maintained state yet")
+        return _rebuild(con, settings, "no maintained state yet", budget)
     if stored[0] != fingerprint(settings):
-        return rebuild(con, settings, "settings or SQL changed since it was built")
+        return _rebuild(con, settings, "settings or SQL changed since it was built", budget)
     old = stored[1]
     below = con.execute("SELECT count(*) FROM spans WHERE rowid <= ?", [old.span_rowid]).fetchall()[0][0]
     if below != old.span_count:
-        return rebuild(con, settings, "spans already read changed")
+        return _rebuild(con, settings, "spans already read changed", budget)
     steps: dict[str, float] = {}
     t = time.perf_counter()
     kvindex.refresh(con)
@@ -297,19 +385,21 @@ def refresh(con: duckdb.DuckDBPyConnection, settings: Settings | None = None) ->
         return Refreshed("current", n, 0, 0, time.perf_counter() - t0)
 
     def work(cur):
-        return _incremental(cur, settings, old, now, t0, steps)
+        return _incremental(cur, settings, old, now, t0, steps, budget)
 
-    n, derived, units = _transaction(con, work)
+    budget.check()
+    n, derived, units = _transaction(con, work, budget)
     return Refreshed("incremental", n, derived, units, time.perf_counter() - t0, steps=steps)
 
 
 class _Timed:
     """A cursor that records the seconds of each statement under a label (Refreshed.steps)."""
 
-    def __init__(self, cur, steps: dict[str, float]):
-        self.cur, self.steps, self.label = cur, steps, "other"
+    def __init__(self, cur, steps: dict[str, float], budget: _Budget = _NO_BUDGET):
+        self.cur, self.steps, self.label, self.budget = cur, steps, "other", budget
 
     def execute(self, sql, params=None):
+        self.budget.check()
         t = time.perf_counter()
         out = self.cur.execute(sql, params) if params is not None else self.cur.execute(sql)
         self.steps[self.label] = self.steps.get(self.label, 0.0) + time.perf_counter() - t
@@ -319,8 +409,9 @@ class _Timed:
         self.label = label
 
 
-def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, steps: dict) -> tuple[int, int, int]:
-    cur = _Timed(cur, steps)
+def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, steps: dict, budget: _Budget
+                 ) -> tuple[int, int, int]:
+    cur = _Timed(cur, steps, budget)
     cur.step("new_spans")
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_new AS SELECT trace_id, role, request_id, response_id FROM spans "
                 "WHERE rowid > ?", [old.span_rowid])
