@@ -79,6 +79,11 @@ SELECT sum(prev_p) FROM (
 """
 
 
+def _progress(what: str) -> None:
+    """A figure as soon as it is measured (stderr): a long run that is stopped still leaves what it measured."""
+    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=1_000_000)
@@ -96,6 +101,7 @@ def main() -> None:
     con.execute(GENERATE, {"n": args.calls})
     con.execute("CHECKPOINT")
     gen_s = time.perf_counter() - t
+    _progress(f"generated {args.calls:,} calls in {gen_s:.1f} s")
     derived = None
     if args.derived:  # the suite without the state first (a run derives when there is no current state)
         con.close()
@@ -114,6 +120,7 @@ def main() -> None:
         con = connect(path)
         con.execute("SET memory_limit = ?", [args.memory_limit])
     built = state.rebuild(con, Settings())
+    _progress(f"rebuild {built.seconds:.1f} s")
     con.execute("CHECKPOINT")
     con.close()
 
@@ -124,6 +131,7 @@ def main() -> None:
     t = time.perf_counter()
     con.execute(BASELINE).fetchall()
     base_s = time.perf_counter() - t
+    _progress(f"window pass {base_s:.2f} s")
 
     t = time.perf_counter()
     run, close = prepare(con, settings=Settings())
@@ -134,6 +142,7 @@ def main() -> None:
     finally:
         close()
     suite_s = time.perf_counter() - t
+    _progress(f"suite {suite_s:.2f} s; steps " + ", ".join(f"{k}={v:.2f}s" for k, v in run.timings.items()))
     con.close()
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
 
@@ -144,6 +153,8 @@ def main() -> None:
         lo = args.calls + b * args.batch
         con.execute(BATCH, {"lo": lo, "n": lo + args.batch})
         incs.append(state.refresh(con, Settings()))
+        _progress(f"refresh {incs[-1].seconds:.2f} s at {incs[-1].calls:,}: "
+                  + ", ".join(f"{k}={v:.2f}s" for k, v in incs[-1].steps.items()))
     con.close()
 
     reuse = suite["reprefill"].to_dicts()

@@ -288,3 +288,35 @@ def test_budget_interrupts_a_running_statement():
         budget.check()
     budget.stop()
     con.close()
+
+
+def test_itl_gaps_from_state_equal_derived(sample_copy):
+    """m_itl_gap read from model_itl_gap (a run over the state without filters) equals the one itl_gaps.sql derives:
+    the whole store and a window, with the SLO threshold and the p99 one; a run with a filter derives it."""
+    con = connect(sample_copy)
+    lo, hi = con.execute("SELECT min(start_s), max(start_s) FROM llm_calls").fetchall()[0]
+    cases = [({}, {}), ({"itl_tail_threshold": "p99", "long_prefill_tokens": 2000}, {"since": (lo + hi) / 2})]
+    cols = "call_id, instance, model, g_ms, thr_ms, tail, long_overlap, off_call_id, off_computed"
+    derived = []
+    for values, kw in cases:
+        run, close = mr.prepare(con, settings=Settings(values=values), **kw)
+        try:
+            assert run.calls_table != "state"
+            derived.append(run.cur.sql(f"SELECT {cols} FROM {run.itl_gaps()}").pl())
+        finally:
+            close()
+    state.rebuild(con, Settings())
+    for (values, kw), want in zip(cases, derived, strict=True):
+        s = Settings(values=values)
+        if values:
+            state.rebuild(con, s)
+        run, close = mr.prepare(con, settings=s, **kw)
+        try:
+            assert run.calls_table == "state"
+            got = run.cur.sql(f"SELECT {cols} FROM {run.itl_gaps()}").pl()
+        finally:
+            close()
+        assert want.height > 0 and want["tail"].sum() > 0 and want["off_call_id"].drop_nulls().len() > 0
+        order = want.columns
+        assert want.sort(order, nulls_last=True).equals(got.sort(order, nulls_last=True)), (values, kw)
+    con.close()
