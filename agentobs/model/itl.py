@@ -141,11 +141,12 @@ def apply_delta(cur, calls: str, old: str, new: str) -> None:
         SELECT DISTINCT instance, unnest(generate_series(CAST(floor(ta - {float(lo)!r}) AS BIGINT),
                                                          CAST(floor(tb + {float(hi)!r}) AS BIGINT))) AS sec
         FROM itl_g""")
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_p AS {_fmt(_PREFILLS_SQL, calls=calls)}
-        AND rowid IN (SELECT c.rowid FROM {calls} c SEMI JOIN itl_sc w
-                      ON w.instance = c.instance AND w.sec = CAST(floor(c.start_s) AS BIGINT))""")
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_pr AS SELECT c.rowid AS r FROM {calls} c SEMI JOIN itl_sc w
+        ON w.instance = c.instance AND w.sec = CAST(floor(c.start_s) AS BIGINT)""")
+    near = f"(SELECT c.* FROM {calls} c SEMI JOIN itl_pr ON itl_pr.r = c.rowid)"
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_p AS {_fmt(_PREFILLS_SQL, calls=near)}")
     cur.execute(f"INSERT INTO {TABLE} {_fmt(_ATTR_SQL, gaps='itl_g', pre='itl_p')}")
-    for t in ("itl_cw", "itl_k", "itl_g", "itl_r", "itl_sc", "itl_p"):
+    for t in ("itl_cw", "itl_k", "itl_g", "itl_r", "itl_sc", "itl_pr", "itl_p"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
 
 
