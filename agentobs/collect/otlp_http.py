@@ -34,7 +34,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from ..errors import InputError
 from . import otlp
 from .limits import ByteBudget, bearer_ok
-from .receiver import Ingest, count_json_spans, count_spans
+from .receiver import Ingest, count_json_spans, scan_protobuf
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -189,8 +189,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _export(self, data: bytes, ctype: str, reply_type: str):
         ing = self.ingest
         if ctype == PROTOBUF:
-            req, _ = otlp.parse_protobuf(data, "body")  # a request upb refuses whole but that salvages is spooled
-            out = ing.export(count_spans(req), data, "protobuf", "http")
+            out = ing.export(scan_protobuf(data, "body"), data, "protobuf", "http")  # InputError: 400
         else:
             doc = otlp.parse_json_bytes(data, "body")
             if doc == {}:
