@@ -1,7 +1,9 @@
 """The acknowledgement path's wire scan (``receiver.scan_protobuf``) against the full parse it replaced
 (``otlp.parse_protobuf`` + ``count_spans``): the same verdict (a span count, or InputError → 400) and the
 same count on every fixture and real capture, the bench payloads, the edge request, hand-built broken
-bodies and seeded mutations of a small request."""
+bodies and seeded mutations of a small request. ``scan_spans`` (OTLP partial success) against the
+decoder: the spans it rejects are the ones the decoder rejects for their ids, times, kind or status
+code, with the decoder's first message."""
 
 from __future__ import annotations
 
@@ -12,8 +14,12 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from test_collect_decode_speed import _bench_requests, _edge_request, _fixture_requests, _span
 
 from agentobs.collect import otlp
-from agentobs.collect.receiver import count_spans, scan_protobuf
+from agentobs.collect.receiver import count_spans, scan_protobuf, scan_spans
+from agentobs.config import load_settings
 from agentobs.errors import InputError
+
+SETTINGS = load_settings(env={})
+KNOWABLE = ("invalid_id", "invalid_time", "invalid_enum")  # what scan_spans checks without decoding
 
 TID = bytes(range(1, 17))
 
@@ -126,3 +132,72 @@ def test_seeded_mutations():
         counts[got] = counts.get(got, 0) + 1
     # the mutations reach both verdicts and several counts (not all 400s or all intact)
     assert counts.get("400", 0) > 100 and counts.get(4, 0) > 100 and len(counts) >= 4, counts
+
+
+def decoder_rejections(data: bytes) -> tuple[int, str]:
+    """(spans the decoder rejects for a reason scan_spans can know, the first such message)."""
+    dec = otlp.decode_protobuf(data, SETTINGS, "otlp-http", "body")
+    n = sum(dec.reasons.get(r, 0) for r in KNOWABLE)
+    first = next((m for m in dec.errors if any(w in m for w in ("Id ", "Id:", "TimeUnixNano", "kind ", "status.code"))),
+                 "")
+    return n, first
+
+
+def test_scan_spans_on_every_fixture_and_the_edge_request():
+    reqs = _fixture_requests() + _bench_requests() + [("edge", _edge_request().SerializeToString())]
+    for name, body in reqs:
+        n, rejected, first = scan_spans(body, "body")
+        assert n == scan_protobuf(body), name
+        assert (rejected, first) == decoder_rejections(body), name
+    # the edge request holds spans with bad ids and times (test_collect_decode_speed): found here too
+    assert scan_spans(_edge_request().SerializeToString())[1] >= 2
+
+
+def _req(*spans: dict) -> bytes:
+    req = ExportTraceServiceRequest()
+    ss = req.resource_spans.add().scope_spans.add()
+    for k, f in enumerate(spans):
+        sp = _span(ss.spans.add(), TID, (k + 1).to_bytes(8, "big"), "chat m", {"k": 1})
+        code = f.pop("status_code", None)
+        if code is not None:
+            sp.status.code = code
+        for key, v in f.items():
+            setattr(sp, key, v)
+    return req.SerializeToString()
+
+
+START = 1_791_969_600_000_000_000
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"trace_id": b"\x01" * 15}, "traceId must be 16 bytes, got 15"),
+    ({"trace_id": bytes(16)}, "traceId is all zeros (invalid)"),
+    ({"span_id": b""}, "spanId must be 8 bytes, got 0"),
+    ({"span_id": bytes(8)}, "spanId is all zeros (invalid)"),
+    ({"parent_span_id": b"\x01" * 9}, "parentSpanId must be 8 bytes, got 9"),
+    ({"parent_span_id": bytes(8)}, "parentSpanId is all zeros (invalid)"),
+    ({"start_time_unix_nano": 0, "end_time_unix_nano": 0}, "startTimeUnixNano missing or zero"),
+    ({"end_time_unix_nano": START - 1}, f"endTimeUnixNano {START - 1} is before startTimeUnixNano {START}"),
+    ({"start_time_unix_nano": 2**63, "end_time_unix_nano": 0}, "startTimeUnixNano 9223372036854775808 is beyond"),
+    ({"end_time_unix_nano": 2**64 - 1}, "endTimeUnixNano 18446744073709551615 is beyond"),
+    ({"kind": 200}, "kind 200 is out of range (0-127"),
+    ({"kind": -1}, "kind -1 is out of range (0-127"),
+    ({"status_code": 128}, "status.code 128 is out of range (0-127"),
+])
+def test_scan_spans_finds_what_the_decoder_rejects(bad, message):
+    # spans 0 and 2 good, span 1 bad, then span 3 bad the same way: 2 of 4 rejected, the first at spans[1]
+    body = _req({}, dict(bad), {}, dict(bad))
+    n, rejected, first = scan_spans(body, "body")
+    assert (n, rejected) == (4, 2)
+    assert first.startswith(f"body: resourceSpans[0].scopeSpans[0].spans[1]: {message}"), first
+    assert decoder_rejections(body) == (2, first)
+
+
+def test_scan_spans_leaves_what_needs_a_decode_to_the_loader():
+    # a span whose content is not a Span, and one with invalid UTF-8: counted, not known bad here (the loader
+    # rejects them as unparseable / invalid_text); a good request: nothing rejected, no message
+    body = _ld(1, _ld(2, _ld(2, GARBAGE_SPAN) + _ld(2, BAD_UTF8_SPAN) + _ld(2, SPAN)))
+    assert scan_spans(body, "body") == (3, 0, "")
+    assert scan_spans(_small(), "body") == (4, 0, "")
+    with pytest.raises(InputError):
+        scan_spans(b"\xff\xff\xff\x0fgarbage", "body")
