@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from ..config import Settings
@@ -47,7 +47,7 @@ def count_spans(req: ExportTraceServiceRequest) -> int:
     return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
 
 
-def _skeletons() -> tuple[type, ...]:
+def _skeletons() -> tuple[type[Message], ...]:
     """Two message classes that read an ExportTraceServiceRequest only as deep as the acknowledgement needs.
 
     ``Request``: ``resource_spans`` (1) → ``scope_spans`` (2) → ``spans`` (2) kept as ``bytes``: every other
