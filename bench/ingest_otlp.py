@@ -21,7 +21,7 @@ CPU per span of the end-to-end rounds is split into this process (HTTP handlers,
 and DuckDB's insert; the loader thread's own share in parentheses) and the decoder processes. The store
 connection gets ``collect_memory_limit`` as ``agentobs collect`` does.
 
-Memory, per process of the collector — this process (receivers, spool, loader thread, DuckDB), the
+Memory (from the first round on: the prefill's own peak is reset), per process of the collector — this process (receivers, spool, loader thread, DuckDB), the
 forkserver the decoders are forked from, each decoder — as ``agentobs collect`` would hold it: the clients
 build their own payloads and the decode-only rounds run in a separate process, so none of the bench's own
 data is in these figures (except the prefill's rows in DuckDB's buffer pool, as a long-running collector's
@@ -39,7 +39,6 @@ import argparse
 import http.client
 import multiprocessing as mp
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -149,7 +148,7 @@ def main() -> None:
     ap.add_argument("--python-decode", action="store_true",
                     help="also time otlp.py's decode-only of the same bodies (the reference)")
     a = ap.parse_args()
-    settings = load_settings(env={"AGENTOBS_LOADER_DECODER": a.decoder})
+    settings = load_settings(env={**os.environ, "AGENTOBS_LOADER_DECODER": a.decoder})  # other AGENTOBS_* apply
     procs_n = a.processes or default_processes()
     seeds = [[r * a.batches + i for i in range(a.batches)] for r in range(a.rounds)]
     total = a.batches * a.spans
@@ -192,6 +191,11 @@ def main() -> None:
             del one
             con.execute("CHECKPOINT")
         prefilled = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+        try:  # the peak RSS from here on: the collector running, not the prefill's own work
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
         health = Health()
         spool = Spool(Path(d) / "spool")
         loader = Loader(spool, con, settings, health, processes=a.processes or None).start()
@@ -232,7 +236,7 @@ def main() -> None:
                          "self": c_self / total * 1e6, "kids": c_kids / total * 1e6, "ok": ok,
                          "loader": c_loader / total * 1e6, "py": py_rate, "py_cpu": py_cpu,
                          "r429": sum(c.get(429, 0) for c in codes), "load": os.getloadavg()[0]})
-        rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rss_self = _hwm_mb(os.getpid())
         rss_kids = [_hwm_mb(p.pid) for p in loader.pool._processes.values()] if loader.pool else []
         rss_fs = _hwm_mb(fs_pid) if fs_pid else 0.0
         sampler.done.set()
