@@ -74,10 +74,8 @@ def _skeletons() -> tuple[type[Message], ...]:
     for name, fields in messages.items():
         m = fd.message_type.add(name=name)
         for field, num, typ, sub, repeated in fields:
-            f = m.field.add(name=field, number=num, type=typ,
-                            label=t.LABEL_REPEATED if repeated else t.LABEL_OPTIONAL)
-            if sub:
-                f.type_name = f".agentobs.ack.{sub}"
+            m.field.add(name=field, number=num, type=typ, label=t.LABEL_REPEATED if repeated else t.LABEL_OPTIONAL,
+                        **({"type_name": f".agentobs.ack.{sub}"} if sub else {}))
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fd)
     return tuple(message_factory.GetMessageClass(pool.FindMessageTypeByName(f"agentobs.ack.{name}"))
