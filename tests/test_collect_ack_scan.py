@@ -201,3 +201,22 @@ def test_scan_spans_leaves_what_needs_a_decode_to_the_loader():
     assert scan_spans(_small(), "body") == (4, 0, "")
     with pytest.raises(InputError):
         scan_spans(b"\xff\xff\xff\x0fgarbage", "body")
+
+
+def test_ingest_reports_the_known_rejections_also_for_a_retry(tmp_path):
+    from agentobs.collect.receiver import Ingest
+    from agentobs.collect.spool import Spool
+
+    body = _req({}, {"kind": 200}, {})
+    n, rejected, first = scan_spans(body, "body")
+    spool = Spool(tmp_path / "spool", fsync=False)
+    try:
+        ing = Ingest(spool, SETTINGS)
+        for dup in (False, True):  # the export, then the exporter's retry of the same body (not spooled again)
+            out = ing.export(n, body, "protobuf", "http", rejected, first)
+            assert (out.status, out.accepted, out.rejected, out.duplicate) == ("ok", 2, 1, dup)
+            assert out.message == ("1 of 3 spans rejected; the first: body: resourceSpans[0].scopeSpans[0].spans[1]: "
+                                   "kind 200 is out of range (0-127; OTLP's span kinds are 0-5)")
+        assert len(spool.read_from(0, 0, 100, 1 << 30)) == 1  # spooled once, whole: the loader rejects the span
+    finally:
+        spool.close()
