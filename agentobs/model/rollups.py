@@ -30,7 +30,8 @@ _LOG_GAMMA = math.log(GAMMA)
 TASK = "model_rollup_task"
 SKETCH = "model_sketch_hour"
 SESSION = "model_rollup_session"
-TABLES = (TASK, SKETCH, SESSION)
+HOUR = "model_rollup_hour"
+TABLES = (TASK, SKETCH, SESSION, HOUR)
 # values at or below this are counted in one bin (-2^31) read back as 0 (a zero TTFT, an empty ITL gap)
 _TINY = 1e-9
 _ZERO_BIN = -(2 ** 31)
@@ -81,18 +82,21 @@ def _bin(x: str) -> str:
 
 
 _SKETCH_SQL = """
-SELECT hour, model, instance, series, gap_lo, hit_class, bin, count(*) AS n FROM (
-    SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, model, instance, 'ttft' AS series,
+SELECT hour, model, instance, task_type, tenant, series, gap_lo, hit_class, bin, count(*) AS n FROM (
+    SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, model, instance, task_type, tenant, 'ttft' AS series,
            CASE WHEN gap_before_s < 1 THEN 0 WHEN gap_before_s < 5 THEN 1 WHEN gap_before_s < 30 THEN 5
                 WHEN gap_before_s < 120 THEN 30 WHEN gap_before_s < 600 THEN 120 ELSE 600 END AS gap_lo,
            hit_class, {ttft_bin} AS bin
     FROM {rel} WHERE prev_call_id IS NOT NULL AND hit_class IS NOT NULL AND ttft_s IS NOT NULL
     UNION ALL
-    SELECT CAST(floor(start_s / 3600) AS BIGINT), model, instance, 'e2e', NULL, NULL, {e2e_bin}
+    SELECT CAST(floor(start_s / 3600) AS BIGINT), model, instance, task_type, tenant, 'e2e', NULL, NULL, {e2e_bin}
     FROM {rel} WHERE end_s IS NOT NULL AND start_s IS NOT NULL
     UNION ALL
-    SELECT hour, model, instance, 'itl', NULL, NULL, {itl_bin} FROM (
-        SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, model, instance, unnest(itl_ms) AS g
+    SELECT CAST(floor(start_s / 3600) AS BIGINT), model, instance, task_type, tenant, 'gap', NULL, NULL, {gap_bin}
+    FROM {rel} WHERE session_id IS NOT NULL AND gap_before_s IS NOT NULL
+    UNION ALL
+    SELECT hour, model, instance, task_type, tenant, 'itl', NULL, NULL, {itl_bin} FROM (
+        SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, model, instance, task_type, tenant, unnest(itl_ms) AS g
         FROM {rel} WHERE itl_ms IS NOT NULL)
     WHERE g IS NOT NULL
 ) GROUP BY ALL
@@ -100,10 +104,77 @@ SELECT hour, model, instance, series, gap_lo, hit_class, bin, count(*) AS n FROM
 
 
 def _sketch_sql(rel: str) -> str:
-    return _SKETCH_SQL.format(rel=rel, ttft_bin=_bin("ttft_s"), e2e_bin=_bin("end_s - start_s"), itl_bin=_bin("g"))
+    return _SKETCH_SQL.format(rel=rel, ttft_bin=_bin("ttft_s"), e2e_bin=_bin("end_s - start_s"), itl_bin=_bin("g"),
+                              gap_bin=_bin("gap_before_s"))
 
 
-_SKETCH_KEYS = ("hour", "model", "instance", "series", "gap_lo", "hit_class", "bin")
+_SKETCH_KEYS = ("hour", "model", "instance", "task_type", "tenant", "series", "gap_lo", "hit_class", "bin")
+SERIES = ("ttft", "e2e", "itl", "gap")
+
+# per hour × instance × the previous call's instance × model × task type × tenant × cause × mode × whether the call
+# has a session: the counts and sums reprefill and idle_kv_rent read (agentobs/metrics/rollup_reprefill.sql,
+# rollup_idle_kv_rent.sql). Integer sums as they are; the token-second sums (doubles per call) in whole
+# micro-token-seconds (each call's value rounded to 1e-6 token-s: exact under deltas, within 1e-6 token-s per call
+# of the per-call sum). The $ are priced at read time (the cost model is a setting). n_* count the non-NULL values
+# beside each sum (a sum over none is 0 here, NULL in SQL).
+_HOUR_KEYS = ("hour", "instance", "prev_key", "model", "task_type", "tenant", "cause", "mode", "sess")
+CAUSE = ("coalesce(miss_cause, CASE WHEN session_id IS NULL THEN 'no_session' WHEN context_reset THEN 'context_reset' "
+         "ELSE 'none' END)")
+
+
+def _micro(x: str) -> str:
+    return f"coalesce(sum(CAST(round(({x}) * 1e6) AS BIGINT)), 0)"
+
+
+_HOUR_COLS = {  # column -> its aggregate over model_calls rows (calls first: a key with no calls left is dropped)
+    "calls": "count(*)",
+    "calls_with_reprefill": "count(*) FILTER (WHERE reprefill_tokens > 0)",
+    "prompt_tokens": "coalesce(sum(prompt_tokens), 0)", "n_p": "count(prompt_tokens)",
+    "cached_tokens": "coalesce(sum(cached_tokens), 0)", "n_c": "count(cached_tokens)",
+    "r_eff_c": "coalesce(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL), 0)",
+    "n_r_eff_c": "count(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL)",
+    "x": "coalesce(sum(reprefill_tokens), 0)", "n_x": "count(reprefill_tokens)",
+    "x_low": "coalesce(sum(reprefill_low_tokens), 0)", "n_x_low": "count(reprefill_low_tokens)",
+    "x_high": "coalesce(sum(reprefill_high_tokens), 0)", "n_x_high": "count(reprefill_high_tokens)",
+    "computed_prompt_tokens": "coalesce(sum(prompt_tokens - coalesce(cached_tokens, 0)), 0)",
+    "output_p": "coalesce(sum(coalesce(output_tokens, 0)) FILTER (WHERE prompt_tokens IS NOT NULL), 0)",
+    "p_known": "coalesce(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0)",
+    "n_p_known": "count(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL)",
+    "c_reuse": "coalesce(sum(cached_tokens) FILTER (WHERE reusable_tokens_eff IS NOT NULL), 0)",
+    "n_c_reuse": "count(cached_tokens) FILTER (WHERE reusable_tokens_eff IS NOT NULL)",
+    "c_x": "coalesce(sum(cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)",
+    "n_c_x": "count(cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL)",
+    "pc_x": "coalesce(sum(prompt_tokens - cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)",
+    "n_pc_x": "count(prompt_tokens - cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL)",
+    # idle_kv_rent (its calls: those with a session, sess)
+    "windows": "count(*) FILTER (WHERE prev_call_id IS NOT NULL)",
+    "retained": "count(*) FILTER (WHERE window_outcome = 'retained')",
+    "evicted": "count(*) FILTER (WHERE window_outcome = 'evicted')",
+    "routed_away": "count(*) FILTER (WHERE window_outcome = 'routed_away')",
+    "unknown": "count(*) FILTER (WHERE window_outcome = 'unknown')",
+    "rent_paid_us": _micro("rent_paid_token_s"), "n_rent_paid": "count(rent_paid_token_s)",
+    "rent_wasted_us": _micro("rent_wasted_token_s"), "n_rent_wasted": "count(rent_wasted_token_s)",
+    "evicted_rent_unknown": "count(*) FILTER (WHERE window_outcome = 'evicted' AND rent_wasted_token_s IS NULL)",
+    "evicted_while_idle": "count(*) FILTER (WHERE evict_phase = 'idle')",
+    "evicted_while_queued": "count(*) FILTER (WHERE evict_phase = 'queued')",
+    "abandoned": "count(*) FILTER (WHERE abandoned)",
+    "open_sessions": "count(*) FILTER (WHERE is_last AND NOT abandoned)",
+    "abandoned_kv_tokens": "coalesce(sum(abandon_kv_tokens), 0)", "n_abandoned_kv": "count(abandon_kv_tokens)",
+    "abandoned_rent_us": _micro("abandon_rent_token_s"), "n_abandoned_rent": "count(abandon_rent_token_s)",
+    "abandoned_still_resident": "count(*) FILTER (WHERE abandon_censored)",
+    "running_kv_us": _micro("(coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) / 2.0) * (end_s - start_s)"),
+    "n_running": "count(end_s - start_s)",
+    "kv_event_windows": "count(*) FILTER (WHERE rent_mode = 'kv_events')",
+    "estimate_windows": "count(*) FILTER (WHERE rent_mode = 'estimate')",
+}
+_HOUR_SUMS = tuple(_HOUR_COLS)
+_HOUR_SQL = (f"""
+SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, instance, coalesce(prev_instance, instance, '') AS prev_key,
+       model, task_type, tenant, {CAUSE} AS cause, mode, session_id IS NOT NULL AS sess,
+       """ + ",\n       ".join(f"{v} AS {k}" for k, v in _HOUR_COLS.items()) + """
+FROM {rel}
+GROUP BY ALL
+""")
 
 
 # per session (a unit the state re-derives whole, so it is replaced, not patched): the union of its call intervals
@@ -133,6 +204,7 @@ def rebuild(cur: duckdb.DuckDBPyConnection, table: str) -> None:
     cur.execute(f"CREATE OR REPLACE TABLE {TASK} AS {_keyed(_TASK_SQL.format(rel=table), _TASK_KEYS)}")
     cur.execute(f"CREATE OR REPLACE TABLE {SKETCH} AS {_keyed(_sketch_sql(table), _SKETCH_KEYS)}")
     cur.execute(f"CREATE OR REPLACE TABLE {SESSION} AS {_SESSION_SQL.format(rel=table)}")
+    cur.execute(f"CREATE OR REPLACE TABLE {HOUR} AS {_keyed(_HOUR_SQL.replace('{rel}', table), _HOUR_KEYS)}")
 
 
 def apply_delta(cur: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
@@ -140,6 +212,7 @@ def apply_delta(cur: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
     the sessions of either are replaced whole (``new`` holds every call of each session it has)."""
     _delta(cur, TASK, _TASK_KEYS, _TASK_SUMS, _TASK_SQL.format(rel=old), _TASK_SQL.format(rel=new))
     _delta(cur, SKETCH, _SKETCH_KEYS, ("n",), _sketch_sql(old), _sketch_sql(new))
+    _delta(cur, HOUR, _HOUR_KEYS, _HOUR_SUMS, _HOUR_SQL.replace("{rel}", old), _HOUR_SQL.replace("{rel}", new))
     cur.execute(f"DELETE FROM {SESSION} WHERE session_id IN (SELECT session_id FROM {old} UNION "
                 f"SELECT session_id FROM {new})")
     cur.execute(f"INSERT INTO {SESSION} {_SESSION_SQL.format(rel=new)}")
@@ -149,7 +222,7 @@ def _delta(cur, table: str, keys: tuple, sums: tuple, old_sql: str, new_sql: str
     k = ", ".join(keys)
     neg = ", ".join(f"-{c} AS {c}" for c in sums)
     pos = ", ".join(sums)
-    total = ", ".join(f"CAST(sum({c}) AS BIGINT) AS {c}" for c in sums)
+    total = ", ".join(f"CAST(sum({c}) AS HUGEINT) AS {c}" for c in sums)
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE roll_d AS SELECT hash({k}) AS k, * FROM (
         SELECT {k}, {total} FROM (SELECT {k}, {pos} FROM ({new_sql}) UNION ALL SELECT {k}, {neg} FROM ({old_sql}))
         GROUP BY ALL)""")
@@ -178,17 +251,47 @@ def bin_value(b: int) -> float:
     return 0.0 if b == _ZERO_BIN else 2 * GAMMA ** b / (GAMMA + 1)
 
 
+def _bin_value_sql(b: str) -> str:
+    return f"CASE WHEN {b} = {_ZERO_BIN} THEN 0.0 ELSE 2 * pow({GAMMA!r}, {b}) / {GAMMA + 1!r} END"
+
+
+def quantiles_sql(rel: str, part: tuple[str, ...], qs: dict[str, float]) -> str:
+    """A SELECT of ``part``, ``n`` (the values counted) and, per ``name: q`` of ``qs``, the q-quantile of the merged
+    sketch ``rel`` (columns ``part``, ``bin``, ``n``: bins of one partition may repeat), read as DuckDB's
+    ``quantile_cont`` reads values: at h = q·(n − 1), the values of ranks floor(h) and ceil(h) interpolated. Each
+    rank's value is its bin's (within α of the value there), so the result is within α of ``quantile_cont`` of
+    the values themselves (an interpolation between two values, each within α)."""
+    cols = "".join(f"{c}, " for c in part)
+    over = f"PARTITION BY {', '.join(part)} " if part else ""
+    inner, outer = [], []
+    for name, q in qs.items():
+        h = f"{float(q)!r} * (total - 1)"
+        inner.append(f"min(bin) FILTER (WHERE cum > floor({h})) AS {name}_lo, "
+                     f"min(bin) FILTER (WHERE cum > ceil({h})) AS {name}_hi")
+        lo, hi = _bin_value_sql(f"{name}_lo"), _bin_value_sql(f"{name}_hi")
+        outer.append(f"{lo} + ({float(q)!r} * (n - 1) - floor({float(q)!r} * (n - 1))) * (({hi}) - ({lo})) AS {name}")
+    return f"""SELECT {cols}CAST(n AS BIGINT) AS n, {', '.join(outer)} FROM (
+    SELECT {cols}any_value(total) AS n, {', '.join(inner)}
+    FROM (SELECT {cols}bin, sum(n) OVER ({over}ORDER BY bin ROWS UNBOUNDED PRECEDING) AS cum,
+                 sum(n) OVER ({over.strip()}) AS total
+          FROM {rel})
+    GROUP BY ALL)"""
+
+
+SKETCH_COLUMNS = ("model", "instance", "task_type", "tenant", "gap_lo", "hit_class")
+
+
 def quantiles(con, series: str, qs=(0.5, 0.9, 0.99), since: float | None = None, until: float | None = None,
               by: str | None = None, where: dict | None = None) -> list[dict]:
-    """Quantiles of a latency series (``ttft``, ``e2e``, ``itl``) from the hourly sketches, merged over the hours of
-    [since, until) (hour-aligned) and per ``by`` (model, instance, gap_lo, hit_class, or None for one row).
-    ``where``: equality filters on those columns. Each row: the group, ``n`` and per q ``p<q>`` with ``rel_err``
-    (the bound α: the exact q-quantile x — the value at rank floor(q·(n − 1)) — satisfies |p − x| ≤ α·x)."""
-    if series not in ("ttft", "e2e", "itl"):
-        raise ValueError(f"no sketch series {series!r}: ttft, e2e or itl")
+    """Quantiles of a latency series (``ttft``, ``e2e``, ``itl``, ``gap``) from the hourly sketches, merged over the
+    hours of [since, until) (hour-aligned) and per ``by`` (one of SKETCH_COLUMNS, or None for one row). ``where``:
+    equality filters on those columns. Each row: the group, ``n`` and per q ``p<q>`` with ``rel_err`` (the bound α:
+    the exact quantile x — DuckDB's quantile_cont of the same values — satisfies |p − x| ≤ α·x)."""
+    if series not in SERIES:
+        raise ValueError(f"no sketch series {series!r}: {', '.join(SERIES)}")
     if not hour_aligned(since, until):
         raise ValueError("the sketches are hourly: since and until must be whole hours (or open)")
-    cols = ("model", "instance", "gap_lo", "hit_class")
+    cols = SKETCH_COLUMNS
     if by is not None and by not in cols:
         raise ValueError(f"cannot group sketches by {by!r}: one of {', '.join(cols)}")
     preds: list[str] = ["series = $series"]
@@ -205,22 +308,13 @@ def quantiles(con, series: str, qs=(0.5, 0.9, 0.99), since: float | None = None,
         preds.append(f"{c} = $w{i}")
         params[f"w{i}"] = v
     grp = by if by is not None else "NULL"
-    rows = con.execute(f"SELECT {grp} AS grp, bin, sum(n) AS n FROM {SKETCH} WHERE {' AND '.join(preds)} "
-                       "GROUP BY ALL ORDER BY grp, bin", params).fetchall()
-    groups: dict = {}
-    for g, b, n in rows:
-        groups.setdefault(g, []).append((b, int(n)))
+    names = {f"q{i}": q for i, q in enumerate(qs)}
+    sql = (f"WITH m AS (SELECT {grp} AS grp, bin, sum(n) AS n FROM {SKETCH} WHERE {' AND '.join(preds)} "
+           f"GROUP BY ALL) {quantiles_sql('m', ('grp',), names)} ORDER BY grp")
     out = []
-    for g, bins in groups.items():
-        total = sum(n for _, n in bins)
-        row = {"group": g, "n": total, "rel_err": ALPHA}
-        for q in qs:
-            rank = math.floor(q * (total - 1))
-            cum = 0
-            for b, n in bins:
-                cum += n
-                if cum > rank:
-                    row[f"p{q * 100:g}"] = bin_value(b)
-                    break
-        out.append(row)
+    for row in con.execute(sql, params).fetchall():
+        d = {"group": row[0], "n": int(row[1]), "rel_err": ALPHA}
+        for (_, q), v in zip(names.items(), row[2:], strict=True):
+            d[f"p{q * 100:g}"] = v
+        out.append(d)
     return out
