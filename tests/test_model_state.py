@@ -252,3 +252,69 @@ def test_sketch_quantiles_within_stated_error(sample_copy):
     with pytest.raises(ValueError, match="whole hours"):
         rollups.quantiles(con, "e2e", since=1.5)
     con.close()
+
+
+# the groupings each hour-rollup form serves (agentobs/metrics/rollup.py)
+_HOUR_FORMS = {"reprefill": ("cause", "instance", "model", "task_type"),
+               "idle_kv_rent": ("instance", "model", "task_type"),
+               "turn_resume_ttft": ("instance", "model", "task_type")}
+
+
+def _same_or_within(want: pl.DataFrame, got: pl.DataFrame, name: str) -> None:
+    """``got`` (a rollup form) equals ``want`` (per call) column by column, except the percentiles it read from the
+    sketches: each within the bound its ``<col minus _s>_rel_err`` column states (rel_err·x of the exact x)."""
+    bounded = {c: f"{c.removesuffix('_s')}_rel_err" for c in want.columns
+               if f"{c.removesuffix('_s')}_rel_err" in got.columns}
+    assert [c for c in got.columns if c not in want.columns] == list(bounded.values()), name
+    _same(want.drop(list(bounded)), got.select(want.columns).drop(list(bounded)), name)
+    keys = [c for c, t in want.schema.items() if t in (pl.String, pl.Boolean)]
+    w, g = want.sort(keys, nulls_last=True), got.sort(keys, nulls_last=True)
+    for c, e in bounded.items():
+        assert got.schema[c] == want.schema[c], (name, c)
+        for x, p, err in zip(w[c].to_list(), g[c].to_list(), g[e].to_list(), strict=True):
+            assert (x is None) == (p is None), (name, c)
+            if x is not None:
+                assert err == (rollups.GAMMA - 1 if c == "miss_penalty" else rollups.ALPHA)
+                assert abs(p - x) <= err * x * (1 + 1e-9) + 1e-9, (name, c, x, p)
+
+
+def test_hour_rollup_metrics_equal_per_call(sample_copy):
+    """reprefill, idle_kv_rent and turn_resume_ttft from model_rollup_hour and the sketches equal the same metrics
+    from the per-call state — counts and sums exactly (doubles to 1e-9 relative), each sketch percentile within its
+    stated bound of the exact one — for every grouping the rollup serves, over the whole store, an hour-aligned
+    window with an instance filter, and a task-type filter; exact=True gives the per-call percentiles; a grouping,
+    window or filter off the rollup's grain reads the per-call state."""
+    con = connect(sample_copy)
+    s = Settings()
+    state.rebuild(con, s)
+    lo, inst, tt = con.execute("SELECT min(start_s), min(instance), max(task_type) FROM llm_calls").fetchall()[0]
+    h = (int(lo) // 3600 + 1) * 3600  # the first whole hour after the first call (sample_data: 2.3 hours of calls)
+    cases = ({}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}, {"filters": {"task_type": [tt]}})
+    for kw in cases:
+        run, close = mr.prepare(con, settings=s, **kw)
+        try:
+            for name, bys in _HOUR_FORMS.items():
+                for by in bys:
+                    got = run.compute(name, by)
+                    assert name in run.from_rollup
+                    run.from_rollup.clear()
+                    exact = run.compute(name, by, exact=True)
+                    assert (name in run.from_rollup) == (name == "reprefill")  # no sketch in reprefill's form
+                    run.rollups = False
+                    want = run.compute(name, by)
+                    run.rollups = True
+                    assert want.height > 0 or kw.get("filters", {}).get("task_type"), (name, by, kw)
+                    _same(want, exact, f"{name} by {by} {kw} exact")
+                    _same_or_within(want, got, f"{name} by {by} {kw}")
+        finally:
+            close()
+    # off the grain: a window not of whole hours, a filter on a column the rollup lacks, a grouping it lacks
+    for kw, name, by in (({"since": h + 1}, "reprefill", "cause"), ({"filters": {"agent_name": ["x"]}}, "idle_kv_rent",
+                                                                   "instance"), ({}, "reprefill", "session")):
+        run, close = mr.prepare(con, settings=s, **kw)
+        try:
+            run.compute(name, by)
+            assert run.from_rollup == set(), (kw, name, by)
+        finally:
+            close()
+    con.close()

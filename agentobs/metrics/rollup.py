@@ -35,8 +35,8 @@ _SNIPPETS = {
     "{gap_q}": rollups.quantiles_sql("gs", ("grp",), {"p50": 0.5, "p90": 0.9}),
     "{ttft_q}": rollups.quantiles_sql("s", ("grp", "gap_lo", "hit_class"), _Q3),
     "{ttft_all_q}": rollups.quantiles_sql("s_all", ("grp",), _Q3),
-    "{alpha}": repr(rollups.ALPHA),
-    "{ratio_err}": repr(rollups.GAMMA - 1),  # a ratio of two values each within α
+    "{alpha}": f"CAST({rollups.ALPHA!r} AS DOUBLE)",
+    "{ratio_err}": f"CAST({rollups.GAMMA - 1!r} AS DOUBLE)",  # a ratio of two values each within α
 }
 
 
