@@ -134,6 +134,18 @@ def main() -> None:
     finally:
         close()
     suite_s = time.perf_counter() - t
+    from_rollup = sorted(run.from_rollup)
+    # the same suite with every metric from the per-call state (no rollup, no sketch), in the same run: what the
+    # rollups save
+    t = time.perf_counter()
+    per_call, close = prepare(con, settings=Settings())  # the first was closed: a preparation of its own
+    try:
+        per_call.rollups = False
+        for n in names():
+            per_call.compute(n)
+    finally:
+        close()
+    per_call_s = time.perf_counter() - t
     con.close()
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
 
@@ -154,6 +166,10 @@ def main() -> None:
         print(f"metric suite deriving call_reuse (no state):         {derived:.2f} s ({derived / base_s:.2f}x)")
     print(f"metric suite from the maintained state ({len(suite)} metrics): {suite_s:.2f} s")
     print(f"ratio suite / window pass: {suite_s / base_s:.2f}x")
+    print(f"metric suite from the per-call state only (no rollup or sketch): {per_call_s:.2f} s "
+          f"({per_call_s / base_s:.2f}x); from rollups: {', '.join(from_rollup)}")
+    print("rollup metrics, rollup vs per-call: " + ", ".join(
+        f"{n} {run.timings[n]:.3f}/{per_call.timings[n]:.3f} s" for n in from_rollup))
     print(f"peak memory (ru_maxrss): {peak_gib:.2f} GiB (DuckDB memory_limit {args.memory_limit})")
     # the shared preparation (m_src, m_cost, call_reuse as m_calls, m_samples) against the metrics' own queries
     # (m_itl_gap with them: itl_tail makes it); the second part alone bounds what any cheaper preparation —
