@@ -254,8 +254,9 @@ def test_sketch_quantiles_within_stated_error(sample_copy):
     con.close()
 
 
-# the groupings each hour-rollup form serves (agentobs/metrics/rollup.py)
-_HOUR_FORMS = {"reprefill": ("cause", "instance", "model", "task_type"),
+# the groupings each rollup form serves (agentobs/metrics/rollup.py)
+_HOUR_FORMS = {"reuse": ("session", "task", "instance", "model", "task_type", "session_length"),
+               "reprefill": ("cause", "instance", "model", "task_type"),
                "idle_kv_rent": ("instance", "model", "task_type"),
                "turn_resume_ttft": ("instance", "model", "task_type")}
 
@@ -278,9 +279,9 @@ def _same_or_within(want: pl.DataFrame, got: pl.DataFrame, name: str) -> None:
                 assert abs(p - x) <= err * x * (1 + 1e-9) + 1e-9, (name, c, x, p)
 
 
-def test_hour_rollup_metrics_equal_per_call(sample_copy):
-    """reprefill, idle_kv_rent and turn_resume_ttft from model_rollup_hour and the sketches equal the same metrics
-    from the per-call state — counts and sums exactly (doubles to 1e-9 relative), each sketch percentile within its
+def test_rollup_metrics_equal_per_call(sample_copy):
+    """reuse (model_rollup_task), reprefill, idle_kv_rent (model_rollup_hour) and turn_resume_ttft (the sketches)
+    equal the same metrics from the per-call state, rows in the same order — counts and sums exactly (doubles to 1e-9 relative), each sketch percentile within its
     stated bound of the exact one — for every grouping the rollup serves, over the whole store, an hour-aligned
     window with an instance filter, and a task-type filter; exact=True gives the per-call percentiles; a grouping,
     window or filter off the rollup's grain reads the per-call state."""
@@ -299,13 +300,16 @@ def test_hour_rollup_metrics_equal_per_call(sample_copy):
                     assert name in run.from_rollup
                     run.from_rollup.clear()
                     exact = run.compute(name, by, exact=True)
-                    assert (name in run.from_rollup) == (name == "reprefill")  # no sketch in reprefill's form
+                    assert (name in run.from_rollup) == (name in ("reuse", "reprefill"))  # no sketch in their forms
                     run.rollups = False
                     want = run.compute(name, by)
                     run.rollups = True
                     assert want.height > 0 or kw.get("filters", {}).get("task_type"), (name, by, kw)
                     _same(want, exact, f"{name} by {by} {kw} exact")
                     _same_or_within(want, got, f"{name} by {by} {kw}")
+                    assert got.to_dicts()[:1] == want.to_dicts()[:1] or name == "turn_resume_ttft" or (
+                        name == "idle_kv_rent"), (name, by)  # the same first row (sketched forms: within bounds)
+                    assert got[got.columns[0]].to_list() == want[want.columns[0]].to_list(), (name, by)  # row order
         finally:
             close()
     # off the grain: a window not of whole hours, a filter on a column the rollup lacks, a grouping it lacks

@@ -20,6 +20,7 @@ _HOUR_FILTERS = {"instance": "instance", "model": "model", "task_type": "task_ty
 FORMS = {"task_cost": ("rollup_task_cost.sql", _TASK_FILTERS),
          # per session over every call: no window, no filter, grouped by session
          "duty_cycle": ("rollup_duty_cycle.sql", {}),
+         "reuse": ("rollup_reuse.sql", _TASK_FILTERS),
          "reprefill": ("rollup_reprefill.sql", _HOUR_FILTERS),
          "idle_kv_rent": ("rollup_idle_kv_rent.sql", _HOUR_FILTERS),
          "turn_resume_ttft": ("rollup_turn_resume_ttft.sql", _HOUR_FILTERS)}

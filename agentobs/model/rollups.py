@@ -36,16 +36,21 @@ TABLES = (TASK, SKETCH, SESSION, HOUR)
 _TINY = 1e-9
 _ZERO_BIN = -(2 ** 31)
 
-_TASK_KEYS = ("hour", "task_id", "session_id", "bk", "instance", "task_type", "model", "tenant")
+# first_s (the key's first call start): a key belongs to one unit (session, or call without one) and a refresh
+# replaces units whole, so a key's old row is subtracted to nothing and its new one added (exact, as for a sum)
+_TASK_KEYS = ("hour", "task_id", "session_id", "bk", "instance", "task_type", "model", "tenant", "first_s")
 _TASK_SUMS = ("calls", "retries", "failed_calls", "prompt_tokens", "cached_tokens", "computed_prompt_tokens",
               "output_tokens", "reprefill_tokens", "computed", "computed_final", "wasted_tokens", "ctrl_num",
-              "ctrl_den", "ctrl_calls", "cached_p", "output_p", "n_p", "n_c", "n_o", "n_x", "n_final", "n_ctrl_den")
+              "ctrl_den", "ctrl_calls", "cached_p", "output_p", "n_p", "n_c", "n_o", "n_x", "n_final", "n_ctrl_den",
+              "p_known", "n_p_known", "c_reuse", "n_c_reuse", "r_eff_c", "n_r_eff_c", "resets", "c_unknown",
+              "follow_ups", "exact_calls")
 
 # the rollup of a relation of model_calls rows; every value an integer and never NULL (exact under deltas: a sum
 # over no values is 0 here, and the count beside it, n_*, tells the reader that SQL's sum would be NULL)
 _TASK_SQL = """
 SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, task_id, session_id,
        coalesce(session_id, call_id) || '/' || branch AS bk, instance, task_type, model, tenant,
+       min(start_s) AS first_s,
        count(*) AS calls,
        count(*) FILTER (WHERE is_retry) AS retries,
        count(*) FILTER (WHERE status = 'error') AS failed_calls,
@@ -70,7 +75,18 @@ SELECT CAST(floor(start_s / 3600) AS BIGINT) AS hour, task_id, session_id,
        count(prompt_tokens) AS n_p, count(cached_tokens) AS n_c, count(output_tokens) AS n_o,
        count(reprefill_tokens) AS n_x,
        count(prompt_tokens) FILTER (WHERE is_last_attempt AND status = 'ok') AS n_final,
-       count(prompt_tokens) FILTER (WHERE system_tokens IS NOT NULL OR tool_def_tokens IS NOT NULL) AS n_ctrl_den
+       count(prompt_tokens) FILTER (WHERE system_tokens IS NOT NULL OR tool_def_tokens IS NOT NULL) AS n_ctrl_den,
+       -- reuse's per-session sums (metrics/rollup_reuse.sql)
+       coalesce(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS p_known,
+       count(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL) AS n_p_known,
+       coalesce(sum(cached_tokens) FILTER (WHERE reusable_tokens_eff IS NOT NULL), 0) AS c_reuse,
+       count(cached_tokens) FILTER (WHERE reusable_tokens_eff IS NOT NULL) AS n_c_reuse,
+       coalesce(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS r_eff_c,
+       count(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL) AS n_r_eff_c,
+       count(*) FILTER (WHERE context_reset) AS resets,
+       count(*) FILTER (WHERE cached_tokens IS NULL) AS c_unknown,
+       count(*) FILTER (WHERE prev_call_id IS NOT NULL) AS follow_ups,
+       count(*) FILTER (WHERE mode = 'exact' AND prev_call_id IS NOT NULL) AS exact_calls
 FROM {rel}
 GROUP BY ALL
 """
