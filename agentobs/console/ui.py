@@ -149,7 +149,7 @@ def number_format(name: str, dtype: pl.DataType) -> str | None:
 def column_config(df: pl.DataFrame, given: dict | None = None) -> dict:
     """Number formats for ``df``'s columns (``number_format``); ``given`` entries win."""
     given = dict(given or {})
-    out = {}
+    out: dict = {}
     for name, dtype in df.schema.items():
         if name in given:
             continue
@@ -165,7 +165,7 @@ def column_config(df: pl.DataFrame, given: dict | None = None) -> dict:
             if len(bounds) == 1:
                 fmt = number_format(name, df.schema[name])
                 out[name] = st.column_config.NumberColumn(name + bound_text(bounds[0]), format=fmt)
-                out.setdefault(err, None)
+                out[err] = None  # hidden (``given`` may still show it)
     out.update(given)
     return out
 

@@ -262,12 +262,9 @@ def hour_aligned(since: float | None, until: float | None) -> bool:
     return all(t is None or (math.isfinite(t) and t % 3600 == 0) for t in (since, until))
 
 
-def bin_value(b: int) -> float:
-    """The value a sketch bin stands for: 2γ^i/(γ + 1), within α of every value in (γ^(i−1), γ^i]."""
-    return 0.0 if b == _ZERO_BIN else 2 * GAMMA ** b / (GAMMA + 1)
-
-
 def _bin_value_sql(b: str) -> str:
+    """The value sketch bin ``b`` stands for: 2γ^b/(γ + 1), within α of every value in (γ^(b−1), γ^b] (the zero bin:
+    0)."""
     return f"CASE WHEN {b} = {_ZERO_BIN} THEN 0.0 ELSE 2 * pow({GAMMA!r}, {b}) / {GAMMA + 1!r} END"
 
 
