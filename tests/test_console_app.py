@@ -580,3 +580,13 @@ def test_number_formats_and_markdown_dollars():
     # two $ on a line would be typeset as LaTeX by Streamlit's Markdown: escaped once, never twice
     assert ui.md("× $/s (METRICS.md §8) … $0.26") == "× \\$/s (METRICS.md §8) … \\$0.26"
     assert ui.md(ui.md("a $ b")) == "a \\$ b"
+
+
+def test_table_header_states_a_sketch_percentiles_bound():
+    """A percentile column with one stated bound beside it (from the hourly sketches) shows it in its header, the
+    bound column hidden; a column without one is formatted as before."""
+    df = pl.DataFrame({"instance": ["a", "b"], "ttft_p99_s": [2.3, None], "ttft_p99_rel_err": [0.01, None],
+                       "gap_p50_s": [1.0, 2.0]})
+    cfg = ui.column_config(df)
+    assert cfg["ttft_p99_s"]["label"] == "ttft_p99_s ±1%" and cfg["ttft_p99_rel_err"] is None
+    assert cfg["gap_p50_s"]["label"] == "gap_p50_s"
