@@ -258,7 +258,8 @@ def test_sketch_quantiles_within_stated_error(sample_copy):
 _HOUR_FORMS = {"reuse": ("session", "task", "instance", "model", "task_type", "session_length"),
                "reprefill": ("cause", "instance", "model", "task_type"),
                "idle_kv_rent": ("instance", "model", "task_type"),
-               "turn_resume_ttft": ("instance", "model", "task_type")}
+               "turn_resume_ttft": ("instance", "model", "task_type"),
+               "capacity": ("instance",)}
 
 
 def _same_or_within(want: pl.DataFrame, got: pl.DataFrame, name: str) -> None:
@@ -280,8 +281,8 @@ def _same_or_within(want: pl.DataFrame, got: pl.DataFrame, name: str) -> None:
 
 
 def test_rollup_metrics_equal_per_call(sample_copy):
-    """reuse (model_rollup_task), reprefill, idle_kv_rent (model_rollup_hour) and turn_resume_ttft (the sketches)
-    equal the same metrics from the per-call state, rows in the same order — counts and sums exactly (doubles to
+    """reuse (model_rollup_task), reprefill, idle_kv_rent (model_rollup_hour), turn_resume_ttft (the sketches) and
+    capacity (model_rollup_minute) equal the same metrics from the per-call state, rows in the same order — counts and sums exactly (doubles to
     1e-9 relative), each sketch percentile within its stated bound of the exact one — for every grouping the rollup serves, over the whole store, an hour-aligned
     window with an instance filter, and a task-type filter; exact=True gives the per-call percentiles; a grouping,
     window or filter off the rollup's grain reads the per-call state."""
@@ -292,10 +293,26 @@ def test_rollup_metrics_equal_per_call(sample_copy):
     h = (int(lo) // 3600 + 1) * 3600  # the first whole hour after the first call (sample_data: 2.3 hours of calls)
     cases = ({}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}, {"filters": {"task_type": [tt]}})
     check_rollup_forms(con, s, cases)
-    # off the grain: a window not of whole hours, a filter on a column the rollup lacks, a grouping it lacks
-    for kw, name, by in (({"since": h + 1}, "reprefill", "cause"), ({"filters": {"agent_name": ["x"]}}, "idle_kv_rent",
-                                                                   "instance"), ({}, "reprefill", "session")):
-        run, close = mr.prepare(con, settings=s, **kw)
+    # capacity with 5-minute buckets: each sums five minutes of model_rollup_minute; open windows' bounds per call
+    s5 = Settings(values={"metrics_bucket_s": 300.0})
+    for kw in ({"since": h}, {"until": h, "filters": {"task_type": [tt]}}):
+        run, close = mr.prepare(con, settings=s5, **kw)
+        try:
+            got = run.compute("capacity")
+            assert run.from_rollup == {"capacity"}
+            run.rollups = False
+            want = run.compute("capacity")
+            assert want.height > 0
+            _same(want, got, f"capacity 300 s {kw}")
+        finally:
+            close()
+    # off the grain: a window not of whole hours, a filter on a column the rollup lacks, a grouping it lacks, a
+    # bucket that is not whole minutes
+    for kw, name, by, st in (({"since": h + 1}, "reprefill", "cause", s),
+                             ({"filters": {"agent_name": ["x"]}}, "idle_kv_rent", "instance", s),
+                             ({}, "reprefill", "session", s),
+                             ({}, "capacity", "instance", Settings(values={"metrics_bucket_s": 90.0}))):
+        run, close = mr.prepare(con, settings=st, **kw)
         try:
             run.compute(name, by)
             assert run.from_rollup == set(), (kw, name, by)
@@ -316,7 +333,7 @@ def check_rollup_forms(con, s: Settings, cases, require_rows: bool = True) -> No
                     assert name in run.from_rollup
                     run.from_rollup.clear()
                     exact = run.compute(name, by, exact=True)
-                    assert (name in run.from_rollup) == (name in ("reuse", "reprefill"))  # no sketch in their forms
+                    assert (name in run.from_rollup) == (name in ("reuse", "reprefill", "capacity"))  # no sketch there
                     run.rollups = False
                     want = run.compute(name, by)
                     run.rollups = True

@@ -544,7 +544,8 @@ class MetricRun:
         if calls is None and self.calls_table == "state" and self.rollups:  # the maintained rollup where it can
             from .rollup import form
 
-            got = form(name, *self._state_win, self.filters, by, exact=exact)
+            got = form(name, *self._state_win, self.filters, by, exact=exact,
+                       bucket_s=float(self.settings.metrics_bucket_s))
             if got is not None:
                 sql, params = got
                 self.from_rollup.add(name)

@@ -31,7 +31,8 @@ TASK = "model_rollup_task"
 SKETCH = "model_sketch_hour"
 SESSION = "model_rollup_session"
 HOUR = "model_rollup_hour"
-TABLES = (TASK, SKETCH, SESSION, HOUR)
+MINUTE = "model_rollup_minute"
+TABLES = (TASK, SKETCH, SESSION, HOUR, MINUTE)
 # values at or below this are counted in one bin (-2^31) read back as 0 (a zero TTFT, an empty ITL gap)
 _TINY = 1e-9
 _ZERO_BIN = -(2 ** 31)
@@ -208,6 +209,41 @@ HAVING max(end_s) > min(start_s)
 """
 
 
+# per minute × instance × model × task type × tenant: the pieces of capacity's time series (metrics/defs/capacity.sql)
+# — each call's interval [t0, t2] and each retained idle window [t2(prev), t0] cut at minute boundaries, with their
+# overlap (s) and KV token-seconds (as capacity computes them per bucket, in whole pico-units), and the re-prefill
+# tokens of the calls starting in the minute. A bucket of a multiple of 60 s sums its minutes. ``pieces`` counts the
+# rows (a piece of zero overlap at an interval's end is one too: capacity has its bucket row).
+_MINUTE_KEYS = ("minute", "instance", "model", "task_type", "tenant")
+_MINUTE_SUMS = ("pieces", "req_ps", "run_kv_ps", "idle_kv_ps", "x")
+_MINUTE_SQL = """
+SELECT minute, instance, model, task_type, tenant, count(*) AS pieces,
+       coalesce(sum(CAST(round(ov * 1e12) AS HUGEINT)) FILTER (WHERE part = 'run'), 0) AS req_ps,
+       coalesce(sum(CAST(round(ov * kv * 1e12) AS HUGEINT)) FILTER (WHERE part = 'run'), 0) AS run_kv_ps,
+       coalesce(sum(CAST(round(ov * kv * 1e12) AS HUGEINT)) FILTER (WHERE part = 'idle'), 0) AS idle_kv_ps,
+       coalesce(sum(CAST(kv AS BIGINT)) FILTER (WHERE part = 'x'), 0) AS x
+FROM (
+    SELECT m AS minute, instance, model, task_type, tenant, 'run' AS part,
+           greatest(0, least(end_s, (m + 1) * 60.0) - greatest(start_s, m * 60.0)) AS ov, kv
+    FROM (SELECT instance, model, task_type, tenant, start_s, end_s,
+                 coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) / 2.0 AS kv,
+                 unnest(generate_series(CAST(floor(start_s / 60.0) AS BIGINT), CAST(floor(end_s / 60.0) AS BIGINT))) AS m
+          FROM {rel} WHERE end_s > start_s)
+    UNION ALL
+    SELECT m, instance, model, task_type, tenant, 'idle',
+           greatest(0, least(b, (m + 1) * 60.0) - greatest(a, m * 60.0)), kv
+    FROM (SELECT instance, model, task_type, tenant, start_s - gap_before_s AS a, start_s AS b, kv_tokens_before AS kv,
+                 unnest(generate_series(CAST(floor((start_s - gap_before_s) / 60.0) AS BIGINT),
+                                        CAST(floor(start_s / 60.0) AS BIGINT))) AS m
+          FROM {rel} WHERE window_outcome = 'retained' AND gap_before_s > 0)
+    UNION ALL
+    SELECT CAST(floor(start_s / 60.0) AS BIGINT), instance, model, task_type, tenant, 'x', NULL, reprefill_tokens
+    FROM {rel} WHERE reprefill_tokens > 0
+)
+GROUP BY ALL
+"""
+
+
 def _keyed(sql: str, keys: tuple) -> str:
     """``sql``'s rows with ``k``, a hash of the key columns: deltas find the stored rows of a key by an equality join
     on it (a collision only makes a row of another key be read and written back unchanged: the rows are regrouped
@@ -221,6 +257,7 @@ def rebuild(cur: duckdb.DuckDBPyConnection, table: str) -> None:
     cur.execute(f"CREATE OR REPLACE TABLE {SKETCH} AS {_keyed(_sketch_sql(table), _SKETCH_KEYS)}")
     cur.execute(f"CREATE OR REPLACE TABLE {SESSION} AS {_SESSION_SQL.format(rel=table)}")
     cur.execute(f"CREATE OR REPLACE TABLE {HOUR} AS {_keyed(_HOUR_SQL.replace('{rel}', table), _HOUR_KEYS)}")
+    cur.execute(f"CREATE OR REPLACE TABLE {MINUTE} AS {_keyed(_MINUTE_SQL.replace('{rel}', table), _MINUTE_KEYS)}")
 
 
 def apply_delta(cur: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
@@ -229,6 +266,8 @@ def apply_delta(cur: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
     _delta(cur, TASK, _TASK_KEYS, _TASK_SUMS, _TASK_SQL.format(rel=old), _TASK_SQL.format(rel=new))
     _delta(cur, SKETCH, _SKETCH_KEYS, ("n",), _sketch_sql(old), _sketch_sql(new))
     _delta(cur, HOUR, _HOUR_KEYS, _HOUR_SUMS, _HOUR_SQL.replace("{rel}", old), _HOUR_SQL.replace("{rel}", new))
+    _delta(cur, MINUTE, _MINUTE_KEYS, _MINUTE_SUMS, _MINUTE_SQL.replace("{rel}", old),
+           _MINUTE_SQL.replace("{rel}", new))
     cur.execute(f"DELETE FROM {SESSION} WHERE session_id IN (SELECT session_id FROM {old} UNION "
                 f"SELECT session_id FROM {new})")
     cur.execute(f"INSERT INTO {SESSION} {_SESSION_SQL.format(rel=new)}")
