@@ -118,7 +118,8 @@ def _lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
 
-def _tail_source(files: list[str]) -> str:
+def read_sql(files: list[str]) -> str:
+    """``read_parquet`` over segment files (a relation; column ``filename`` added)."""
     return f"read_parquet([{', '.join(_lit(f) for f in files)}], filename = true, union_by_name = true)"
 
 
@@ -136,7 +137,7 @@ def _dedupe_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple]) -> str:
     cols = cur.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = "
                        "current_database() AND schema_name = 'main' AND table_name = 'spans_part' "
                        "ORDER BY column_index").fetchall()
-    src = _tail_source([r[0] for r in rows])
+    src = read_sql([r[0] for r in rows])
     have = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
     sel = ", ".join(f'CAST(t."{c}" AS {ty}) AS "{c}"' if c in have else f'CAST(NULL AS {ty}) AS "{c}"'
                     for c, ty in cols)
