@@ -113,3 +113,19 @@ def test_the_sql_sandbox_reads_segment_rows_and_nothing_else(con, tmp_path):
     pq.write_table(spans([("x", "y", 1)]), other)
     with pytest.raises(QueryError, match="refused"):
         run_query(f"SELECT * FROM read_parquet('{other}')", db=db)
+
+
+def test_model_compact_command_merges_and_deletes(con, tmp_path):
+    from cli_run import run_cli
+
+    f1 = publish(con, spans([("t1", "s1", 10), ("t1", "s2", 20)]))
+    f2 = publish(con, spans([("t1", "s2", 20), ("t1", "s3", 30)]))  # s2 again: a retried export
+    con.close()
+    r = run_cli("model", "compact", "--db", str(tmp_path / "s.duckdb"))
+    # 2 segments merged; 3 distinct spans added; both files deleted at once (no collector's snapshots to wait for)
+    assert r.returncode == 0 and "2 merged (3 spans added" in r.stdout and "0 left, 2 files deleted" in r.stdout
+    assert not os.path.exists(f1) and not os.path.exists(f2)
+    c = connect(tmp_path / "s.duckdb")
+    assert rows(c) == [("t1", "s1", "a"), ("t1", "s2", "a"), ("t1", "s3", "a")]
+    assert c.sql("SELECT count(*) FROM span_segments").fetchall() == [(0,)]
+    c.close()
