@@ -13,7 +13,6 @@ from agentobs.store.db import connect
 from agentobs.store.writer import insert_spans
 
 
-
 def spans(ids: list[tuple[str, str, int]], name: str = "a") -> pa.Table:
     """Span rows (trace_id, span_id, start_ns), the other columns empty."""
     from agentobs.collect.otlp import SPAN_SCHEMA
