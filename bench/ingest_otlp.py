@@ -3,7 +3,7 @@ rate of the same payloads, and their ratio.
 
     .venv/bin/python bench/ingest_otlp.py [--batches 60] [--clients 4] [--rounds 3] [--prefill N]
                                           [--decoder native|python] [--python-decode]
-                                          [--span-store table|segments|both]
+                                          [--span-store table|segments|both] [--compact-after N]
 
 Payloads: batches of 512 realistic GenAI chat spans (bench/_spans.py: 20 attributes, 7 resource
 attributes), protobuf. The receiver runs in this process as `agentobs collect` runs it: HTTP server →
@@ -103,6 +103,8 @@ def main() -> None:
     ap.add_argument("--span-store", choices=("table", "segments", "both"), default="both",
                     help="store layout(s) of the end-to-end rounds (span_store); both: table, then segments, on "
                          "fresh stores in the same run (the last line is the last layout's)")
+    ap.add_argument("--compact-after", type=int, default=None,
+                    help="segment_compact_after for the segments layout (default: the setting's default)")
     ap.add_argument("--python-decode", action="store_true",
                     help="also time otlp.py's decode-only of the same bodies (the reference)")
     a = ap.parse_args()
@@ -136,7 +138,10 @@ def main() -> None:
 
         res: dict[str, dict] = {}
         for layout in layouts:
-            s_l = load_settings(env={"AGENTOBS_LOADER_DECODER": a.decoder, "AGENTOBS_SPAN_STORE": layout})
+            env = {"AGENTOBS_LOADER_DECODER": a.decoder, "AGENTOBS_SPAN_STORE": layout}
+            if a.compact_after is not None:
+                env["AGENTOBS_SEGMENT_COMPACT_AFTER"] = str(a.compact_after)
+            s_l = load_settings(env=env)
             res[layout] = _run_layout(a, Path(d), layout, s_l, rounds, dec_items, decode_only, py_settings, ctx,
                                       total)
     final = None
