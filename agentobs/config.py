@@ -93,6 +93,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("loader_processes", 0, "Processes decoding spooled OTLP requests (0: one per core).", int),
     Setting("collect_memory_limit", "256MB", "DuckDB memory_limit of the store connection `agentobs collect` writes with (its buffer pool: with the receivers' and loader's bounds it keeps the collector's processes under 1 GiB RSS together, docs/collectors.md); '' leaves DuckDB's default (80% of RAM).", str),
     Setting("loader_decoder", "native", "How the loader decodes spooled OTLP/protobuf: native (protobuf to Arrow with ptars, vectorised normalisation; rare shapes by the Python decoder) or python (otlp.py only).", str),
+    Setting("span_store", "segments", "Where `agentobs collect` stores OTLP spans: table (the loader inserts each batch into the DuckDB table spans_part) or segments (decoder processes write each batch as a Parquet file under <db>.segments, the loader commits its catalog row; compacted into the table in the background; docs/collectors.md).", str),
+    Setting("segment_compact_after", 32, "span_store = segments: Parquet segments left unmerged before the collector's loader merges the oldest into the table part (readers deduplicate the unmerged tail on every read).", int),
     Setting("loader_batch_mb", 4.0, "Spooled request bytes decoded and stored as one batch (one transaction), in MiB.", float),
     Setting("receiver_retry_after_s", 1.0, "Retry-After / RetryInfo delay sent with 429/503, in seconds.", float),
     Setting("collect_commit_s", 0.05, "Longest time collected rows wait before the writer commits (group commit), in seconds.", float),

@@ -28,7 +28,7 @@ T0_NS = 1_791_969_600_000_000_000
 
 def duck_sql(n: int) -> str:
     return f"""
-INSERT INTO spans (trace_id, span_id, name, kind, start_ns, end_ns, status_code, role, op, session_id, task_id,
+INSERT INTO spans_part (trace_id, span_id, name, kind, start_ns, end_ns, status_code, role, op, session_id, task_id,
                    model, provider, instance, input_tokens, cached_tokens, output_tokens, ttft_s, ingest_source)
 SELECT 'tr' || (i // 10), 'sp' || i, 'chat m', 3,
        {T0_NS} + (i // 10) * 7000000000 + (i % 10) * 60000000000 AS start_ns,

@@ -41,7 +41,7 @@ def build(db: Path, rows: int) -> None:
     have = con.execute("SELECT count(*) FROM spans").fetchone()[0]
     if have < rows:
         con.execute(f"""
-        INSERT INTO spans (trace_id, span_id, name, kind, start_ns, end_ns, status_code, service_name, resource,
+        INSERT INTO spans_part (trace_id, span_id, name, kind, start_ns, end_ns, status_code, service_name, resource,
                            attributes, role, op, session_id, model, instance, input_tokens, output_tokens)
         SELECT md5(i::VARCHAR), substr(md5('s' || i), 1, 16), 'chat m', 3, 1791969600000000000 + i * 1000000,
                1791969600000000000 + i * 1000000 + 500000000, 0, 'gw', '{{}}',

@@ -3,11 +3,14 @@ rate of the same payloads, and their ratio.
 
     .venv/bin/python bench/ingest_otlp.py [--batches 60] [--clients 4] [--rounds 3] [--prefill N]
                                           [--decoder native|python] [--python-decode]
+                                          [--span-store table|segments] [--compact-after N]
 
 Payloads: batches of 512 realistic GenAI chat spans (bench/_spans.py: 20 attributes, 7 resource
 attributes), protobuf. The receiver runs in this process as `agentobs collect` runs it: HTTP server →
 spool (acknowledged once fsync'd) → loader (``--processes`` decoder processes, default one per core) →
-DuckDB. The clients run in separate processes, each with a keep-alive connection, posting pre-built
+the store in the layout ``--span-store`` names (``table``: the loader thread inserts into DuckDB;
+``segments``: the decoders write Parquet segments, the loader thread commits their catalog rows and merges
+them into the table part every ``--compact-after`` segments; default: the setting ``span_store``). The clients run in separate processes, each with a keep-alive connection, posting pre-built
 payloads and waiting for each 200 before the next export (like an OTLP exporter).
 
 End to end = from the first request until the loader has committed every acknowledged span to the
@@ -145,10 +148,19 @@ def main() -> None:
     ap.add_argument("--processes", type=int, default=0, help="loader decoder processes (0: one per core)")
     ap.add_argument("--prefill", type=int, default=0, help="spans stored before the first round")
     ap.add_argument("--decoder", choices=("native", "python"), default="native", help="the loader's decoder")
+    ap.add_argument("--span-store", choices=("table", "segments"), default=None,
+                    help="the store layout (span_store; default: the setting)")
+    ap.add_argument("--compact-after", type=int, default=None,
+                    help="segment_compact_after for the segments layout (default: the setting)")
     ap.add_argument("--python-decode", action="store_true",
                     help="also time otlp.py's decode-only of the same bodies (the reference)")
     a = ap.parse_args()
-    settings = load_settings(env={**os.environ, "AGENTOBS_LOADER_DECODER": a.decoder})  # other AGENTOBS_* apply
+    env = {**os.environ, "AGENTOBS_LOADER_DECODER": a.decoder}  # other AGENTOBS_* apply
+    if a.span_store:
+        env["AGENTOBS_SPAN_STORE"] = a.span_store
+    if a.compact_after is not None:
+        env["AGENTOBS_SEGMENT_COMPACT_AFTER"] = str(a.compact_after)
+    settings = load_settings(env=env)
     procs_n = a.processes or default_processes()
     seeds = [[r * a.batches + i for i in range(a.batches)] for r in range(a.rounds)]
     total = a.batches * a.spans
@@ -185,7 +197,7 @@ def main() -> None:
                                    for k in range(0, a.batches, 8))  # (freed below: only its rows stay, in DuckDB)
             con.register("_round", one)
             for k in range(-(-a.prefill // one.num_rows)):
-                con.execute(f"INSERT INTO spans BY NAME SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
+                con.execute(f"INSERT INTO spans_part BY NAME SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
                             f"start_ns - {(k + 1) * 10**12} AS start_ns) FROM _round")
             con.unregister("_round")
             del one
@@ -224,13 +236,15 @@ def main() -> None:
             start.set()
             codes = [q.get() for _ in clients]
             t_acked = time.perf_counter() - t0
+            ok = sum(c.get(200, 0) for c in codes)
             assert loader.wait_idle(600)
+            # queryable: the count a reader's `agentobs sql` would see (segments: read through the spans view)
+            assert con.execute("SELECT count(*) FROM spans").fetchone()[0] - prefilled == acked + ok * a.spans
             wall = time.perf_counter() - t0
             c_self, c_kids = time.process_time() - c_self0, sum(_cpu(k) for k in kids) - c_kids0
             c_loader = _thread_cpu(loader._thread.native_id) - c_loader0
             for p in clients:
                 p.join()
-            ok = sum(c.get(200, 0) for c in codes)
             acked += ok * a.spans
             rows.append({"decode": dec_rate, "decode_cpu": dec_cpu, "e2e": total / wall, "ack": total / t_acked,
                          "self": c_self / total * 1e6, "kids": c_kids / total * 1e6, "ok": ok,
@@ -246,7 +260,11 @@ def main() -> None:
         spool.close()
         loader.stop()
         stored = con.execute("SELECT count(*) FROM spans").fetchone()[0] - prefilled
+        segs = con.execute("SELECT count(*) FROM span_segments").fetchone()[0]
         con.close()
+    print(f"span_store = {settings.span_store}"
+          + (f" (segments merged {loader.compacted_segments}, left {segs}; segment_compact_after "
+             f"{settings.segment_compact_after})" if settings.span_store == "segments" else ""))
     print(f"payloads: {a.rounds} rounds x {a.batches} x {a.spans} spans, {mb:.1f} MB protobuf a round, "
           f"{a.clients} client processes, {procs_n} decoder processes, {prefilled:,} spans stored before, "
           f"{os.cpu_count()} CPUs")

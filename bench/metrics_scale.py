@@ -37,7 +37,7 @@ from agentobs.metrics import names, prepare  # noqa: E402
 from agentobs.model import connect, state  # noqa: E402
 
 GENERATE = """
-INSERT INTO spans (trace_id, span_id, name, kind, start_ns, end_ns, status_code, role, op, session_id, task_id,
+INSERT INTO spans_part (trace_id, span_id, name, kind, start_ns, end_ns, status_code, role, op, session_id, task_id,
                    task_type, attempt, branch, instance, engine, model, input_tokens, cached_tokens, output_tokens,
                    ttft_s, itl_ms)
 WITH c AS (

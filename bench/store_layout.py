@@ -56,7 +56,7 @@ def _batches(n: int, per: int, spans: int, seed0: int) -> list[pa.Table]:
 def _prefill(con: duckdb.DuckDBPyConnection, one: pa.Table, n: int) -> None:
     con.register("_round", one)
     for k in range(-(-n // one.num_rows)):
-        con.execute(f"INSERT INTO spans BY NAME SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
+        con.execute(f"INSERT INTO spans_part BY NAME SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
                     f"start_ns - {(k + 1) * 10**12} AS start_ns) FROM _round")
     con.unregister("_round")
     con.execute("CHECKPOINT")
@@ -84,7 +84,7 @@ def measure(d: Path, batches: list[pa.Table], prefill: int, prefill_table: pa.Ta
                 _tx(con, lambda c, t=t: insert_spans(c, t))
             else:
                 con.register("_b", t)
-                _tx(con, lambda c: c.execute("INSERT INTO spans BY NAME SELECT * FROM _b"))
+                _tx(con, lambda c: c.execute("INSERT INTO spans_part BY NAME SELECT * FROM _b"))
                 con.unregister("_b")
         res[way] = (_cpu() - c0) / n * 1e6
         if way == "duckdb insert_spans":

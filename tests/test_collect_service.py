@@ -32,7 +32,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(tmp_path, db, extra="", snapshot_every=0):
+# cwd is tmp_path: PYTHONPATH makes `-m agentobs.cli` this checkout's, not the editable install's
+_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def _start(tmp_path, db, extra="", snapshot_every=0, env_extra=None):
     http_port, grpc_port, health_port = _free_port(), _free_port(), _free_port()
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(f"""
@@ -43,7 +47,8 @@ snapshot: {{every_s: {snapshot_every}}}
 """)
     # cwd is tmp_path: PYTHONPATH makes `-m agentobs.cli` this checkout's, not the editable install's
     env = {**os.environ, "AGENTOBS_COLLECT_COMMIT_S": "0.01", "AGENTOBS_LOADER_PROCESSES": "2",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+           **(env_extra or {})}
     proc = subprocess.Popen([*AGENTOBS, "collect", "--fleet", str(fleet), "--db", str(db)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
@@ -70,8 +75,14 @@ BASE_NS = 1_791_969_600_000_000_000
 PER = 64  # spans per export; export `seed` holds the spans starting at BASE_NS + (seed * PER + j) ms
 
 
+# span_store = segments with a compaction every 4 segments, so that kills land in publishing and merging too
+STORES = {"table": {"AGENTOBS_SPAN_STORE": "table"},
+          "segments": {"AGENTOBS_SPAN_STORE": "segments", "AGENTOBS_SEGMENT_COMPACT_AFTER": "4"}}
+
+
 @pytest.mark.slow  # end to end: a real `agentobs collect` process, killed three times under load
-def test_acknowledged_spans_survive_sigkill_under_load_exactly_once(tmp_path):
+@pytest.mark.parametrize("store", list(STORES))
+def test_acknowledged_spans_survive_sigkill_under_load_exactly_once(tmp_path, store):
     """Three clients export without pause; the collector is SIGKILLed at a random moment, three times, and
     restarted. A ledger keeps every export answered 200. Then the spool left behind is loaded: every
     acknowledged export is stored with all its spans, and no export is stored twice (exports in flight
@@ -97,7 +108,7 @@ def test_acknowledged_spans_survive_sigkill_under_load_exactly_once(tmp_path):
             return  # the collector died under us
 
     for _ in range(3):
-        proc, port, _ = _start(tmp_path, db)
+        proc, port, _ = _start(tmp_path, db, env_extra=STORES[store])
         stop = threading.Event()
         ts = [threading.Thread(target=client, args=(port, stop)) for _ in range(3)]
         for t in ts:
@@ -117,7 +128,7 @@ def test_acknowledged_spans_survive_sigkill_under_load_exactly_once(tmp_path):
 
     con = connect(db)
     spool = Spool(tmp_path / "d.duckdb.spool")
-    loader = Loader(spool, con, load_settings(env={}), processes=0).start()
+    loader = Loader(spool, con, load_settings(env=STORES[store]), processes=0).start()
     assert loader.wait_idle(60)
     spool.close()
     loader.stop()
@@ -131,7 +142,8 @@ def test_acknowledged_spans_survive_sigkill_under_load_exactly_once(tmp_path):
 
 
 @pytest.mark.slow  # end to end: a real `agentobs collect` process, stopped
-def test_sigterm_stops_and_the_snapshot_is_readable(tmp_path):
+@pytest.mark.parametrize("store", list(STORES))
+def test_sigterm_stops_and_the_snapshot_is_readable(tmp_path, store):
     sys.path.insert(0, str(ROOT / "tests"))
     from test_collect_scraper import VLLM, Site
 
@@ -139,7 +151,7 @@ def test_sigterm_stops_and_the_snapshot_is_readable(tmp_path):
     site.pages["/metrics"] = (200, VLLM.encode())
     db = tmp_path / "d.duckdb"
     targets = f'scrape: {{interval_s: 0.5, targets: [{{url: "{site.url("/metrics")}", instance: "v:1", engine: vllm}}]}}'
-    proc, port, health_port = _start(tmp_path, db, targets, snapshot_every=0.5)
+    proc, port, health_port = _start(tmp_path, db, targets, snapshot_every=0.5, env_extra=STORES[store])
     try:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         assert _post(conn, payload(100, 1)) == 200
@@ -150,7 +162,7 @@ def test_sigterm_stops_and_the_snapshot_is_readable(tmp_path):
         out = ""
         while time.monotonic() < deadline:  # the snapshot catches up with the committed spans
             r = subprocess.run([*AGENTOBS, "sql", "SELECT count(*) AS n FROM llm_calls", "--db", str(snap),
-                                "--format", "csv"], capture_output=True, text=True, cwd=tmp_path)
+                                "--format", "csv"], capture_output=True, text=True, cwd=tmp_path, env=_ENV)
             out = r.stdout
             if r.returncode == 0 and out.replace('"', "").split() == ["n", "100"]:
                 break
@@ -171,7 +183,7 @@ def test_sigterm_stops_and_the_snapshot_is_readable(tmp_path):
     snap_path = tmp_path / "d.read.duckdb"
     assert snap_path.is_symlink() and snap_path.resolve() == db.resolve()
     r = subprocess.run([*AGENTOBS, "sql", "SELECT count(*) AS n FROM scrapes WHERE ok", "--db", str(snap_path),
-                        "--format", "csv"], capture_output=True, text=True, cwd=tmp_path)
+                        "--format", "csv"], capture_output=True, text=True, cwd=tmp_path, env=_ENV)
     assert r.stdout.replace('"', "").split() == ["n", str(ok)]
 
 

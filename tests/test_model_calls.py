@@ -12,7 +12,7 @@ S = 10**9
 
 
 def _insert(con, rows):
-    con.executemany(f"INSERT INTO spans ({', '.join(COLS)}) VALUES ({', '.join('?' * len(COLS))})",
+    con.executemany(f"INSERT INTO spans_part ({', '.join(COLS)}) VALUES ({', '.join('?' * len(COLS))})",
                     [tuple(r.get(c) for c in COLS) for r in rows])
 
 
@@ -74,7 +74,7 @@ def test_ttft_prefers_the_engine_and_says_whose(tmp_path):
         ("t", "f", None, "gateway", 60 * S, 61 * S, None, None, None, None, 0),
         ("t", "f-e", "f", "engine", 60 * S, 61 * S, None, None, None, "503", 0),
     ]
-    con.executemany(f"INSERT INTO spans ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", rows)
+    con.executemany(f"INSERT INTO spans_part ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", rows)
     got = {r[0]: r[1:] for r in con.sql(
         "SELECT call_id, round(ttft_s, 6), ttft_source, epoch_ms(first_token_ts) / 1000.0, status, error_type "
         "FROM llm_calls").fetchall()}

@@ -61,7 +61,7 @@ def test_incremental_equals_rebuild_shuffled_late_duplicate(sample_db, tmp_path)
     assert state.refresh(con, s).mode == "rebuild"  # none yet: an empty one
     modes = []
     for part in range(4):
-        con.execute("INSERT INTO spans SELECT * EXCLUDE (part) FROM sp WHERE part = ? ORDER BY hash(span_id)", [part])
+        con.execute("INSERT INTO spans_part SELECT * EXCLUDE (part) FROM sp WHERE part = ? ORDER BY hash(span_id)", [part])
         if part == 2:  # an earlier part again (an OTLP retry), as the writers store spans: the stored ones skipped
             again = con.sql("SELECT * EXCLUDE (part) FROM sp WHERE part = 0").to_arrow_table()
             assert insert_spans(con, again) == 0
@@ -94,12 +94,59 @@ def test_incremental_equals_rebuild_shuffled_late_duplicate(sample_db, tmp_path)
     con.close()
 
 
+def _publish_segment(con, path, table) -> None:
+    """As the collector's loader stores a batch with span_store = segments: a Parquet segment and its catalog row."""
+    from agentobs.store import segments
+
+    seg = segments.write_segment(table, segments.segments_dir(path))
+    seq = segments.next_seq(con)
+    f = segments.publish_file(seg, seq)
+    con.execute("BEGIN")
+    segments.add(con, seq, f, seg, (0, 0))
+    con.execute("COMMIT")
+
+
+def test_incremental_reads_segment_rows_and_skips_compacted_ones(sample_db, tmp_path):
+    """The same arrivals as above, stored as Parquet segments (span_store = segments), a part twice (a retried
+    export in two segments) and compactions in between: every refresh incremental, the result a rebuild's, and a
+    compaction of segments already read re-derives nothing."""
+    from agentobs.store import segments
+
+    path = tmp_path / "seg.duckdb"
+    con = connect(path)
+    s = Settings()
+    con.execute(f"ATTACH '{sample_db}' AS src (READ_ONLY)")
+    con.execute("INSERT INTO engine_config SELECT * FROM src.main.engine_config")
+    con.execute("INSERT INTO kv_events SELECT * FROM src.main.kv_events")
+    con.execute("CREATE TEMP TABLE sp AS SELECT *, hash(span_id, 7) % 4 AS part FROM src.main.spans")
+    assert state.refresh(con, s).mode == "rebuild"
+    for part in range(4):
+        _publish_segment(con, path, con.sql("SELECT * EXCLUDE (part) FROM sp WHERE part = ?",
+                                            params=[part]).to_arrow_table())
+        if part == 2:  # part 0 again, in a segment of its own
+            _publish_segment(con, path, con.sql("SELECT * EXCLUDE (part) FROM sp WHERE part = 0").to_arrow_table())
+        assert state.refresh(con, s).mode == "incremental"
+        if part == 1:  # segments 1 and 2 (both read) merged into spans_part: nothing to re-derive
+            assert segments.compact(con).segments == 2
+            r = state.refresh(con, s)
+            assert (r.mode, r.derived) == ("incremental", 0)
+    assert con.sql("SELECT count(*) FROM span_segments").fetchall() == [(3,)]  # parts 2, 0 again, 3
+    n_spans = con.sql("SELECT count(*) FROM src.main.spans").fetchall()[0][0]
+    assert con.sql("SELECT count(*) FROM spans").fetchall()[0][0] == n_spans  # the repeated part read once
+    con.execute("CREATE TEMP TABLE inc AS SELECT * FROM model_calls")
+    cols = [c[0] if c[0] != "block_hashes" else "CAST(block_hashes AS VARCHAR) AS bh"
+            for c in con.execute("DESCRIBE model_calls").fetchall()]
+    assert state.rebuild(con, s).calls == con.execute("SELECT count(*) FROM inc").fetchall()[0][0] == 7574
+    assert _rows_differ(con, "inc", "model_calls", cols) == (0, 0)
+    con.close()
+
+
 def test_late_span_moves_a_call_and_data_end(tmp_path):
     """A gateway call first seen without a session joins one when its trace's agent span arrives; the end of the
     data moving on flips the previous session's last call to abandoned. Hand-made: two calls."""
     con = connect(tmp_path / "late.duckdb")
     s = Settings(values={"abandoned_after_s": 100.0})
-    ins = ("INSERT INTO spans (trace_id, span_id, parent_span_id, start_ns, end_ns, role, session_id, instance, "
+    ins = ("INSERT INTO spans_part (trace_id, span_id, parent_span_id, start_ns, end_ns, role, session_id, instance, "
            "model, input_tokens, cached_tokens, output_tokens) VALUES (?, ?, ?, ?, ?, ?, ?, 'i1', 'm', ?, ?, 10)")
     sec = 1_000_000_000
     con.execute(ins, ["t1", "g1", None, 0, 2 * sec, "gateway", "s1", 1000, 0])

@@ -129,7 +129,7 @@ def spans(ids: list[tuple[str, str, int]], name: str = "a") -> pa.Table:
 
 def test_spans_have_no_key_and_a_span_already_stored_is_skipped(con):
     # spans is append-only (no primary key: appends stay flat as the store grows) ...
-    assert con.sql("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'spans' "
+    assert con.sql("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'spans_part' "
                    "AND constraint_type = 'PRIMARY KEY'").fetchall() == [(0,)]
     with Writer(con, flush_s=0) as w:
         assert w.write("spans", spans([("t1", "s1", 10), ("t1", "s2", 20)])) == 2
@@ -156,6 +156,6 @@ def test_spans_migrate_from_a_keyed_store(tmp_path):
     old.close()
     c = connect(path)
     assert c.sql("SELECT trace_id, span_id, start_ns, name FROM spans").fetchall() == [("t", "s", 5, "old")]
-    c.execute("INSERT INTO spans (trace_id, span_id, start_ns) VALUES ('t', 's', 5)")  # no key refuses it now
+    c.execute("INSERT INTO spans_part (trace_id, span_id, start_ns) VALUES ('t', 's', 5)")  # no key refuses it now
     assert c.sql("SELECT count(*) FROM llm_calls").fetchall() is not None
     c.close()

@@ -59,3 +59,23 @@ def model_status_cmd(ctx: Ctx):
         click.echo(status(con, ctx.settings))
     finally:
         con.close()
+
+
+@model_.command("compact")
+@click.option("--max-seconds", type=float, default=None,
+              help="Stop after this many seconds (checked between groups of segments); default: merge them all.")
+@common
+def model_compact_cmd(ctx: Ctx, max_seconds):
+    """Merge the store's span segments (span_store = segments) into its table part, each span once, and delete
+    the merged files (agentobs collect does this in the background; docs/collectors.md)."""
+    from ..store import segments
+
+    _open(ctx, read_only=True).close()  # an existing store only
+    con = _open(ctx)
+    try:
+        out = segments.compact(con, max_seconds=max_seconds)
+        gone = segments.sweep(con, 0.0)
+        click.echo(f"span segments: {out.segments:,} merged ({out.rows:,} spans added, copies of stored spans "
+                   f"skipped), {out.left:,} left, {gone:,} files deleted ({out.seconds:.2f} s)")
+    finally:
+        con.close()

@@ -3,11 +3,21 @@
 One thread reads durable records from the spool (``agentobs/collect/spool.py``) in batches of up to
 ``loader_batch_mb``, hands each batch to a pool of ``loader_processes`` decoder processes (each reads
 its records from the segment file, decodes and normalises them into one Arrow table, and sends it
-back as Arrow IPC), and stores the batches in spool order. Each batch is one DuckDB transaction: the
-spans (``store.writer.insert_spans``: append-only, a span already stored is skipped) and a row of
-``spool_loaded`` saying how far the spool has been loaded. At start the loader resumes after the last
+back), and stores the batches in spool order. Each batch is one DuckDB transaction: the spans and a row
+of ``spool_loaded`` saying how far the spool has been loaded. At start the loader resumes after the last
 ``spool_loaded`` row, so a request is stored once however the previous process ended; the segments
 wholly loaded are deleted.
+
+Where the spans go is the setting ``span_store`` (agentobs/store/segments.py):
+
+- ``table``: the decoder sends the batch back as Arrow IPC and the loader thread inserts it into
+  ``spans_part`` (``store.writer.insert_spans``: append-only, a span already stored is skipped).
+- ``segments``: the decoder writes the batch as a Parquet file under ``<db>.segments`` (temporary name,
+  fsync'd) and sends back only its name; the loader thread renames it to ``<seq>.parquet`` and commits the
+  catalog row with the ``spool_loaded`` row. A file whose commit never happened is deleted at the next start
+  (its requests load again from the spool). When ``segment_compact_after`` segments are unmerged, the loader
+  thread merges the oldest into ``spans_part`` (``segments.compact``, a bounded step between batches) and
+  deletes merged files once no read snapshot can list them.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import pyarrow as pa
 
 from ..config import Settings
 from ..errors import ConfigError, InputError
+from ..store import segments
 from ..store.writer import insert_spans
 from . import otlp, otlp_native
 from .health import Health
@@ -54,10 +65,13 @@ class Batch:
     malformed: int  # requests that did not decode at all
     notes: list[str]
     reasons: dict[str, int] = field(default_factory=dict)  # rejected spans by reason (otlp.Decoded.reasons)
+    segment: segments.SegmentFile | None = None  # span_store = segments: the Parquet file written instead of ipc
 
 
-def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: Settings | None = None) -> Batch:
-    """Decode spooled requests: ``items`` are (segment path, offset, length, format, transport, seq).
+def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: Settings | None = None,
+                   segment_dir: str | None = None) -> Batch:
+    """Decode spooled requests: ``items`` are (segment path, offset, length, format, transport, seq). With
+    ``segment_dir`` the spans are written there as a Parquet segment (``Batch.segment``), else returned as IPC.
 
     Protobuf bodies go through the native decoder (``otlp_native``: one Arrow pass over the whole batch)
     when ``loader_decoder`` is ``native``; the requests it leaves (rare shapes) and JSON bodies through
@@ -115,14 +129,18 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
             reasons[r] = reasons.get(r, 0) + v
         notes.extend(dec.errors[:MAX_NOTES - len(notes)])
     ipc = None
+    seg = None
     if tables:
         table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
         table = first_of_each_span(table)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, table.schema) as w:
-            w.write_table(table)
-        ipc = sink.getvalue().to_pybytes()
-    return Batch(ipc, len(items), acc, rej, bad, notes, reasons)
+        if segment_dir is not None:
+            seg = segments.write_segment(table, segment_dir)
+        else:
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, table.schema) as w:
+                w.write_table(table)
+            ipc = sink.getvalue().to_pybytes()
+    return Batch(ipc, len(items), acc, rej, bad, notes, reasons, seg)
 
 
 def first_of_each_span(table: pa.Table) -> pa.Table:
@@ -178,6 +196,16 @@ def _read_bodies(items: list[tuple[str, int, int, str, str, int]]) -> list[bytes
     return out
 
 
+def _drop(b: Batch, published: str | None = None) -> None:
+    """Delete a batch's segment file that will not be committed (its records load again from the spool)."""
+    for f in (published, b.segment.tmp if b.segment is not None else None):
+        if f:
+            try:
+                os.unlink(f)
+            except FileNotFoundError:
+                pass
+
+
 def _read_ipc(ipc: bytes) -> pa.Table:
     return pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
 
@@ -198,11 +226,21 @@ class Loader:
     and leaves the rest in the spool for the next start. ``processes=0`` decodes in the loader thread."""
 
     def __init__(self, spool: Spool, con: duckdb.DuckDBPyConnection, settings: Settings,
-                 health: Health | None = None, processes: int | None = None, batch_bytes: int | None = None):
+                 health: Health | None = None, processes: int | None = None, batch_bytes: int | None = None,
+                 retire_grace_s: float = 0.0):
         if settings.loader_decoder not in ("native", "python"):
             raise ConfigError(f"setting loader_decoder: {settings.loader_decoder!r} is not one of native, python")
+        self.layout = segments.check_layout(settings.span_store)
         self.spool = spool
         self.cur = con.cursor()
+        self.segment_dir: str | None = None
+        if self.layout == "segments":
+            path = self.cur.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()"
+                                    ).fetchall()[0][0]
+            self.segment_dir = segments.segments_dir(path or ":memory:")
+        self.compact_after = max(1, int(settings.segment_compact_after))
+        self.retire_grace_s = retire_grace_s  # merged files are deleted this long after (read snapshots list them)
+        self.compacted_segments = 0
         self.settings = settings
         self.health = health or Health()
         if processes is None:  # the setting: 0 = one decoder process per core
@@ -222,6 +260,13 @@ class Loader:
     def start(self) -> Loader:
         self.position = stored_position(self.cur)
         self.spool.mark_loaded(*self.position)
+        if self.segment_dir is not None:
+            os.makedirs(self.segment_dir, exist_ok=True)
+            dropped = segments.recover(self.cur, self.segment_dir)
+            if dropped:
+                log.info("span segments: %d file(s) of batches never committed deleted", dropped)
+            self.seq = segments.next_seq(self.cur)
+            self.tail = int(self.cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
         if self.processes > 0:
             self.pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("forkserver"),
                                             initializer=_init_worker, initargs=(self.settings,))
@@ -234,10 +279,10 @@ class Loader:
     def _submit(self, recs: list[Record]) -> Future:
         items = [(str(self.spool.path(r.seq)), r.offset, r.length, r.fmt, r.transport, r.seq) for r in recs]
         if self.pool is not None:
-            return self.pool.submit(decode_records, items)
+            return self.pool.submit(decode_records, items, None, self.segment_dir)
         fut: Future = Future()
         try:
-            fut.set_result(decode_records(items, self.settings))
+            fut.set_result(decode_records(items, self.settings, self.segment_dir))
         except BaseException as e:  # noqa: BLE001 - re-raised by fut.result()
             fut.set_exception(e)
         return fut
@@ -270,12 +315,17 @@ class Loader:
             recs, fut = inflight.popleft()
             try:
                 self._store(recs, fut.result())
+                if self.segment_dir is not None and self.tail >= self.compact_after and not stopping:
+                    self._compact()
             except Exception as e:  # noqa: BLE001 - the batch stays in the spool; retried after a pause
                 self.errors += 1
                 self.health.write_errors.labels("loader").inc()
                 log.warning("loading spool segment %s failed (%s: %s); retrying", recs[0].seq, type(e).__name__, e)
                 for _r, f in inflight:
                     f.cancel()
+                for _r, f in inflight:  # decoded batches that will be decoded again: their files go
+                    if f.done() and not f.cancelled() and f.exception() is None:
+                        _drop(f.result())
                 inflight.clear()
                 read_pos = self.position
                 if self._stop.wait(1.0):
@@ -285,9 +335,16 @@ class Loader:
         end = (recs[-1].seq, recs[-1].end)
         t0 = time.perf_counter()
         cur = self.cur
-        cur.execute("BEGIN")
+        published = None
         try:
-            inserted = insert_spans(cur, _read_ipc(b.ipc), unique=True) if b.ipc is not None else 0
+            if b.segment is not None:  # renamed first: a crash before the commit leaves a file recover() deletes
+                published = segments.publish_file(b.segment, self.seq)
+            cur.execute("BEGIN")
+            if published is not None and b.segment is not None:
+                segments.add(cur, self.seq, published, b.segment, end)
+                inserted = b.segment.rows  # spans in the file (a copy of a stored span is dropped by readers)
+            else:
+                inserted = insert_spans(cur, _read_ipc(b.ipc), unique=True) if b.ipc is not None else 0
             cur.execute("INSERT INTO spool_loaded VALUES (?, ?, ?, ?, ?, now())",
                         [end[0], end[1], b.requests, b.accepted, b.rejected])
             cur.execute("COMMIT")
@@ -296,7 +353,11 @@ class Loader:
                 cur.execute("ROLLBACK")
             except duckdb.Error:
                 pass
+            _drop(b, published)
             raise
+        if published is not None:
+            self.seq += 1
+            self.tail += 1
         self.position = end
         self.spool.mark_loaded(*end)
         h = self.health
@@ -310,6 +371,16 @@ class Loader:
         self.loaded_requests += b.requests
         self.loaded_spans += inserted
         self.rejected_spans += b.rejected
+
+    def _compact(self) -> None:
+        """One bounded step: merge the oldest segments into spans_part down to half the threshold, for up to
+        a second (the spool keeps what arrives meanwhile), then delete merged files past the grace period."""
+        out = segments.compact(self.cur, max_seconds=1.0, group=8, keep=self.compact_after // 2)
+        self.tail = out.left
+        self.compacted_segments += out.segments
+        segments.sweep(self.cur, self.retire_grace_s)
+        log.debug("span segments: %d merged (%d rows) in %.2f s, %d left", out.segments, out.rows, out.seconds,
+                  out.left)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
         """Block until everything durable in the spool now is stored (tests, bench)."""

@@ -77,7 +77,9 @@ class Service:
         self.spool = Spool(s.spool_dir or default_spool_dir(self.db), segment_bytes=s.spool_segment_mb * mb,
                            max_unloaded_bytes=s.spool_max_unloaded_mb * mb, min_free_bytes=s.spool_min_free_mb * mb,
                            dedupe_requests=s.spool_dedupe_requests)
-        self.loader = Loader(self.spool, self.con, s, self.health).start()
+        # merged span segments are deleted once no read snapshot can list them (two snapshots later, and a minute)
+        grace = 2 * self.fleet.snapshot_every_s + 60 if self.fleet.snapshot_every_s > 0 else 0.0
+        self.loader = Loader(self.spool, self.con, s, self.health, retire_grace_s=grace).start()
         self.ingest = Ingest(self.spool, s, self.health)
         token = s.receiver_token or None
         # one budget of request bytes in flight for both transports (receiver_max_inflight_mb)

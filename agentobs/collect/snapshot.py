@@ -3,7 +3,8 @@
 DuckDB lets one process open a file read-write, and then no other process may open it, not even
 read-only. ``agentobs collect`` therefore publishes a consistent copy every ``snapshot_every_s``:
 every raw table copied in one transaction (a consistent point in time, while the writer keeps
-committing) into ``<snapshot>.tmp``, then the model's upkeep runs on the copy (views, KV-event index: the
+committing) into ``<snapshot>.tmp``, the ``spans`` view made over the copied catalog of span segments (the
+live store's Parquet files, which are not copied), then the model's upkeep runs on the copy (views, KV-event index: the
 caller's ``upkeep``, agentobs.model.upkeep), then an atomic
 ``os.replace`` onto the snapshot path. Readers (``agentobs sql``, the console, reports) point
 ``--db`` at the snapshot; a reader that has the previous file open keeps reading it unharmed.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import duckdb
 
+from ..store import segments
 from ..store.db import connect
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,9 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
         raise
     snap = connect(tmp)
     try:
+        # spans is a view (the table part + the span segments the copied catalog lists; the files are the
+        # store's, kept while a snapshot may list them: agentobs/store/segments.py); views are not copied
+        segments.ensure_view(snap)
         if upkeep is not None:
             upkeep(snap)  # views; a failed KV-event index is logged by it, and readers derive it inline
         snap.execute("CHECKPOINT")

@@ -11,9 +11,12 @@ the fingerprint of the settings and SQL it was built with is kept in ``model_sta
 when it differs). What an incremental refresh re-derives — every call of the touched sessions, so a late or
 out-of-order call re-derives its session's tail with the rest of it:
 
-- **New spans.** Spans are append-only rows keyed by (trace, span); ``model_state_meta`` records the highest
-  ``rowid`` of ``spans`` read and the row count then (a store whose older rows changed — count below the mark
-  differs — is rebuilt). The new spans' traces, widened by the request/response ids that pair gateway and engine
+- **New spans.** Spans are append-only rows keyed by (trace, span) in two parts (agentobs/store/segments.py): the
+  table ``spans_part`` and the Parquet segments of the catalog ``span_segments``. ``model_state_meta`` records the
+  highest ``rowid`` of ``spans_part`` read and its row count then (a store whose older rows changed — count below
+  the mark differs — is rebuilt), and the highest segment ``seq`` read. New spans: the part's rows above the rowid
+  mark (less those a compaction moved there from segments already read: ``span_compactions``) and the rows of the
+  segments above the seq mark. The new spans' traces, widened by the request/response ids that pair gateway and engine
   spans across traces (agentobs/model/views.sql ``_engine_match``), are the traces whose calls can change; their
   calls are derived from those traces' spans alone (the views' SQL over a copy of those spans). Sessions touched:
   the sessions those calls are in now and were in before (a late agent span can move a call to a session).
@@ -41,6 +44,7 @@ from importlib import resources
 import duckdb
 
 from ..config import Settings
+from ..store import segments
 from ..store.functions import ensure as functions
 from . import itl, kvindex, rollups, split_statements
 from .reuse import CALL_COLUMNS, reuse_sql, seconds_literal
@@ -115,25 +119,27 @@ def fingerprint(settings: Settings) -> str:
 
 @dataclass
 class Marks:
-    span_rowid: int  # highest rowid of spans read (-1: none)
-    span_count: int
+    span_rowid: int  # highest rowid of spans_part read (-1: none)
+    span_count: int  # rows of spans_part then
+    segment_seq: int  # highest span segment seq read (0: none)
     data_end_ns: int | None
     kv_stamp: str
     cfg: str  # digest of instance_config's block size and prefix caching
 
 
 def _marks(con) -> Marks:
-    rowid, count, end = con.execute("SELECT coalesce(max(rowid), -1), count(*), max(end_ns) FROM spans").fetchall()[0]
+    rowid, count = con.execute("SELECT coalesce(max(rowid), -1), count(*) FROM spans_part").fetchall()[0]
+    end = con.execute("SELECT max(end_ns) FROM spans").fetchall()[0][0]
     cfg = con.execute(f"SELECT coalesce(sum(hash(instance, block_size, prefix_caching)), 0) FROM ({_CFG_SQL})"
                       ).fetchall()[0][0]
-    return Marks(int(rowid), int(count), end, kvindex.stamp(con), str(cfg))
+    return Marks(int(rowid), int(count), segments.next_seq(con) - 1, end, kvindex.stamp(con), str(cfg))
 
 
 def _stored_marks(con) -> tuple[str, Marks] | None:
     try:
-        rows = con.execute(f"SELECT fingerprint, span_rowid, span_count, data_end_ns, kv_stamp, cfg FROM {META}"
-                           ).fetchall()
-    except duckdb.CatalogException:
+        rows = con.execute(f"SELECT fingerprint, span_rowid, span_count, segment_seq, data_end_ns, kv_stamp, cfg "
+                           f"FROM {META}").fetchall()
+    except (duckdb.CatalogException, duckdb.BinderException):  # none, or one from before segment_seq
         return None
     if len(rows) != 1:
         return None
@@ -158,7 +164,8 @@ def status(con, settings: Settings) -> str:
         return f"stale: {n:,} calls derived with other settings or SQL (agentobs model rebuild)"
     now = _marks(con)
     if now != old:
-        what = [w for w, a, b in (("spans", (old.span_rowid, old.span_count), (now.span_rowid, now.span_count)),
+        what = [w for w, a, b in (("spans", (old.span_rowid, old.span_count, old.segment_seq),
+                                           (now.span_rowid, now.span_count, now.segment_seq)),
                                   ("kv events", old.kv_stamp, now.kv_stamp), ("engine config", old.cfg, now.cfg))
                 if a != b]
         return f"stale: {n:,} calls; new {', '.join(what)} since (agentobs model refresh)"
@@ -223,10 +230,11 @@ def _ask_fin_columns(cur, kv_index: bool, settings: Settings) -> list[str]:
 
 def _write_marks(cur, settings: Settings, marks: Marks, mode: str, seconds: float) -> None:
     cur.execute(f"CREATE OR REPLACE TABLE {META} (fingerprint VARCHAR, span_rowid BIGINT, span_count BIGINT, "
-                "data_end_ns BIGINT, kv_stamp VARCHAR, cfg VARCHAR, mode VARCHAR, refreshed_at TIMESTAMP, "
-                "seconds DOUBLE)")
-    cur.execute(f"INSERT INTO {META} VALUES (?, ?, ?, ?, ?, ?, ?, now()::TIMESTAMP, ?)",
-                [fingerprint(settings), marks.span_rowid, marks.span_count, marks.data_end_ns, marks.kv_stamp,
+                "segment_seq BIGINT, data_end_ns BIGINT, kv_stamp VARCHAR, cfg VARCHAR, mode VARCHAR, "
+                "refreshed_at TIMESTAMP, seconds DOUBLE)")
+    cur.execute(f"INSERT INTO {META} VALUES (?, ?, ?, ?, ?, ?, ?, ?, now()::TIMESTAMP, ?)",
+                [fingerprint(settings), marks.span_rowid, marks.span_count, marks.segment_seq, marks.data_end_ns,
+                 marks.kv_stamp,
                  marks.cfg, mode, seconds])
     cur.execute(f"CREATE OR REPLACE TABLE {KV_DIGEST} AS {_KV_DIGEST_SQL}")
     cur.execute(f"CREATE OR REPLACE TABLE {KV_END} AS {_KV_END_SQL}")
@@ -370,7 +378,7 @@ def _refresh(con, settings: Settings, budget: _Budget) -> Refreshed:
     if stored[0] != fingerprint(settings):
         return _rebuild(con, settings, "settings or SQL changed since it was built", budget)
     old = stored[1]
-    below = con.execute("SELECT count(*) FROM spans WHERE rowid <= ?", [old.span_rowid]).fetchall()[0][0]
+    below = con.execute("SELECT count(*) FROM spans_part WHERE rowid <= ?", [old.span_rowid]).fetchall()[0][0]
     if below != old.span_count:
         return _rebuild(con, settings, "spans already read changed", budget)
     steps: dict[str, float] = {}
@@ -413,22 +421,21 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
                  ) -> tuple[int, int, int]:
     cur = _Timed(cur, steps, budget)
     cur.step("new_spans")
-    cur.execute("CREATE OR REPLACE TEMP TABLE inc_new AS SELECT trace_id, role, request_id, response_id FROM spans "
-                "WHERE rowid > ?", [old.span_rowid])
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_new AS {_new_spans_sql(cur, old)}")
     # traces whose calls can change: the new spans' traces and those paired with them by request/response id
     # (T1); their calls are derived from the spans of T1 and of the traces paired with T1 (T2), which is every
     # span _engine_match reads for a call of T1
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_t1 AS SELECT DISTINCT trace_id FROM inc_new")
     _widen(cur, "inc_new", "inc_t1")
     cur.step("calls")
-    # the spans of T1 (their row ids first: one narrow column scanned, then those rows); the traces paired with them
-    # (T2 less T1) are read from them, and their spans added (a second scan only when there are such traces)
-    cur.execute("CREATE OR REPLACE TEMP TABLE inc_spans AS SELECT * FROM spans WHERE rowid IN ("
-                "SELECT rowid FROM spans WHERE trace_id IN (SELECT trace_id FROM inc_t1))")
+    # the spans of T1; the traces paired with them (T2 less T1) are read from them, and their spans added (a
+    # second scan only when there are such traces). ``spans`` is a view (table part + segments): no rowid
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_spans AS SELECT * FROM spans "
+                "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_t2 AS SELECT trace_id FROM inc_t1")
     if _widen(cur, "inc_spans", "inc_t2"):
-        cur.execute("INSERT INTO inc_spans SELECT * FROM spans WHERE rowid IN (SELECT rowid FROM spans "
-                    "WHERE trace_id IN (SELECT trace_id FROM inc_t2 WHERE trace_id NOT IN (SELECT trace_id FROM inc_t1)))")
+        cur.execute("INSERT INTO inc_spans SELECT * FROM spans WHERE trace_id IN ("
+                    "SELECT trace_id FROM inc_t2 WHERE trace_id NOT IN (SELECT trace_id FROM inc_t1))")
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_calls AS {_call_views_sql()}"
                 f"SELECT {CALL_COLUMNS} FROM llm_calls WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
     # the sessions to re-derive
@@ -495,6 +502,22 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     cur.step("marks")
     _write_marks(cur, settings, now, "incremental", time.perf_counter() - t0)
     return n, derived, units
+
+
+def _new_spans_sql(cur, old: Marks) -> str:
+    """The spans stored since ``old`` (trace_id, role, request_id, response_id): spans_part's rows above the rowid
+    mark, less the rowid ranges of compactions of segments all read already, and the rows of the segments above
+    the seq mark. A span can come twice (a retried export): its trace is derived once all the same."""
+    cols = "trace_id, role, request_id, response_id"
+    skip = cur.execute("SELECT rowid_lo, rowid_hi FROM span_compactions WHERE max_seq <= ? AND rowid_lo > ?",
+                       [old.segment_seq, old.span_rowid]).fetchall()
+    cond = "".join(f" AND rowid NOT BETWEEN {int(lo)} AND {int(hi)}" for lo, hi in skip)
+    sql = f"SELECT {cols} FROM spans_part WHERE rowid > {int(old.span_rowid)}{cond}"
+    files = [r[0] for r in cur.execute("SELECT file FROM span_segments WHERE seq > ? ORDER BY seq",
+                                       [old.segment_seq]).fetchall()]
+    if files:
+        sql += f" UNION ALL SELECT {cols} FROM {segments.read_sql(files)}"
+    return sql
 
 
 def _widen(cur, spans_rel: str, traces: str) -> int:

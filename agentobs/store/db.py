@@ -14,6 +14,7 @@ import duckdb
 from ..errors import ConfigError, StoreError
 from .functions import ensure as ensure_functions
 from .schema import MIGRATIONS
+from .segments import directories as segment_directories
 
 
 def resolve_db_path(db: str | os.PathLike | None = None) -> str:
@@ -77,17 +78,24 @@ def set_memory_limit(con: duckdb.DuckDBPyConnection, limit: str) -> None:
 
 
 def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2GB") -> duckdb.DuckDBPyConnection:
-    """A read-only connection for user SQL: no file or network access, configuration locked."""
+    """A read-only connection for user SQL: no file or network access (but the store's own span segments, which
+    the ``spans`` view reads: agentobs.store.segments), configuration locked."""
     path = resolve_db_path(db)
     if path != ":memory:" and not Path(path).exists():
         raise StoreError(f"no agentobs database at {path!r}")
-    config: dict[str, str | bool | int | float | list[str]] = {"enable_external_access": False}
+    config: dict[str, str | bool | int | float | list[str]] = {}
     if memory_limit:
         config["memory_limit"] = memory_limit
     try:
         con = duckdb.connect(path, read_only=path != ":memory:", config=config)
     except duckdb.Error as e:
         raise StoreError(f"cannot open {path!r} read-only: {e}") from e
+    # the segment directories the catalog lists, allowed before file access is switched off (one SELECT at a
+    # time is all agentobs.sql runs, so nothing can be written there)
+    allowed = segment_directories(con)
+    if allowed:
+        con.execute("SET allowed_directories = ?", [allowed])
+    con.execute("SET enable_external_access = false")
     ensure_functions(con)  # before the configuration is locked
     con.execute("SET autoinstall_known_extensions = false")
     con.execute("SET autoload_known_extensions = false")

@@ -151,4 +151,35 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         );
         """,
     ),
+    (
+        "0004_span_segments",
+        """
+        -- spans becomes a view (agentobs/store/segments.py): the compacted table part spans_part, plus the
+        -- Parquet segments the loader published (span_store = segments) that compaction has not merged yet.
+        ALTER TABLE spans RENAME TO spans_part;
+        CREATE TABLE span_segments (
+            seq           BIGINT PRIMARY KEY,  -- publication order
+            file          VARCHAR NOT NULL,    -- absolute path of the Parquet file
+            rows          BIGINT NOT NULL,
+            min_start_ns  BIGINT,
+            max_start_ns  BIGINT,
+            spool_segment BIGINT,              -- spool position loaded with it (spool_loaded's row of the same commit)
+            spool_end     BIGINT,
+            created_at    TIMESTAMP
+        );
+        CREATE TABLE span_compactions (        -- segments merged into spans_part (the model's marks read it)
+            max_seq     BIGINT NOT NULL,       -- highest segment seq merged
+            segments    INTEGER NOT NULL,
+            rowid_lo    BIGINT,                -- spans_part rowids the merged rows got (NULL: none inserted)
+            rowid_hi    BIGINT,
+            rows        BIGINT NOT NULL,       -- rows inserted (duplicates of stored spans skipped)
+            ts          TIMESTAMP
+        );
+        CREATE TABLE span_segments_retired (   -- merged files, deleted once no read snapshot lists them
+            file        VARCHAR NOT NULL,
+            retired_at  TIMESTAMP NOT NULL
+        );
+        CREATE VIEW spans AS SELECT * FROM spans_part;
+        """,
+    ),
 )

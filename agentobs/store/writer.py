@@ -247,8 +247,8 @@ class Writer:
 
 
 def insert_spans(cur: duckdb.DuckDBPyConnection, batch: pa.Table, unique: bool = False) -> int:
-    """Append ``batch`` to ``spans`` inside the caller's transaction, skipping a span (trace_id, span_id)
-    already stored or repeated in the batch; returns the rows inserted. ``unique``: the caller guarantees no
+    """Append ``batch`` to ``spans_part`` (the table part of ``spans``: agentobs/store/segments.py) inside the
+    caller's transaction, skipping a span (trace_id, span_id) already stored there or repeated in the batch; returns the rows inserted. ``unique``: the caller guarantees no
     span is repeated in the batch (the loader: ``loader.first_of_each_span``), so that check is skipped.
 
     A span sent again has its start time again, so the stored side is read only where ``start_ns`` lies in
@@ -262,8 +262,8 @@ def insert_spans(cur: duckdb.DuckDBPyConnection, batch: pa.Table, unique: bool =
     cur.register("_agentobs_spans", batch)
     try:
         res = cur.execute(
-            "INSERT INTO spans BY NAME SELECT * FROM _agentobs_spans b "
-            f"WHERE NOT EXISTS (SELECT 1 FROM spans s WHERE {window} "
+            "INSERT INTO spans_part BY NAME SELECT * FROM _agentobs_spans b "
+            f"WHERE NOT EXISTS (SELECT 1 FROM spans_part s WHERE {window} "
             "AND s.trace_id = b.trace_id AND s.span_id = b.span_id) "
             + ("" if unique else "QUALIFY row_number() OVER (PARTITION BY b.trace_id, b.span_id) = 1")).fetchone()
     finally:
