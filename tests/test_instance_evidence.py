@@ -12,7 +12,7 @@ from __future__ import annotations
 import duckdb
 import pytest
 
-from builders import call, make_db
+from builders import call, make_db, ts
 
 A = "A:8000"
 VLLM_POOL = [(A, "vllm", "block_size", "16"), (A, "vllm", "num_gpu_blocks", "100")]
@@ -123,3 +123,56 @@ def test_sglang_retraction_and_evicted_tokens(tmp_path):
     # nothing ever evicted (evicted_tokens_total 0 at the first scrape after c2's start), whatever was allocated
     samples = _sglang(10, prompt=400, gen=100) + _sglang(100.5, prompt=9000, gen=900)
     assert _c2(tmp_path / "n", config=SGLANG_POOL, samples=samples)[:2] == ("no_churn", "prompt_edit")
+
+
+def test_maintained_state_follows_other_sessions_and_counters(tmp_path):
+    """The maintained session model (agentobs.model.state): another session's call in the gap, and engine counters
+    arriving later, change c2's evidence although nothing of s1 changed; each incremental refresh equals a rebuild."""
+    import pyarrow as pa
+
+    from agentobs.config import Settings
+    from agentobs.model import connect, state
+    from agentobs.store.writer import Writer
+    from builders import SPAN_TYPES
+
+    con = connect(make_db(tmp_path, S1, config=VLLM_POOL))
+    s = Settings()
+    assert state.refresh(con, s).mode == "rebuild"
+
+    def c2():
+        return con.sql("SELECT cause_evidence, reprefill_tokens, churn_ratio FROM model_calls WHERE call_id = 'c2'"
+                       ).fetchall()[0]
+
+    def equals_rebuild():
+        cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall() if c[0] != "block_hashes"]
+        con.execute("CREATE OR REPLACE TEMP TABLE inc AS SELECT * FROM model_calls")
+        state.rebuild(con, s)
+        sel = ", ".join(cols)
+        return con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM inc EXCEPT SELECT {sel} FROM model_calls)"
+                           ).fetchall()[0][0] == 0
+
+    assert c2() == ("no_churn", 0, 0.0)   # the young instance (test_young_instance_from_spans_is_a_prompt_edit)
+    d = [call("d1", "s2", 10, 20, 1000, 0, 100, task="t2"), call("d2", "s2", 30, 40, 600, 100, 0, task="t2")]
+    with Writer(con, flush_s=0.01) as w:
+        w.write("spans", pa.table({k: pa.array([c[k] for c in d], t) for k, t in SPAN_TYPES.items()}))
+    r = state.refresh(con, s)
+    assert r.mode == "incremental" and r.sessions == 2   # s2's new calls, and s1 for its gap on A
+    assert c2() == ("churn", 400, 1.0)                   # 1,600 tokens allocated in the gap
+    assert equals_rebuild()
+    # counters arrive: a preemption inside the gap; only the counters changed (status says so)
+    con.execute("DELETE FROM spans WHERE span_id IN ('d1', 'd2')")
+    assert state.refresh(con, s).mode == "rebuild"        # spans already read changed: rebuilt
+    assert c2()[0] == "no_churn"
+    with Writer(con, flush_s=0.01) as w:
+        rows = _vllm(10, prompt=400, gen=100) + _vllm(20, preempt=1, prompt=900, gen=150)
+        w.write("metric_samples", pa.table({
+            "ts": [ts(x[1]) for x in rows], "instance": [x[0] for x in rows],
+            "metric": [x[2] for x in rows],
+            "labels": pa.array([list(x[3].items()) for x in rows], pa.map_(pa.string(), pa.string())),
+            "labels_key": [",".join(f"{k}={v}" for k, v in sorted(x[3].items())) for x in rows],
+            "value": [float(x[4]) for x in rows], "engine": ["vllm"] * len(rows)}))
+    assert "engine counters" in state.status(con, s)
+    r = state.refresh(con, s)
+    assert r.mode == "incremental" and r.sessions == 1 and c2()[:2] == ("preemption", 400)
+    assert equals_rebuild()
+    con.close()
