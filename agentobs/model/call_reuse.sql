@@ -318,7 +318,7 @@ w AS (
 -- The gap's churn is a lower bound (calls wholly inside the gap, from spans; counter increases over scrape intervals
 -- wholly inside it); the allocation since start an upper bound (counters at the first scrape at or after c, since the
 -- process started; without counters, spans since the instance's first call seen, when that call hit nothing).
-ie_c AS MATERIALIZED (
+ie_c AS (
     SELECT w.rid, w.instance, w.prev_end_s, w.start_s, w.block_size, ic.kv_capacity_tokens AS cap
     FROM w JOIN cfg_src ic ON ic.instance = w.instance
     WHERE w.mode = 'estimate' AND w.instance = w.prev_instance AND w.shortfall_tokens > w.tolerance_tokens
@@ -326,7 +326,7 @@ ie_c AS MATERIALIZED (
 ),
 -- the calls of those instances: what each allocated (computed prompt + output tokens; a failed call may have
 -- allocated nothing, so it counts only toward the upper bound)
-ie_act AS MATERIALIZED (
+ie_act AS (
     SELECT instance, start_s, end_s, status,
            greatest(coalesce(prompt_tokens, 0) - coalesce(cached_tokens, 0), 0) + coalesce(output_tokens, 0) AS alloc,
            coalesce(cached_tokens, 0) AS cached_tokens
@@ -359,7 +359,7 @@ ie_k AS (
     GROUP BY instance, ts
 ),
 -- each scrape with the increase since the previous one (a decrease: the engine restarted, the increase is the value)
-ie_kd AS MATERIALIZED (
+ie_kd AS (
     SELECT instance, ts_s, alloc, evicted, lag(ts_s) OVER k AS prev_ts_s,
            coalesce(preempt < lag(preempt) OVER k, false) OR coalesce(alloc < lag(alloc) OVER k, false) AS reset,
            CASE WHEN preempt < lag(preempt) OVER k THEN preempt ELSE preempt - lag(preempt) OVER k END AS d_preempt,
@@ -377,7 +377,7 @@ ie_span AS (
 ),
 ie_cnt AS (
     SELECT c.rid, sum(k.d_preempt) AS preempted,
-           greatest(coalesce(sum(k.d_alloc), 0), coalesce(sum(k.d_evicted), 0)) AS churn
+           greatest(CAST(coalesce(sum(k.d_alloc), 0) AS DOUBLE), CAST(coalesce(sum(k.d_evicted), 0) AS DOUBLE)) AS churn
     FROM ie_c c JOIN ie_kd k ON k.instance = c.instance
     WHERE k.prev_ts_s >= c.prev_end_s AND k.ts_s <= c.start_s
     GROUP BY c.rid
@@ -395,14 +395,14 @@ ie_before AS (
 ie AS (
     SELECT c.rid, c.cap,
            coalesce(n.preempted, 0) > 0 AS preempted,
-           greatest(coalesce(s.churn, 0), coalesce(n.churn, 0)) AS churn_tokens,
+           greatest(CAST(coalesce(s.churn, 0) AS DOUBLE), CAST(coalesce(n.churn, 0) AS DOUBLE)) AS churn_tokens,
            CASE WHEN x.k_alloc IS NOT NULL AND NOT x.k_reset
-                THEN CASE WHEN x.k_evicted = 0 THEN 0
-                          ELSE x.k_alloc + c.block_size * (coalesce(b.cum_calls, 0) + 1) END
+                THEN CASE WHEN x.k_evicted = 0 THEN CAST(0 AS DOUBLE)
+                          ELSE x.k_alloc + CAST(c.block_size * (coalesce(b.cum_calls, 0) + 1) AS DOUBLE) END
                 -- no counters on the instance: spans since its first call seen, when that call found nothing cached
                 -- (a warm engine had traffic before it)
                 WHEN h.instance IS NULL AND b.first_cached = 0
-                THEN b.cum_alloc + c.block_size * (b.cum_calls + 1)
+                THEN CAST(b.cum_alloc + c.block_size * (b.cum_calls + 1) AS DOUBLE)
            END AS alloc_hi_tokens
     FROM ie_c c
     LEFT JOIN ie_span s USING (rid)
@@ -436,7 +436,7 @@ v AS (
                 WHEN ie.churn_tokens >= ie.cap THEN 'churn'
                 WHEN ie.alloc_hi_tokens < ie.cap - w.block_size THEN 'no_churn'
                 ELSE 'none' END AS cause_evidence,
-           CAST(ie.churn_tokens AS DOUBLE) / ie.cap AS churn_ratio
+           ie.churn_tokens / CAST(ie.cap AS DOUBLE) AS churn_ratio
     FROM w
     LEFT JOIN ev USING (rid)
     LEFT JOIN ie USING (rid)
