@@ -116,3 +116,45 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
 def create_view(con: duckdb.DuckDBPyConnection) -> None:
     """``call_reuse`` as a model view (made by agentobs.model.ensure)."""
     con.execute("CREATE OR REPLACE VIEW call_reuse AS " + reuse_sql())
+
+
+# the evidence each instance gives call_reuse's miss causes (docs/metrics.md, "Instance evidence"): KV events tagged
+# with sessions (per-session removals), the engine counters (preemptions / retractions, token counters, SGLang's
+# evicted tokens) with the pool size, the pool size alone (spans then bound the churn), or nothing but spans. One
+# row per instance that served a call, sent KV events or was scraped; the console's Findings page shows it.
+_PREEMPT = ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total")
+
+
+def evidence_sql() -> str:
+    """The per-instance evidence table (columns: instance, engine, kv_events_with_sessions, preemption_counter,
+    token_counters, pool_tokens, evidence)."""
+    tokens = [m for m in COUNTER_METRICS if m not in _PREEMPT]
+    q = ", ".join(repr(m) for m in COUNTER_METRICS)
+    return f"""
+WITH i AS (
+    SELECT instance FROM spans WHERE role IN ('gateway', 'engine') AND instance IS NOT NULL
+    UNION SELECT instance FROM kv_events
+    UNION SELECT instance FROM metric_samples WHERE metric IN ({q})
+    UNION SELECT instance FROM instance_config
+),
+k AS (SELECT instance, count(*) AS n FROM kv_events WHERE session_id IS NOT NULL GROUP BY instance),
+m AS (
+    SELECT instance,
+           count(*) FILTER (WHERE metric IN ({", ".join(repr(x) for x in _PREEMPT)})) AS preempt,
+           count(*) FILTER (WHERE metric IN ({", ".join(repr(x) for x in tokens)})) AS tokens
+    FROM metric_samples WHERE metric IN ({q}) GROUP BY instance
+)
+SELECT i.instance, ic.engine, coalesce(k.n, 0) > 0 AS kv_events_with_sessions,
+       coalesce(m.preempt, 0) > 0 AS preemption_counter, coalesce(m.tokens, 0) > 0 AS token_counters,
+       ic.kv_capacity_tokens AS pool_tokens,
+       CASE WHEN coalesce(k.n, 0) > 0 THEN 'KV events with session ids'
+            WHEN ic.kv_capacity_tokens > 0 AND coalesce(m.preempt, 0) + coalesce(m.tokens, 0) > 0
+                THEN 'scrapes (preemptions, token counters) and the pool size'
+            WHEN ic.kv_capacity_tokens > 0 THEN 'spans and the pool size'
+            ELSE 'spans only' END AS evidence
+FROM i
+LEFT JOIN instance_config ic ON ic.instance = i.instance
+LEFT JOIN k ON k.instance = i.instance
+LEFT JOIN m ON m.instance = i.instance
+ORDER BY i.instance
+"""
