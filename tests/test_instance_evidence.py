@@ -38,9 +38,10 @@ def _vllm(t, preempt=0, prompt=0, hits=0, gen=0):
 
 def test_preemption_in_the_gap_is_an_eviction(tmp_path):
     # the preemption counter rises between scrapes at 10 and 20, both inside the gap [2, 100]: every free cached block
-    # had been evicted by then, c1's among them. X = X_low = X_high = S = 400 (P(c1) fills its blocks: no decode block)
+    # had been evicted by then, c1's among them. X = X_high = S = 400 (P(c1) fills its blocks: no decode block); X_low
+    # = 0: the eviction is certain, not that c2 still shared all of R with c1 (an edit would show only in KV events)
     samples = _vllm(0) + _vllm(10, prompt=400, gen=100) + _vllm(20, preempt=1, prompt=900, gen=150)
-    assert _c2(tmp_path, samples=samples)[:7] == ("preemption", "evicted_full", 400, 400, 400, 400, "evicted")
+    assert _c2(tmp_path, samples=samples)[:7] == ("preemption", "evicted_full", 400, 400, 0, 400, "evicted")
 
 
 def test_preemption_before_the_gap_is_not_evidence(tmp_path):
@@ -57,7 +58,7 @@ def test_churn_from_spans_reaching_the_pool_is_an_eviction(tmp_path):
     others = [call("d0", "s2", 1, 10, 5000, 0, 0), call("d1", "s2", 10, 20, 1000, 0, 100),
               call("d2", "s2", 30, 40, 600, 100, 0)]
     ev, cause, s, x, lo, hi, window, ratio = _c2(tmp_path, others)
-    assert (ev, cause, s, x, lo, hi, window) == ("churn", "evicted_full", 400, 400, 400, 400, "evicted")
+    assert (ev, cause, s, x, lo, hi, window) == ("churn", "evicted_full", 400, 400, 0, 400, "evicted")
     assert ratio == 1.0   # 1,600 / 1,600
 
 

@@ -452,8 +452,10 @@ u AS (
            CASE WHEN cause_evidence = 'kv_removal' AND NOT strong THEN 0
                 WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
+                -- instance evidence (preemption, churn) makes the eviction certain, not how much of S it cost: c's
+                -- prompt may have changed within R (an edit, a compaction), which only per-session KV events show
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
-                                                                   'kv_removal', 'preemption', 'churn')
+                                                                   'kv_removal')
                 THEN shortfall_tokens ELSE 0 END AS reprefill_low_tokens,
            CASE WHEN context_reset AND cached_tokens IS NOT NULL AND prompt_tokens IS NOT NULL
                 -- a reset keeps at most the control-plane prefix (system prompt, tool definitions)
