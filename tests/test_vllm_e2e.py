@@ -114,6 +114,29 @@ def test_litellm_capture_reprefill_zero_with_the_engine_config(store, settings):
                    "'evicted_partial', 'unexplained')) FROM call_reuse").fetchall()[0] == (4, 0)
 
 
+def test_litellm_capture_young_pool_from_spans(store, settings):
+    """The instance evidence on real spans (docs/metrics.md, "Instance evidence"): the same 16,384-token pool, as if in
+    16-token blocks (a what-if on the config; the capture's own is test_litellm_capture_reprefill_zero_...), so the
+    16–112-token shortfalls of the re-rendered tails stay beyond R_eff. No counters: the instance's first call seen
+    hit nothing, and all 26 calls together allocate Σ(P − C + O) well below the pool, so no block was ever evicted —
+    the 15 shortfalls beyond the tolerance are prompt edits, X = 0; X_high keeps every shortfall (992 + 2 × 16)."""
+    import pyarrow as pa
+
+    con, w = store
+    assert import_otlp([LITELLM / "otlp"], w, settings).rejected == 0
+    inst = _vllm_instance()
+    w.write("engine_config", pa.table({"instance": [inst] * 2, "ts": pa.array([0, 0], pa.timestamp("us")),
+                                       "engine": ["vllm"] * 2, "key": ["block_size", "num_gpu_blocks"],
+                                       "value": ["16", "1024"], "source": ["what-if"] * 2}))
+    w.flush()
+    alloc = con.sql("SELECT sum(prompt_tokens - cached_tokens + output_tokens) FROM llm_calls").fetchall()[0][0]
+    assert alloc + 16 * 26 < 16384 - 16   # every call's allocation with a block each for rounding: below the pool
+    assert dict(con.sql("SELECT cause_evidence, count(*) FROM call_reuse WHERE shortfall_tokens > 16 GROUP BY 1"
+                        ).fetchall()) == {"no_churn": 15}
+    assert con.sql("SELECT sum(reprefill_tokens), sum(reprefill_low_tokens), sum(reprefill_high_tokens) "
+                   "FROM call_reuse").fetchall()[0] == (0, 0, 1024)
+
+
 def test_litellm_sessions_without_agent_spans(store, settings):
     """A team that traces only the gateway: the session must come from LiteLLM's own span."""
     con, w = store
