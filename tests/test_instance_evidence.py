@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-
 from builders import call, make_db, ts
 
 A = "A:8000"
@@ -130,11 +129,11 @@ def test_maintained_state_follows_other_sessions_and_counters(tmp_path):
     """The maintained session model (agentobs.model.state): another session's call in the gap, and engine counters
     arriving later, change c2's evidence although nothing of s1 changed; each incremental refresh equals a rebuild."""
     import pyarrow as pa
+    from builders import SPAN_TYPES
 
     from agentobs.config import Settings
     from agentobs.model import connect, state
     from agentobs.store.writer import Writer
-    from builders import SPAN_TYPES
 
     con = connect(make_db(tmp_path, S1, config=VLLM_POOL))
     s = Settings()
