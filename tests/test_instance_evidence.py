@@ -176,3 +176,13 @@ def test_maintained_state_follows_other_sessions_and_counters(tmp_path):
     assert r.mode == "incremental" and r.sessions == 1 and c2()[:2] == ("preemption", 400)
     assert equals_rebuild()
     con.close()
+
+
+def test_a_kv_removal_on_the_instance_rules_out_never_evicted(tmp_path):
+    # the instance's KV events (blocks of another session, s9) show a removal at 50, before c2: evictions happen on A,
+    # so the young-pool bound does not hold — unexplained (s1 has no KV events of its own)
+    path = make_db(tmp_path, S1, config=VLLM_POOL, kv=[(A, 5, "BlockStored", ["h9"], "s9"),
+                                                       (A, 50, "BlockRemoved", ["h9"], None)])
+    con = duckdb.connect(path, read_only=True)
+    assert con.sql("SELECT cause_evidence FROM call_reuse WHERE call_id = 'c2'").fetchall() == [("none",)]
+    con.close()

@@ -314,7 +314,8 @@ w AS (
 --             every cached block free at the gap's start was evicted by then), or the gap's churn — blocks allocated
 --             (computed prompt + generated tokens) or, SGLang, tokens evicted — at least the pool size
 --   impossible the instance's allocation since its engine started, up to c, below the pool size less one block per
---             call (a block is popped at most once before the free queue wraps: no cached block was ever evicted)
+--             call (a block is popped at most once before the free queue wraps: no cached block was ever evicted),
+--             and no KV-event removal on the instance before c (its events, whatever session stored the blocks)
 -- The gap's churn is a lower bound (calls wholly inside the gap, from spans; counter increases over scrape intervals
 -- wholly inside it); the allocation since start an upper bound (counters at the first scrape at or after c, since the
 -- process started; without counters, spans since the instance's first call seen, when that call hit nothing).
@@ -369,6 +370,12 @@ ie_kd AS (
     WINDOW k AS (PARTITION BY instance ORDER BY ts_s)
 ),
 ie_has_k AS (SELECT DISTINCT instance FROM ie_kd WHERE alloc IS NOT NULL),
+-- the instance's first KV-event removal (of any block, whoever stored it): evictions happen there from then on
+ie_rm AS (
+    SELECT instance, epoch_us(min(ts)) / 1e6 AS first_rm_s FROM kv_src
+    WHERE type IN ('BlockRemoved', 'AllBlocksCleared') AND instance IN (SELECT instance FROM ie_c)
+    GROUP BY instance
+),
 ie_span AS (
     SELECT c.rid, sum(a.alloc) AS churn
     FROM ie_c c JOIN ie_act a ON a.instance = c.instance
@@ -393,7 +400,7 @@ ie_before AS (
     FROM ie_c c ASOF JOIN ie_cum a ON a.instance = c.instance AND a.start_s < c.start_s
 ),
 ie AS (
-    SELECT c.rid, c.cap,
+    SELECT c.rid, c.cap, r.first_rm_s < c.start_s AS removed_before,
            coalesce(n.preempted, 0) > 0 AS preempted,
            greatest(CAST(coalesce(s.churn, 0) AS DOUBLE), CAST(coalesce(n.churn, 0) AS DOUBLE)) AS churn_tokens,
            CASE WHEN x.k_alloc IS NOT NULL AND NOT x.k_reset
@@ -410,6 +417,7 @@ ie AS (
     LEFT JOIN ie_next x USING (rid)
     LEFT JOIN ie_before b USING (rid)
     LEFT JOIN ie_has_k h ON h.instance = c.instance
+    LEFT JOIN ie_rm r ON r.instance = c.instance
 ),
 -- the cause of a shortfall S = R_eff − C, from evidence (docs/metrics.md, "Miss causes from evidence"). Exact mode
 -- (block hashes): R is what c shares with the session's earlier prompts, so S is re-prefill; the cause ladder as
@@ -434,7 +442,8 @@ v AS (
                 WHEN w.prev_kv_known AND w.cached_tokens >= w.prior_tokens THEN 'kv_no_removal'
                 WHEN ie.preempted THEN 'preemption'
                 WHEN ie.churn_tokens >= ie.cap THEN 'churn'
-                WHEN ie.alloc_hi_tokens < ie.cap - w.block_size THEN 'no_churn'
+                WHEN ie.alloc_hi_tokens < ie.cap - w.block_size AND NOT coalesce(ie.removed_before, false)
+                    THEN 'no_churn'
                 ELSE 'none' END AS cause_evidence,
            ie.churn_tokens / CAST(ie.cap AS DOUBLE) AS churn_ratio
     FROM w

@@ -365,6 +365,8 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     if moved:
         cur.execute("CREATE OR REPLACE TEMP TABLE inc_inst AS SELECT unnest(?::VARCHAR[]) AS instance", [moved])
         parts.append(f"SELECT skey FROM {TABLE} WHERE abandoned AND instance IN (SELECT instance FROM inc_inst)")
+        # and its instance evidence: a removal on the instance rules out "never evicted" (no_churn)
+        parts.append(f"SELECT skey FROM {TABLE} WHERE churn_ratio IS NOT NULL AND instance IN (SELECT instance FROM inc_inst)")
     # engine config: block size or prefix caching of an instance changed
     changed = [r[0] for r in cur.execute(
         f"""SELECT coalesce(a.instance, b.instance) FROM ({_CFG_SQL}) a FULL JOIN {CFG} b USING (instance)
