@@ -256,7 +256,7 @@ def test_stop_refreshes_the_session_model_within_its_budget(tmp_path, budget):
     svc = Service(Fleet(snapshot_every_s=0), settings, str(db), views=ensure, derive=derive).start()
     sec = 1_000_000_000
     for i in range(2):
-        svc.con.execute("INSERT INTO spans (trace_id, span_id, start_ns, end_ns, role, session_id, instance, model, "
+        svc.con.execute("INSERT INTO spans_part (trace_id, span_id, start_ns, end_ns, role, session_id, instance, model, "
                         "input_tokens, cached_tokens, output_tokens) VALUES (?, ?, ?, ?, 'gateway', 's1', 'i1', 'm', "
                         "1000, 0, 10)", [f"t{i}", f"g{i}", 10 * i * sec, (10 * i + 2) * sec])
     svc.stop()

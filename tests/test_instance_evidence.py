@@ -160,7 +160,7 @@ def test_maintained_state_follows_other_sessions_and_counters(tmp_path):
     assert c2() == ("churn", 400, 1.0)                   # 1,600 tokens allocated in the gap
     assert equals_rebuild()
     # counters arrive: a preemption inside the gap; only the counters changed (status says so)
-    con.execute("DELETE FROM spans WHERE span_id IN ('d1', 'd2')")
+    con.execute("DELETE FROM spans_part WHERE span_id IN ('d1', 'd2')")
     assert state.refresh(con, s).mode == "rebuild"        # spans already read changed: rebuilt
     assert c2()[0] == "no_churn"
     with Writer(con, flush_s=0.01) as w:

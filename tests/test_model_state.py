@@ -315,7 +315,7 @@ def test_refresh_over_budget_rolls_back_and_the_next_catches_up(tmp_path):
     — no state at first, then the stored state with its old marks — and the next refresh catches up."""
     con = connect(tmp_path / "budget.duckdb")
     s = Settings()
-    ins = ("INSERT INTO spans (trace_id, span_id, start_ns, end_ns, role, session_id, instance, model, input_tokens, "
+    ins = ("INSERT INTO spans_part (trace_id, span_id, start_ns, end_ns, role, session_id, instance, model, input_tokens, "
            "cached_tokens, output_tokens) VALUES (?, ?, ?, ?, 'gateway', 's1', 'i1', 'm', ?, ?, 10)")
     sec = 1_000_000_000
     con.execute(ins, ["t1", "g1", 0, 2 * sec, 1000, 0])
