@@ -237,10 +237,10 @@ class DerivedCollector:
             for labels, v in snap.series.get(d.name, []):
                 fam.add_metric([labels[k] for k in label_names], v)
             yield fam
-        for name, help_text, label_names in LEDGER_FAMILIES:
-            fam = GaugeMetricFamily(name, help_text, labels=list(label_names))
+        for name, help_text, ledger_labels in LEDGER_FAMILIES:
+            fam = GaugeMetricFamily(name, help_text, labels=list(ledger_labels))
             for labels, v in snap.series.get(name, []):
-                fam.add_metric([labels[k] for k in label_names], v)
+                fam.add_metric([labels[k] for k in ledger_labels], v)
             yield fam
 
 

@@ -213,7 +213,7 @@ def _fresh_demo_store(db: str, bundle: Path) -> None:
     except duckdb.Error as e:
         raise AgentobsError(f"cannot open {db!r} to rebuild the demo store: {e}") from e
     try:
-        data = sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        data = sum((con.execute(f"SELECT count(*) FROM {t}").fetchone() or (0,))[0]
                    for t in ("spans", "metric_samples", "kv_events", "engine_config", "scrapes"))
         sources = [x for (s,) in con.execute("SELECT source FROM ingest_log").fetchall() for x in s.split(",")]
     except duckdb.Error:

@@ -232,8 +232,11 @@ def _claims_sql(found: list[tuple[int, Finding]]) -> tuple[str, dict]:
     calls it owns (the first rank claiming a call owns it), their tokens and $."""
     ctes, parts, params = [], [], {}
     for k, f in found:
-        own = dict(f.claim.params)
-        sql = _PARAM.sub(lambda m, k=k: f"$c{k}_{m.group(1)}", f.claim.sql.strip().rstrip(";"))
+        claim = f.claim
+        if claim is None:  # _settle passes claiming findings only
+            continue
+        own = dict(claim.params)
+        sql = _PARAM.sub(f"$c{k}_\\1", claim.sql.strip().rstrip(";"))  # $name → $c<k>_name
         params.update({f"c{k}_{n}": v for n, v in own.items()})
         ctes.append(f"c{k} AS (\n{sql}\n)")
         parts.append(f"SELECT {k} AS k, call_id, session_id, CAST(tokens AS DOUBLE) AS tokens, "
@@ -328,7 +331,8 @@ def _cap(f: Finding, ctx: Context) -> Finding:
     ex_tok = max((rec.tokens_window or 0.0) - (tax.tokens_window or 0.0), 0.0)
     ex_usd = None if rec.usd_window is None or tax.usd_window is None else max(rec.usd_window - tax.usd_window, 0.0)
     capped = _rescale(rec, min(rec.tokens_window or 0.0, tax.tokens_window or 0.0),
-                      None if ex_usd is None else min(rec.usd_window, tax.usd_window), ctx)
+                      None if rec.usd_window is None or tax.usd_window is None else min(rec.usd_window, tax.usd_window),
+                      ctx)
     capped = dataclasses.replace(capped, basis=f"{rec.basis}; capped at this finding's tax (the rest is "
                                                  "'also recovers')")
     also = _rescale(dataclasses.replace(

@@ -295,7 +295,7 @@ def _to_clickhouse(sql: str, schema_items: tuple) -> str:
     for cte in tree.find_all(exp.CTE):
         alias = cte.args.get("alias")
         cols = alias.args.get("columns") if alias is not None else None
-        if cols:
+        if cols and alias is not None:
             first = cte.this
             while isinstance(first, exp.SetOperation):
                 first = first.this
