@@ -430,6 +430,15 @@ def as_source(db: Source | str | os.PathLike | duckdb.DuckDBPyConnection | None 
     raise QueryError(f"db must be a Source, a store path or a DuckDB connection, got {type(db).__name__}")
 
 
+def require(db: object, who: str) -> Source:
+    """``db`` when it is a Source; the library's entry points (metrics, findings, report, exporter) take nothing
+    else: a store path or a raw connection becomes a Source at the edge (as_source, make_source, open_source)."""
+    if isinstance(db, Source):
+        return db
+    raise QueryError(f"{who} takes a Source, got {type(db).__name__} (make one at the edge: "
+                     "agentobs.source.as_source(path or connection))")
+
+
 def resolve(settings: Settings, backend: str | None = None, url: str | None = None) -> tuple[str, str]:
     """(backend, ClickHouse URL): the flag when given, else the setting (``backend``, ``clickhouse_url``;
     environment ``AGENTOBS_BACKEND`` / ``AGENTOBS_CLICKHOUSE_URL``, or the settings file)."""

@@ -29,7 +29,7 @@ from agentobs.config import load_settings  # noqa: E402
 from agentobs.errors import ConfigError  # noqa: E402
 from agentobs.metrics import compute_all, names  # noqa: E402
 from agentobs.model import connect  # noqa: E402
-from agentobs.source import ClickHouseSource  # noqa: E402
+from agentobs.source import ClickHouseSource, as_source  # noqa: E402
 from agentobs.store.writer import Writer  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
@@ -183,7 +183,7 @@ def test_metric_samples_same_series_and_values(both):
 def suites(both):
     con, ch, settings = both
     chosen = list(names())
-    return compute_all(con, settings=settings, metrics=chosen), compute_all(ClickHouseSource(ch=ch), settings=settings, metrics=chosen)
+    return compute_all(as_source(con), settings=settings, metrics=chosen), compute_all(ClickHouseSource(ch=ch), settings=settings, metrics=chosen)
 
 
 @pytest.mark.parametrize("name", list(names()))

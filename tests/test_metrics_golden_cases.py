@@ -31,6 +31,7 @@ from builders import SPAN_TYPES, call, make_db
 
 from agentobs.config import Settings
 from agentobs.metrics import prepare
+from agentobs.source import as_source
 
 CASES = sorted((Path(__file__).parent / "golden").glob("*.yaml"))
 CALL_ARGS = set(inspect.signature(call).parameters)
@@ -129,14 +130,14 @@ def test_golden_case(path, tmp_path, chdb_session):
     db = make_db(tmp_path, span_rows(case), config=[tuple(x) for x in case.get("config", [])],
                  kv=[tuple(x) for x in case.get("kv", [])], samples=[tuple(x) for x in case.get("samples", [])])
     settings = Settings()
-    run, close = prepare(db, settings=settings)
+    run, close = prepare(as_source(db), settings=settings)
     try:
         check(run, path, "duckdb", case["expect"])
     finally:
         close()
     ch = chdb_session
     _load_clickhouse(db, ch)
-    run, close = prepare(ch, settings=settings)
+    run, close = prepare(as_source(ch), settings=settings)
     try:
         check(run, path, "clickhouse", case["expect"])
     finally:

@@ -13,6 +13,7 @@ import pytest
 from agentobs.config import Settings
 from agentobs.metrics import run as mr
 from agentobs.model import connect, rollups, state
+from agentobs.source import as_source
 from agentobs.store.writer import insert_spans
 
 
@@ -134,10 +135,10 @@ def test_metric_run_over_state_equals_derived(sample_copy):
     s = Settings()
     lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
     cases = [{}, {"since": (lo + hi) / 2, "until": hi + 1, "filters": {"instance": [inst]}}]
-    derived = [mr.compute_all(con, settings=s, **c) for c in cases]
+    derived = [mr.compute_all(as_source(con), settings=s, **c) for c in cases]
     state.rebuild(con, s)
     for c, d in zip(cases, derived, strict=True):
-        run, close = mr.prepare(con, settings=s, **c)
+        run, close = mr.prepare(as_source(con), settings=s, **c)
         try:
             assert run.calls_table == "state"
             got = {n: run.compute(n) for n in d}
@@ -158,7 +159,7 @@ def test_read_only_run_uses_current_state(sample_copy):
     state.rebuild(con, Settings())
     con.close()
     ro = duckdb.connect(str(sample_copy), read_only=True)
-    run, close = mr.prepare(ro, settings=Settings())
+    run, close = mr.prepare(as_source(ro), settings=Settings())
     try:
         assert run.calls_table == "state"
     finally:
@@ -175,7 +176,7 @@ def test_task_cost_from_rollup_equals_per_call(sample_copy):
     lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
     h = (int(lo) // 3600 + 1) * 3600  # the first whole hour after the first call
     for kw in ({}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}):
-        run, close = mr.prepare(con, settings=s, **kw)
+        run, close = mr.prepare(as_source(con), settings=s, **kw)
         try:
             for by in ("task", "task_type", "session", "model", "instance"):
                 got = run.compute("task_cost", by)
@@ -187,7 +188,7 @@ def test_task_cost_from_rollup_equals_per_call(sample_copy):
                 _same(want, got, f"task_cost by {by} {kw}")
         finally:
             close()
-    run, close = mr.prepare(con, settings=s, since=h + 1, until=h + 3600)
+    run, close = mr.prepare(as_source(con), settings=s, since=h + 1, until=h + 3600)
     try:
         run.compute("task_cost")
         assert "task_cost" not in run.from_rollup  # not whole hours: the per-call state
@@ -200,7 +201,7 @@ def test_duty_cycle_from_session_rollup_equals_per_call(sample_copy):
     con = connect(sample_copy)
     s = Settings()
     state.rebuild(con, s)
-    run, close = mr.prepare(con, settings=s)
+    run, close = mr.prepare(as_source(con), settings=s)
     try:
         got = run.compute("duty_cycle")
         assert run.from_rollup == {"duty_cycle"}

@@ -183,9 +183,10 @@ def _print_answer(con_or_db, settings: Settings, db: str | None = None) -> None:
     recompute tax per week with its scaling, what findings own of it, and the top fixes with their sessions."""
     from ..findings import build
     from ..findings.render import headline
+    from ..source import as_source
 
     try:
-        ledger = build(con_or_db, settings=settings)
+        ledger = build(as_source(con_or_db), settings=settings)
     except AgentobsError as e:
         err_console.print(f"[yellow]findings unavailable:[/yellow] {e}")
         return
@@ -266,8 +267,9 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
     _emit(con.sql(HEADLINE_SQL).to_arrow_table(), "table", "sample fleet")
     try:
         from ..metrics import compute
+        from ..source import as_source
 
-        reuse = compute("reuse", db=con, by="instance", settings=ctx.settings)
+        reuse = compute("reuse", db=as_source(con), by="instance", settings=ctx.settings)
         keep = [c for c in ("instance", "sessions", "calls", "hit_rate", "reuse_hit_rate", "reprefill_tokens", "mode")
                 if c in reuse.columns]
         _emit(reuse.select(keep).to_arrow(), "table", "session reuse by instance (agentobs metrics reuse --by instance)")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Settings, load_settings
+from ..source import Source
 from .acks import active
 from .context import Context, default_since, fmt_duration, fmt_usd
 from .finding import SEVERITIES, Finding, Tax
@@ -366,12 +367,12 @@ def _coverage_text(ctx: Context, since_given: bool) -> str:
     return base
 
 
-def build(db, since=None, until=None, filters: dict | None = None, settings: Settings | None = None, *,
+def build(db: Source, since=None, until=None, filters: dict | None = None, settings: Settings | None = None, *,
           include_acked: bool = False, simulate: bool = True, clock: Callable[[], float] = time.time,
           run=None) -> Ledger:
     """The ledger of calls starting in ``[since, until)`` under the attribute ``filters`` (as agentobs.metrics
     takes them). Without ``since`` the window is ``findings_default_window_s`` (7 days) ending at ``until`` or at
-    the newest call. ``db``: a Source (agentobs.source), or what agentobs.metrics.prepare turns into one. Acknowledged findings
+    the newest call. ``db``: a Source (agentobs.source). Acknowledged findings
     are left out unless ``include_acked``. ``simulate``: recoverable tax by replaying the observed sessions through
     the simulator (agentobs.findings.estimate), else the analytical estimate. ``run``: a prepared
     agentobs.metrics MetricRun already on this window (and these filters) to read instead of preparing one — the

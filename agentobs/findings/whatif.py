@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ..config import Settings, load_settings
 from ..errors import AgentobsError
+from ..source import Source
 from .context import Context, default_since, fmt_duration
 from .replay import Fix, Pool, Replay, ReplayError, SimResult, build
 
@@ -438,7 +439,7 @@ def report(replay: Replay, ctx: Context, changes: list[Change], label: str | Non
                   replay.calls_replayed, replay.seed, rows, cal, notes, time.perf_counter() - t0)
 
 
-def run(db, changes: Iterable[Change | str], since=None, until=None, filters: dict | None = None,
+def run(db: Source, changes: Iterable[Change | str], since=None, until=None, filters: dict | None = None,
         settings: Settings | None = None, *, sessions: int | None = None, seed: int | None = None,
         clock: Callable[[], float] = time.time) -> WhatIf:
     """Replay the sessions of ``[since, until)`` (the findings' window rules: default 7 days before the newest call)
