@@ -114,7 +114,7 @@ def _rewrite(node: exp.Expression) -> exp.Expression:
         if f.args.get("offset") is not None:
             args.append(f.args["offset"])
         node.set("this", _fn(name, *args))
-        if node.args.get("spec") is None and not node.args.get("alias"):
+        if node.args.get("spec") is None:  # a named window (OVER t) too: its ORDER BY frame ends at the row
             node.set("spec", exp.WindowSpec(kind="ROWS", start="UNBOUNDED", start_side="PRECEDING",
                                             end="UNBOUNDED", end_side="FOLLOWING"))
         return node
