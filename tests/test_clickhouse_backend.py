@@ -285,3 +285,42 @@ def test_cli_load_init_sql_metrics(tmp_path):
     assert metrics.returncode == 0 and '"cached_tokens":9552' in metrics.stdout.replace(" ", ""), metrics.stderr
     for (sql_text, msg), res in zip(bad, refused, strict=True):
         assert res.returncode != 0 and msg in res.stderr.replace("\n", " "), (sql_text, res.stderr)
+
+
+def test_session_aliases_come_from_the_alias_table(tmp_path):
+    """The spans view reads the session-id keys from agentobs_aliases at ingest: a changed ``session_keys``
+    written by sync_aliases applies to spans ingested after it, with no ``clickhouse init`` again; spans
+    ingested before keep their ids (as on DuckDB, where aliases apply at ingest)."""
+    from agentobs.config import Settings
+
+    def span(sid: str, attrs: dict) -> dict:
+        return {"traceId": "ab" * 16, "spanId": sid * 8, "name": "chat m", "kind": 3,
+                "startTimeUnixNano": "1800000000000000000", "endTimeUnixNano": "1800000001000000000",
+                "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]}
+
+    def ingest(ch, sid: str, attrs: dict, settings) -> None:
+        doc = {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [span(sid, attrs)]}]}]}
+        ch.insert_arrow("otel_traces", load.traces_rows(otlp.decode_json_obj(doc, settings).table()))
+
+    def session_of(ch, sid: str):
+        return ch.arrow(f"SELECT session_id FROM spans WHERE span_id = '{sid * 8}'").column(0).to_pylist()
+
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.conversation.id": "conv-1", "my.session": "mine-1"}
+    before = Settings()  # the default keys: gen_ai.conversation.id is one, my.session is not
+    after = Settings(values={"session_keys": ["my.session", *before.session_keys]})
+    ch = ClickHouse(f"chdb://{tmp_path}/ch")
+    try:
+        model.create_tables(ch, before)
+        model.create_views(ch, before)
+        assert model.stored_aliases(ch)["session_id"] == list(before.session_keys)
+        ingest(ch, "a1", attrs, before)
+        assert session_of(ch, "a1") == ["conv-1"]
+        assert model.sync_aliases(ch, before) == []          # nothing differs: nothing written
+        assert model.sync_aliases(ch, after) == ["session_id"]
+        assert model.stored_aliases(ch)["session_id"][0] == "my.session"
+        ingest(ch, "b2", attrs, after)
+        assert session_of(ch, "b2") == ["mine-1"]              # the new first key, without init
+        assert session_of(ch, "a1") == ["conv-1"]              # resolved at its ingest
+        assert model.alias_differences(ch, before) == ["session_id"]
+    finally:
+        ch.close()
