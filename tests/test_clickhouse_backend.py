@@ -292,6 +292,7 @@ def test_session_aliases_come_from_the_alias_table(tmp_path):
     written by sync_aliases applies to spans ingested after it, with no ``clickhouse init`` again; spans
     ingested before keep their ids (as on DuckDB, where aliases apply at ingest)."""
     from agentobs.config import Settings
+    from agentobs.source import open_source
 
     def span(sid: str, attrs: dict) -> dict:
         return {"traceId": "ab" * 16, "spanId": sid * 8, "name": "chat m", "kind": 3,
@@ -308,7 +309,8 @@ def test_session_aliases_come_from_the_alias_table(tmp_path):
     attrs = {"gen_ai.operation.name": "chat", "gen_ai.conversation.id": "conv-1", "my.session": "mine-1"}
     before = Settings()  # the default keys: gen_ai.conversation.id is one, my.session is not
     after = Settings(values={"session_keys": ["my.session", *before.session_keys]})
-    ch = ClickHouse(f"chdb://{tmp_path}/ch")
+    url = f"chdb://{tmp_path}/ch"
+    ch = ClickHouse(url)
     try:
         model.create_tables(ch, before)
         model.create_views(ch, before)
@@ -316,11 +318,14 @@ def test_session_aliases_come_from_the_alias_table(tmp_path):
         ingest(ch, "a1", attrs, before)
         assert session_of(ch, "a1") == ["conv-1"]
         assert model.sync_aliases(ch, before) == []          # nothing differs: nothing written
-        assert model.sync_aliases(ch, after) == ["session_id"]
-        assert model.stored_aliases(ch)["session_id"][0] == "my.session"
-        ingest(ch, "b2", attrs, after)
-        assert session_of(ch, "b2") == ["mine-1"]              # the new first key, without init
-        assert session_of(ch, "a1") == ["conv-1"]              # resolved at its ingest
-        assert model.alias_differences(ch, before) == ["session_id"]
     finally:
         ch.close()
+    # the next connection with the changed setting writes it (make_source); no init
+    with open_source(after, "clickhouse", url) as src:
+        assert model.stored_aliases(src.ch)["session_id"][0] == "my.session"
+        assert model.alias_differences(src.ch, before) == ["session_id"]
+        ingest(src.ch, "b2", attrs, after)
+        assert session_of(src.ch, "b2") == ["mine-1"]          # the new first key
+        assert session_of(src.ch, "a1") == ["conv-1"]          # resolved at its ingest
+        assert model.sync_aliases(src.ch, before) == ["session_id"]  # and back
+        assert model.stored_aliases(src.ch)["session_id"] == list(before.session_keys)

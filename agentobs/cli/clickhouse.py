@@ -25,21 +25,11 @@ def _connect(ctx: Ctx, url):
     A connection that may not write gets a warning naming the lists that differ instead."""
     from ..backends.clickhouse import model
     from ..backends.clickhouse.conn import ClickHouse
-    from ..errors import AgentobsError
 
     ch = ClickHouse(url or ctx.settings.clickhouse_url)
-    try:
-        changed = model.sync_aliases(ch, ctx.settings)
-    except AgentobsError as e:
-        differ = model.alias_differences(ch, ctx.settings)
-        if differ:
-            err_console.print(f"[yellow]warning:[/yellow] the stored alias lists of {', '.join(differ)} differ from "
-                              f"the settings and could not be updated ({e}): spans ingested now resolve them with "
-                              "the stored lists", highlight=False)
-    else:
-        if changed:
-            err_console.print(f"alias lists of {', '.join(changed)} updated from the settings: spans ingested from "
-                              "now on resolve them so (those already stored keep their ids)", highlight=False)
+    note = model.sync_aliases_note(ch, ctx.settings)
+    if note:
+        err_console.print(note, highlight=False)
     return ch
 
 

@@ -100,6 +100,21 @@ def sync_aliases(ch: ClickHouse, settings: Settings) -> list[str]:
     return changed
 
 
+def sync_aliases_note(ch: ClickHouse, settings: Settings) -> str | None:
+    """sync_aliases at connect: what to tell the user (the lists written; or, on a connection that may not write,
+    the lists that differ and stay), None when the stored lists are the settings'."""
+    from ...errors import AgentobsError
+
+    try:
+        changed = sync_aliases(ch, settings)
+    except AgentobsError as e:
+        differ = alias_differences(ch, settings)
+        return (f"the stored alias lists of {', '.join(differ)} differ from the settings and could not be updated "
+                f"({e}): spans ingested now resolve them with the stored lists") if differ else None
+    return (f"alias lists of {', '.join(changed)} updated from the settings: spans ingested from now on resolve "
+            "them so (those already stored keep their ids)") if changed else None
+
+
 def _first_str_of(field: str) -> str:
     """``_first_str`` over the alias table's keys for ``field``: the first key whose value (span attribute, else
     resource attribute; an array's first element) is not empty."""
