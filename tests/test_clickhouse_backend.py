@@ -287,45 +287,45 @@ def test_cli_load_init_sql_metrics(tmp_path):
         assert res.returncode != 0 and msg in res.stderr.replace("\n", " "), (sql_text, res.stderr)
 
 
-def test_session_aliases_come_from_the_alias_table(tmp_path):
+def test_session_aliases_come_from_the_alias_table(both):
     """The spans view reads the session-id keys from agentobs_aliases at ingest: a changed ``session_keys``
-    written by sync_aliases applies to spans ingested after it, with no ``clickhouse init`` again; spans
-    ingested before keep their ids (as on DuckDB, where aliases apply at ingest)."""
+    written at the next connection (make_source → sync_aliases_note) applies to spans ingested after it, with no
+    ``clickhouse init`` again; spans ingested before keep their ids (as on DuckDB, where aliases apply at ingest).
+    On the module's chDB (one per process), its own trace, removed again at the end."""
     from agentobs.config import Settings
-    from agentobs.source import open_source
+
+    _, ch, before = both  # the module's store, made with the default keys
+    trace = "ab" * 16
 
     def span(sid: str, attrs: dict) -> dict:
-        return {"traceId": "ab" * 16, "spanId": sid * 8, "name": "chat m", "kind": 3,
+        return {"traceId": trace, "spanId": sid * 8, "name": "chat m", "kind": 3,
                 "startTimeUnixNano": "1800000000000000000", "endTimeUnixNano": "1800000001000000000",
                 "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]}
 
-    def ingest(ch, sid: str, attrs: dict, settings) -> None:
+    def ingest(sid: str, attrs: dict) -> None:
         doc = {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [span(sid, attrs)]}]}]}
-        ch.insert_arrow("otel_traces", load.traces_rows(otlp.decode_json_obj(doc, settings).table()))
+        ch.insert_arrow("otel_traces", load.traces_rows(otlp.decode_json_obj(doc, before).table()))
 
-    def session_of(ch, sid: str):
+    def session_of(sid: str):
         return ch.arrow(f"SELECT session_id FROM spans WHERE span_id = '{sid * 8}'").column(0).to_pylist()
 
+    # gen_ai.conversation.id is one of the default keys, my.session is not
     attrs = {"gen_ai.operation.name": "chat", "gen_ai.conversation.id": "conv-1", "my.session": "mine-1"}
-    before = Settings()  # the default keys: gen_ai.conversation.id is one, my.session is not
     after = Settings(values={"session_keys": ["my.session", *before.session_keys]})
-    url = f"chdb://{tmp_path}/ch"
-    ch = ClickHouse(url)
     try:
-        model.create_tables(ch, before)
-        model.create_views(ch, before)
-        assert model.stored_aliases(ch)["session_id"] == list(before.session_keys)
-        ingest(ch, "a1", attrs, before)
-        assert session_of(ch, "a1") == ["conv-1"]
-        assert model.sync_aliases(ch, before) == []          # nothing differs: nothing written
+        assert model.stored_aliases(ch)["session_id"] == list(before.session_keys)  # written at init
+        ingest("a1", attrs)
+        assert session_of("a1") == ["conv-1"]
+        assert model.sync_aliases_note(ch, before) is None           # nothing differs: nothing written
+        note = model.sync_aliases_note(ch, after)
+        assert note is not None and note.startswith("alias lists of session_id updated")
+        assert model.stored_aliases(ch)["session_id"][0] == "my.session"
+        assert model.alias_differences(ch, before) == ["session_id"]
+        ingest("b2", attrs)
+        assert session_of("b2") == ["mine-1"]                        # the new first key, without init
+        assert session_of("a1") == ["conv-1"]                        # resolved at its ingest
     finally:
-        ch.close()
-    # the next connection with the changed setting writes it (make_source); no init
-    with open_source(after, "clickhouse", url) as src:
-        assert model.stored_aliases(src.ch)["session_id"][0] == "my.session"
-        assert model.alias_differences(src.ch, before) == ["session_id"]
-        ingest(src.ch, "b2", attrs, after)
-        assert session_of(src.ch, "b2") == ["mine-1"]          # the new first key
-        assert session_of(src.ch, "a1") == ["conv-1"]          # resolved at its ingest
-        assert model.sync_aliases(src.ch, before) == ["session_id"]  # and back
-        assert model.stored_aliases(src.ch)["session_id"] == list(before.session_keys)
+        assert model.sync_aliases(ch, before) in (["session_id"], [])  # back to the module's settings
+        for table, col in (("otel_traces", "TraceId"), ("spans", "trace_id")):
+            ch.command(f"DELETE FROM {table} WHERE {col} = '{trace}'")
+    assert model.stored_aliases(ch)["session_id"] == list(before.session_keys)
