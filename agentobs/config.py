@@ -92,7 +92,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("spool_min_free_mb", 512, "Free disk under the spool below which OTLP answers 429/RESOURCE_EXHAUSTED, in MiB.", int),
     Setting("spool_dedupe_requests", 100000, "Recent request bodies remembered by hash: a retried export is acknowledged without a second copy.", int),
     Setting("loader_processes", 0, "Processes decoding spooled OTLP requests (0: one per core).", int),
-    Setting("collect_memory_limit", "512MB", "DuckDB memory_limit of the store connection `agentobs collect` writes with (with the spool, loader batches and decoders it keeps the collector under 1 GiB RSS); '' leaves DuckDB's default (80% of RAM).", str),
+    Setting("collect_memory_limit", "256MB", "DuckDB memory_limit of the store connection `agentobs collect` writes with (its buffer pool: with the receivers' and loader's bounds it keeps the collector's processes under 1 GiB RSS together, docs/collectors.md); '' leaves DuckDB's default (80% of RAM).", str),
     Setting("loader_decoder", "native", "How the loader decodes spooled OTLP/protobuf: native (protobuf to Arrow with ptars, vectorised normalisation; rare shapes by the Python decoder) or python (otlp.py only).", str),
     Setting("loader_batch_mb", 4.0, "Spooled request bytes decoded and stored as one batch (one transaction), in MiB.", float),
     Setting("receiver_retry_after_s", 1.0, "Retry-After / RetryInfo delay sent with 429/503, in seconds.", float),

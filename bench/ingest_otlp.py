@@ -19,7 +19,15 @@ round 1 under new trace ids and earlier times), to see the rate at a large store
 
 CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread
 and DuckDB's insert; the loader thread's own share in parentheses) and the decoder processes. The store
-connection gets ``collect_memory_limit`` as ``agentobs collect`` does. RSS: the peak of this process and of each decoder.
+connection gets ``collect_memory_limit`` as ``agentobs collect`` does.
+
+Memory (from the first round on: the prefill's own peak is reset), per process of the collector — this process (receivers, spool, loader thread, DuckDB), the
+forkserver the decoders are forked from, each decoder — as ``agentobs collect`` would hold it: the clients
+build their own payloads and the decode-only rounds run in a separate process, so none of the bench's own
+data is in these figures (except the prefill's rows in DuckDB's buffer pool, as a long-running collector's
+would be). Peak RSS (VmHWM) of each, and the peak of their summed PSS sampled every 0.25 s (RSS counts the
+shared libraries' pages — numpy, pyarrow, DuckDB — once per process; PSS splits them between the processes
+sharing them, so the summed PSS is the collector's real footprint).
 
 The last line is machine-readable:
 ``e2e_spans_per_s=<N> decode_only_spans_per_s=<M> ratio=<N/M> stored=<rows> acked=<spans>``.
@@ -31,11 +39,13 @@ import argparse
 import http.client
 import multiprocessing as mp
 import os
-import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import forkserver
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -51,7 +61,8 @@ from agentobs.model import connect  # noqa: E402
 from agentobs.store.db import set_memory_limit  # noqa: E402
 
 
-def _client(port, bodies, start, q):
+def _client(port, seeds, spans, start, q):
+    bodies = [payload(spans, seed) for seed in seeds]  # built here: the receiver process holds no payloads
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     start.wait()
     codes = {}
@@ -88,6 +99,43 @@ def _hwm_mb(pid: int) -> float:
     return 0.0
 
 
+def _pss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+class PssSampler(threading.Thread):
+    """The peak of the summed PSS of ``pids()`` (and each one's PSS then), sampled every 0.25 s."""
+
+    def __init__(self, pids):
+        super().__init__(daemon=True)
+        self.pids, self.peak, self.at_peak = pids, 0.0, {}
+        self.done = threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.25):
+            each = {pid: _pss_mb(pid) for pid in self.pids()}
+            if sum(each.values()) > self.peak:
+                self.peak, self.at_peak = sum(each.values()), each
+
+
+def _decode_only(items, decoder: str, total: int):
+    """Decode-only of ``items`` in this (separate) process: spans/s and µs CPU/span."""
+    s = load_settings(env={"AGENTOBS_LOADER_DECODER": decoder})
+    decode_records(items[:1], s)  # warm-up (imports, first Arrow table)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for k in range(0, len(items), 8):  # the loader's batches hold several requests
+        b = decode_records(items[k:k + 8], s)
+        assert b.rejected == 0
+    return total / (time.perf_counter() - t0), (time.process_time() - c0) / total * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, default=60, help="exports per round")
@@ -100,32 +148,29 @@ def main() -> None:
     ap.add_argument("--python-decode", action="store_true",
                     help="also time otlp.py's decode-only of the same bodies (the reference)")
     a = ap.parse_args()
-    settings = load_settings(env={"AGENTOBS_LOADER_DECODER": a.decoder})
+    settings = load_settings(env={**os.environ, "AGENTOBS_LOADER_DECODER": a.decoder})  # other AGENTOBS_* apply
     procs_n = a.processes or default_processes()
-    rounds = [[payload(a.spans, r * a.batches + i) for i in range(a.batches)] for r in range(a.rounds)]
+    seeds = [[r * a.batches + i for i in range(a.batches)] for r in range(a.rounds)]
     total = a.batches * a.spans
-    mb = sum(map(len, rounds[0])) / 1e6
     ctx = mp.get_context("fork")
 
     with tempfile.TemporaryDirectory() as d:
         # the decode-only measurement reads the bodies from a spool, as the loader's decoders do
         dspool = Spool(Path(d) / "decode-spool", fsync=False)
         dec_items = []
-        for r, bodies in enumerate(rounds):
-            for b in bodies:
+        mb = 0.0
+        for r, round_seeds in enumerate(seeds):
+            for seed in round_seeds:
+                b = payload(a.spans, seed)
+                mb += len(b) / 1e6 / a.rounds
                 dspool.append(b, "protobuf", "http")
             recs = dspool.read_from(0, 0, 10**9, 1 << 40)[r * a.batches:]
             dec_items.append([(str(dspool.path(x.seq)), x.offset, x.length, x.fmt, x.transport, x.seq) for x in recs])
-        py_settings = load_settings(env={"AGENTOBS_LOADER_DECODER": "python"})
-        decode_records(dec_items[0][:1], settings)  # warm-up (imports, first Arrow table)
-        decode_records(dec_items[0][:1], py_settings)
+        # decode-only runs in its own process (forked from the forkserver before this one holds DuckDB)
+        dec_pool = ProcessPoolExecutor(1, mp_context=mp.get_context("forkserver"))
 
-        def decode_only(items, s=settings):
-            t0, c0 = time.perf_counter(), time.process_time()
-            for k in range(0, len(items), 8):  # the loader's batches hold several requests
-                b = decode_records(items[k:k + 8], s)
-                assert b.rejected == 0
-            return total / (time.perf_counter() - t0), (time.process_time() - c0) / total * 1e6
+        def decode_only(items, decoder=a.decoder):
+            return dec_pool.submit(_decode_only, items, decoder, total).result()
 
         db = Path(d) / "bench.duckdb"
         con = connect(db)
@@ -137,30 +182,41 @@ def main() -> None:
             from agentobs.collect.loader import _read_ipc
 
             one = pa.concat_tables(_read_ipc(decode_records(dec_items[0][k:k + 8], settings).ipc)
-                                   for k in range(0, a.batches, 8))
+                                   for k in range(0, a.batches, 8))  # (freed below: only its rows stay, in DuckDB)
             con.register("_round", one)
             for k in range(-(-a.prefill // one.num_rows)):
                 con.execute(f"INSERT INTO spans BY NAME SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
                             f"start_ns - {(k + 1) * 10**12} AS start_ns) FROM _round")
             con.unregister("_round")
+            del one
             con.execute("CHECKPOINT")
         prefilled = con.execute("SELECT count(*) FROM spans").fetchone()[0]
+        try:  # the peak RSS from here on: the collector running, not the prefill's own work
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")
+        except OSError:
+            pass
         health = Health()
         spool = Spool(Path(d) / "spool")
         loader = Loader(spool, con, settings, health, processes=a.processes or None).start()
         ing = Ingest(spool, settings, health)
         srv = OtlpHttpServer(ing, "127.0.0.1", 0).start()
+        fs_pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # the decoders' forkserver (CPython)
+        collector = [os.getpid()] + ([fs_pid] if fs_pid else [])
+        sampler = PssSampler(lambda: collector + ([p.pid for p in loader.pool._processes.values()] if loader.pool
+                                                  else []))
+        sampler.start()
         rows = []
         acked = 0
-        for r, bodies in enumerate(rounds):
+        for r, round_seeds in enumerate(seeds):
             dec_rate, dec_cpu = decode_only(dec_items[r])
-            py_rate, py_cpu = decode_only(dec_items[r], py_settings) if a.python_decode else (0.0, 0.0)
-            per = [bodies[i::a.clients] for i in range(a.clients)]
+            py_rate, py_cpu = decode_only(dec_items[r], "python") if a.python_decode else (0.0, 0.0)
+            per = [round_seeds[i::a.clients] for i in range(a.clients)]
             start, q = ctx.Event(), ctx.Queue()
-            clients = [ctx.Process(target=_client, args=(srv.port, b, start, q)) for b in per]
+            clients = [ctx.Process(target=_client, args=(srv.port, b, a.spans, start, q)) for b in per]
             for p in clients:
                 p.start()
-            time.sleep(0.5)
+            time.sleep(1.0)  # the clients build their payloads
             kids = [p.pid for p in loader.pool._processes.values()] if loader.pool else []
             c_self0, c_kids0 = time.process_time(), sum(_cpu(k) for k in kids)
             c_loader0 = _thread_cpu(loader._thread.native_id)
@@ -180,8 +236,12 @@ def main() -> None:
                          "self": c_self / total * 1e6, "kids": c_kids / total * 1e6, "ok": ok,
                          "loader": c_loader / total * 1e6, "py": py_rate, "py_cpu": py_cpu,
                          "r429": sum(c.get(429, 0) for c in codes), "load": os.getloadavg()[0]})
-        rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        rss_self = _hwm_mb(os.getpid())
         rss_kids = [_hwm_mb(p.pid) for p in loader.pool._processes.values()] if loader.pool else []
+        rss_fs = _hwm_mb(fs_pid) if fs_pid else 0.0
+        sampler.done.set()
+        sampler.join()
+        dec_pool.shutdown()
         srv.stop()
         spool.close()
         loader.stop()
@@ -202,8 +262,10 @@ def main() -> None:
     print(f"median decode only (one process):       {med['decode']:10,.0f} spans/s ({med['decode_cpu']:.1f} µs CPU/span)")
     print(f"median end to end (stored, queryable):  {med['e2e']:10,.0f} spans/s "
           f"({med['self']:.1f} + {med['kids']:.1f} µs CPU/span; loader thread {med['loader']:.1f})")
-    print(f"peak RSS: receiver process {rss_self:,.0f} MB, decoders {', '.join(f'{x:,.0f}' for x in rss_kids)} MB "
-          f"(sum {rss_self + sum(rss_kids):,.0f} MB)")
+    print(f"peak RSS: receiver process {rss_self:,.0f} MB, forkserver {rss_fs:,.0f} MB, decoders "
+          f"{', '.join(f'{x:,.0f}' for x in rss_kids)} MB (sum {rss_self + rss_fs + sum(rss_kids):,.0f} MB)")
+    print(f"peak summed PSS: {sampler.peak:,.0f} MB (receiver process, forkserver, decoders: "
+          f"{', '.join(f'{x:,.0f}' for x in sampler.at_peak.values())} MB)")
     print(f"exports ok {sum(r['ok'] for r in rows)}/{a.batches * a.rounds}, rows stored {stored:,}")
     assert stored == acked, "every acknowledged span must be stored once"
     print(f"e2e_spans_per_s={med['e2e']:.0f} decode_only_spans_per_s={med['decode']:.0f} "

@@ -563,22 +563,35 @@ _CASES = [(c[0], t, c[1], c[2], c[3]) for c in BAD_SPANS for t in ("json", "prot
 @pytest.mark.parametrize("name,transport,bad,text,reason", _CASES, ids=[f"{c[0]}-{c[1]}" for c in _CASES])
 def test_one_bad_span_is_rejected_alone(store, caplog, name, transport, bad, text, reason):
     """Acknowledged when spooled (200 / OK: the answer comes before decoding); the loader then stores the two good
-    neighbours, rejects the bad span with its reason (logged, with its position) and counts it by reason."""
+    neighbours, rejects the bad span with its reason (logged, with its position) and counts it by reason. A bad
+    span the protobuf receivers' scan can tell without decoding (its time, kind or status code here) is also
+    reported in the answer: OTLP partial_success, 1 span rejected, with the decoder's message."""
     import logging
 
     caplog.set_level(logging.INFO, logger="agentobs.collect.loader")
     con, w = store
     ing, health, hs, gs = _servers(w)
     body = _three(bad, "json" if transport == "json" else "protobuf")
+    want = ExportTraceServiceResponse()
+    if transport != "json" and reason in ("invalid_id", "invalid_time", "invalid_enum"):
+        want.partial_success.rejected_spans = 1
+        want.partial_success.error_message = f"1 of 3 spans rejected; the first: {'request' if transport == 'grpc' else 'body'}" \
+            f": resourceSpans[0].scopeSpans[0].spans[1]: {text}"
     try:
         if transport == "grpc":
             ch = grpc.insecure_channel(f"127.0.0.1:{gs.port}")
             call = ch.unary_unary("/opentelemetry.proto.collector.trace.v1.TraceService/Export")
-            assert ExportTraceServiceResponse.FromString(call(body, timeout=30)) == ExportTraceServiceResponse()
+            got = ExportTraceServiceResponse.FromString(call(body, timeout=30))
             ch.close()
         else:
-            code, _, _ = _post(hs.port, body, "application/json" if transport == "json" else "application/x-protobuf")
+            code, _, data = _post(hs.port, body, "application/json" if transport == "json" else "application/x-protobuf")
             assert code == 200
+            got = ExportTraceServiceResponse.FromString(data) if transport == "protobuf" else want
+            if transport == "json":
+                assert json.loads(data) == {}
+        # the message holds the decoder's text, which ``text`` begins
+        assert got.partial_success.rejected_spans == want.partial_success.rejected_spans
+        assert got.partial_success.error_message.startswith(want.partial_success.error_message), got
     finally:
         hs.stop()
         gs.stop(0)

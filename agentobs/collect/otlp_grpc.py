@@ -26,9 +26,8 @@ from google.rpc.error_details_pb2 import RetryInfo
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from ..errors import InputError
-from . import otlp
 from .limits import ByteBudget, bearer_ok
-from .receiver import Ingest, count_spans
+from .receiver import Ingest, scan_spans
 
 
 def _retry_md(seconds: float):
@@ -66,11 +65,11 @@ class _Servicer:
     def _export(self, data: bytes, context):
         ing = self.ingest
         try:
-            request, _ = otlp.parse_protobuf(data, "request")  # salvageable: spooled, the loader rejects the bad spans
+            n_spans, rejected, first = scan_spans(data, "request")  # salvageable: spooled, the loader rejects bad spans
         except InputError as e:
             ing.refuse("grpc", "bad_request", 0, "malformed")
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        out = ing.export(count_spans(request), data, "protobuf", "grpc")
+        out = ing.export(n_spans, data, "protobuf", "grpc", rejected, first)
         if out.status == "overloaded":
             context.set_trailing_metadata(_retry_md(out.retry_after_s))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, out.message)

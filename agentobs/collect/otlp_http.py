@@ -4,7 +4,8 @@ A threaded stdlib HTTP/1.1 server with keep-alive: each export is one request, s
 batch 100k spans/s is ~200 requests/s. A request is answered once its (decompressed) body is durable
 in the spool (receiver.py); decoding and storing happen later, in the loader.
 
-Answers follow the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` once spooled, 400 with a ``google.rpc.Status`` for an undecodable payload, 429/503 with
+Answers follow the OTLP/HTTP spec: 200 with ``ExportTraceServiceResponse`` once spooled (with
+``partial_success`` for spans whose ids, times, kind or status code are invalid: ``receiver.scan_spans``), 400 with a ``google.rpc.Status`` for an undecodable payload, 429/503 with
 ``Retry-After`` when overloaded/unavailable, 401 without the configured bearer token, 413 over the
 size limit, 415 for another content type or encoding. The body of every answer uses the request's
 content type (protobuf or JSON).
@@ -34,7 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from ..errors import InputError
 from . import otlp
 from .limits import ByteBudget, bearer_ok
-from .receiver import Ingest, count_json_spans, count_spans
+from .receiver import Ingest, count_json_spans, scan_spans
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -189,8 +190,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _export(self, data: bytes, ctype: str, reply_type: str):
         ing = self.ingest
         if ctype == PROTOBUF:
-            req, _ = otlp.parse_protobuf(data, "body")  # a request upb refuses whole but that salvages is spooled
-            out = ing.export(count_spans(req), data, "protobuf", "http")
+            n_spans, rejected, first = scan_spans(data, "body")  # InputError: 400
+            out = ing.export(n_spans, data, "protobuf", "http", rejected, first)
         else:
             doc = otlp.parse_json_bytes(data, "body")
             if doc == {}:
