@@ -101,10 +101,14 @@ def sync_aliases(ch: ClickHouse, settings: Settings) -> list[str]:
 
 
 def sync_aliases_note(ch: ClickHouse, settings: Settings) -> str | None:
-    """sync_aliases at connect: what to tell the user (the lists written; or, on a connection that may not write,
-    the lists that differ and stay), None when the stored lists are the settings'."""
+    """sync_aliases at connect, on a store that has the alias table: what to tell the user (the lists written; or,
+    on a connection that may not write, the lists that differ and stay), None when there is nothing to say."""
     from ...errors import AgentobsError
 
+    has_table = ch.arrow("SELECT count() AS n FROM system.tables WHERE database = currentDatabase() "
+                         "AND name = 'agentobs_aliases'").column(0)[0].as_py()
+    if not has_table:  # no agentobs model here (init writes the lists), or one from before the table (docs)
+        return None
     try:
         changed = sync_aliases(ch, settings)
     except AgentobsError as e:
