@@ -7,7 +7,8 @@ VENV ?= .venv
 PYTHON ?= python3
 PORT ?= 8501
 # `make test` runs the suite on this many pytest-xdist workers, one test file per worker at a time (module
-# fixtures stay in one process); TEST_WORKERS=0 runs it in this process
+# fixtures stay in one process), the costliest files first (tests/conftest.py: COSTLIEST_FIRST, kept in that
+# order by --no-loadscope-reorder); TEST_WORKERS=0 runs it in this process
 TEST_WORKERS ?= 2
 BIN := $(VENV)/bin
 DEMO_STAMP := $(VENV)/.installed-demo
@@ -39,7 +40,7 @@ browser-deps:
 	fi
 
 test: $(DEV_STAMP) browser-deps
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15
 
 # ruff; the dead-code check (vulture: [tool.vulture] in pyproject.toml, vulture_whitelist.py); the type check of
 # the library (mypy: [tool.mypy], the Source seam included)

@@ -256,6 +256,40 @@ def _rich_table(title: str | None) -> Table:
                  header_style="bold", expand=False)
 
 
+def rel_err_column(col: str) -> str:
+    """The column that states the relative error bound of a metric's estimated column ``col`` (a percentile read from
+    a quantile sketch: ``ttft_p99_s`` → ``ttft_p99_rel_err``, ``miss_penalty`` → ``miss_penalty_rel_err``)."""
+    return col.removesuffix("_s").removesuffix("_ms") + "_rel_err"
+
+
+def bound_text(rel_err) -> str:
+    """`` ±1%`` for a relative error bound of 0.01; empty when there is none (an exact value)."""
+    if rel_err is None or (isinstance(rel_err, float) and math.isnan(rel_err)):
+        return ""
+    return f" ±{float(rel_err):.0%}"
+
+
+def fold_bounds(table: pa.Table) -> pa.Table:
+    """For display: each column with a stated bound (``rel_err_column``) as text with it (``2.31 ±1%``), the bound
+    columns dropped. Tables without any are returned as they are (csv/json/parquet keep both columns)."""
+    names = table.column_names
+    pairs = {c: rel_err_column(c) for c in names if rel_err_column(c) != c and rel_err_column(c) in names}
+    if not pairs:
+        return table
+    cols, out = {}, []
+    for c in names:
+        if c in pairs.values():
+            continue
+        if c in pairs:
+            vals, errs = table.column(c).to_pylist(), table.column(pairs[c]).to_pylist()
+            cols[c] = pa.array([None if v is None else f"{v:,.4g}{bound_text(e)}" for v, e in zip(vals, errs, strict=True)],
+                               pa.string())
+        else:
+            cols[c] = table.column(c)
+        out.append(c)
+    return pa.table({c: cols[c] for c in out})
+
+
 @overload
 def render(table: pa.Table, fmt: Literal["csv", "json", "parquet"], title: str | None = ...,
            console: Console | None = ..., width: int | None = ..., full: str | None = ...) -> bytes: ...
@@ -268,7 +302,7 @@ def render(table: pa.Table, fmt: str = "table", title: str | None = None, consol
     names where the full values are, in the note under a shortened table), or return the bytes of
     csv/json/parquet output (every value in full)."""
     if fmt == "table":
-        _render_table(table, title, console or Console(), width, full)
+        _render_table(fold_bounds(table), title, console or Console(), width, full)
         return None
     if fmt == "csv":
         buf = io.BytesIO()

@@ -581,3 +581,40 @@ def test_number_formats_and_markdown_dollars():
     # two $ on a line would be typeset as LaTeX by Streamlit's Markdown: escaped once, never twice
     assert ui.md("× $/s (METRICS.md §8) … $0.26") == "× \\$/s (METRICS.md §8) … \\$0.26"
     assert ui.md(ui.md("a $ b")) == "a \\$ b"
+
+
+def test_table_header_states_a_sketch_percentiles_bound():
+    """A percentile column with one stated bound beside it (from the hourly sketches) shows it in its header, the
+    bound column hidden; a column without one is formatted as before."""
+    df = pl.DataFrame({"instance": ["a", "b"], "ttft_p99_s": [2.3, None], "ttft_p99_rel_err": [0.01, None],
+                       "gap_p50_s": [1.0, 2.0]})
+    cfg = ui.column_config(df)
+    assert cfg["ttft_p99_s"]["label"] == "ttft_p99_s ±1%" and cfg["ttft_p99_rel_err"] is None
+    assert cfg["gap_p50_s"]["label"] == "gap_p50_s"
+
+
+def test_sketch_percentiles_shown_with_their_bound(db, monkeypatch, tmp_path):
+    """Over the maintained session model (the whole store: whole hours, so the TTFT sketches), the Overview's TTFT
+    p99 tile is the metric's overall p99 with the bound the metric states, and the Turn-resume page says where its
+    percentiles come from."""
+    import shutil
+
+    from agentobs.config import Settings
+    from agentobs.model import connect, state
+
+    copy = tmp_path / "state.duckdb"
+    shutil.copy(db, copy)
+    con = connect(copy)
+    state.rebuild(con, Settings())
+    con.close()
+    rows = compute("turn_resume_ttft", db=as_source(str(copy)), by="model", settings=Settings())
+    overall = [r for r in rows.to_dicts() if r["gap_bucket"] == "all"]
+    assert overall and all(r["ttft_p99_rel_err"] == 0.01 for r in overall)
+    _env(monkeypatch, copy, tmp_path / "queries.json")
+    at = _started()
+    goto(at, "overview.py")
+    shown = [m.value for m in at.metric if m.label == "Turn-resume TTFT p99"]
+    assert shown and set(shown) <= {ui.secs(r["ttft_p99_s"]) + " ±1%" for r in overall} | {"–"}, shown
+    assert any(v != "–" for v in shown)
+    goto(at, "turn_resume.py")
+    assert any("within ±1% of the exact one" in c.value for c in at.caption)

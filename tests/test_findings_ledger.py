@@ -174,7 +174,11 @@ def test_report_lists_the_cli_ledger_of_its_period(sample_ledger_unsimulated, sa
     period = Period("sample", since, until)
     rep = report_build(as_source(str(sample_db)), period, Settings())
     out = write(rep, tmp_path / "rep")
-    cli_rows = _cli_json(sample_db, "--since", str(since), "--until", str(until))
+    # the CLI's ledger of the period, once: its findings rows are `--format json`'s (the same Finding.to_dict; the
+    # two formats are compared on the whole sample in test_cli_json_is_the_ledger) and its fleet tax the headline's
+    cli_full = json.loads(CliRunner().invoke(cli, ["findings", "--db", str(sample_db), "--format", "ledger",
+                                                   "--since", str(since), "--until", str(until)]).stdout)
+    cli_rows = cli_full["findings"]
     csv = pacsv.read_csv(out / "tables" / "findings.csv").to_pylist()
     assert [r["id"] for r in csv] == [r["id"] for r in cli_rows]
     for a, b in zip(csv, cli_rows, strict=True):
@@ -183,8 +187,6 @@ def test_report_lists_the_cli_ledger_of_its_period(sample_ledger_unsimulated, sa
         assert a["sessions"] == b["sessions"]
     # the report leads with the answer: the week's tax as the CLI's ledger states it
     assert rep.sections[0].key == "answer"
-    cli_full = json.loads(CliRunner().invoke(cli, ["findings", "--db", str(sample_db), "--format", "ledger",
-                                                   "--since", str(since), "--until", str(until)]).stdout)
     assert rep.figure("recompute_tax_usd_week").value == pytest.approx(cli_full["fleet"]["tax"]["usd_week"])
     summary = (out / "summary.md").read_text()
     first = summary.split("\n## ", 2)[1]

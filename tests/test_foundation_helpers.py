@@ -192,3 +192,21 @@ def test_clickhouse_init_echoes_the_url_without_its_password(monkeypatch, capsys
     assert "s3cret" not in out.out + out.err  # ... and never printed
     want = "ClickHouse model ready at http://default:***@ch.example:8123/otel (0 spans resolved)"
     assert " ".join(out.err.split()) == want
+
+
+def test_fold_bounds_shows_each_estimate_with_its_bound():
+    """A percentile column with a ``<name>_rel_err`` beside it is shown as text with its bound (the CLI table, via
+    render); the bound columns go; NULL stays NULL; a table without bounds is returned as it is."""
+    import pyarrow as pa
+
+    from agentobs.output import bound_text, fold_bounds, rel_err_column
+
+    assert rel_err_column("ttft_p99_s") == "ttft_p99_rel_err" and rel_err_column("miss_penalty") == "miss_penalty_rel_err"
+    assert bound_text(0.01) == " ±1%" and bound_text(0.0202) == " ±2%" and bound_text(None) == ""
+    t = pa.table({"model": ["a", "b"], "ttft_p99_s": [2.3123, None], "ttft_p99_rel_err": [0.01, None],
+                  "calls": [3, 4]})
+    got = fold_bounds(t)
+    assert got.column_names == ["model", "ttft_p99_s", "calls"]
+    assert got.column("ttft_p99_s").to_pylist() == ["2.312 ±1%", None]  # 4 significant digits, then the bound
+    plain = pa.table({"p99_ms": [1.0]})
+    assert fold_bounds(plain) is plain

@@ -161,3 +161,27 @@ def test_case_files_are_checked():
     assert CASES, "no tests/golden/*.yaml"
     for p in CASES:
         load_case(p)
+
+
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_golden_case_from_rollups(path, tmp_path):
+    """Over the maintained session model, the metrics that read rollups and sketches (reuse, reprefill, idle_kv_rent,
+    turn_resume_ttft) give the per-call state's numbers on each case (test_model_state.check_rollup_forms): the whole
+    store, the whole hours around its calls with a filter on the first call's instance."""
+    from test_model_state import check_rollup_forms
+
+    from agentobs.model import connect, state
+
+    case = load_case(path)
+    db = make_db(tmp_path, span_rows(case), config=[tuple(x) for x in case.get("config", [])],
+                 kv=[tuple(x) for x in case.get("kv", [])], samples=[tuple(x) for x in case.get("samples", [])])
+    settings = Settings()
+    con = connect(db)
+    try:
+        state.rebuild(con, settings)
+        lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
+        h0, h1 = int(lo) // 3600 * 3600, (int(hi) // 3600 + 1) * 3600  # whole hours around every call
+        check_rollup_forms(con, settings, ({}, {"since": h0, "until": h1, "filters": {"instance": [inst]}}),
+                           require_rows=False)
+    finally:
+        con.close()

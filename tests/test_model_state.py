@@ -141,7 +141,7 @@ def test_metric_run_over_state_equals_derived(sample_copy):
         run, close = mr.prepare(as_source(con), settings=s, **c)
         try:
             assert run.calls_table == "state"
-            got = {n: run.compute(n) for n in d}
+            got = {n: run.compute(n, exact=True) for n in d}  # exact: no sketch percentiles (compared below)
             # restrict_since / reset_window move the window of the state's view as they do a derived run's
             if "since" in c:
                 assert run.restrict_since(c["since"] + 600) is True
@@ -217,9 +217,17 @@ def test_duty_cycle_from_session_rollup_equals_per_call(sample_copy):
     con.close()
 
 
+def _quantile_cont(values: list[float], q: float) -> float:
+    """DuckDB's quantile_cont of sorted ``values``: the values at ranks floor(h) and ceil(h), h = q·(n − 1),
+    interpolated."""
+    h = q * (len(values) - 1)
+    lo, hi = values[math.floor(h)], values[math.ceil(h)]
+    return lo + (h - math.floor(h)) * (hi - lo)
+
+
 def test_sketch_quantiles_within_stated_error(sample_copy):
     """Quantiles from the hourly sketches, merged over hours and keys, are within the stated relative error of the
-    exact ones (the value at rank floor(q·(n − 1)) of the same population), for TTFT by hit class, e2e and ITL."""
+    exact ones (quantile_cont of the same population), for TTFT by hit class, e2e, ITL and the idle gaps."""
     con = connect(sample_copy)
     state.rebuild(con, Settings())
     qs = (0.5, 0.9, 0.99)
@@ -229,6 +237,8 @@ def test_sketch_quantiles_within_stated_error(sample_copy):
         "e2e": ("SELECT NULL AS g, list_sort(list(end_s - start_s)) FROM model_calls", None),
         "itl": ("SELECT NULL AS g, list_sort(list(g)) FROM (SELECT unnest(itl_ms) AS g FROM model_calls "
                 "WHERE itl_ms IS NOT NULL)", None),
+        "gap": ("SELECT task_type AS g, list_sort(list(gap_before_s)) FROM model_calls WHERE session_id IS NOT NULL "
+                "AND gap_before_s IS NOT NULL GROUP BY ALL", "task_type"),
     }
     for series, (sql, by) in exact_sql.items():
         exact = {g: v for g, v in con.execute(sql).fetchall()}
@@ -238,8 +248,100 @@ def test_sketch_quantiles_within_stated_error(sample_copy):
             r = got[g]
             assert r["n"] == len(values) and r["rel_err"] == rollups.ALPHA
             for q in qs:
-                x = values[math.floor(q * (len(values) - 1))]
-                assert abs(r[f"p{q * 100:g}"] - x) <= rollups.ALPHA * x + 1e-12, (series, g, q)
+                x = _quantile_cont(values, q)
+                assert abs(r[f"p{q * 100:g}"] - x) <= rollups.ALPHA * x * (1 + 1e-9) + 1e-9, (series, g, q)
     with pytest.raises(ValueError, match="whole hours"):
         rollups.quantiles(con, "e2e", since=1.5)
     con.close()
+
+
+# the groupings each rollup form serves (agentobs/metrics/rollup.py)
+_HOUR_FORMS = {"reuse": ("session", "task", "instance", "model", "task_type", "session_length"),
+               "reprefill": ("cause", "instance", "model", "task_type"),
+               "idle_kv_rent": ("instance", "model", "task_type"),
+               "turn_resume_ttft": ("instance", "model", "task_type"),
+               "capacity": ("instance",)}
+
+
+def _same_or_within(want: pl.DataFrame, got: pl.DataFrame, name: str) -> None:
+    """``got`` (a rollup form) equals ``want`` (per call) column by column, except the percentiles it read from the
+    sketches: each within the bound its ``<col minus _s>_rel_err`` column states (rel_err·x of the exact x)."""
+    bounded = {c: f"{c.removesuffix('_s')}_rel_err" for c in want.columns
+               if f"{c.removesuffix('_s')}_rel_err" in got.columns}
+    assert [c for c in got.columns if c not in want.columns] == list(bounded.values()), name
+    _same(want.drop(list(bounded)), got.select(want.columns).drop(list(bounded)), name)
+    keys = [c for c, t in want.schema.items() if t in (pl.String, pl.Boolean)]
+    w, g = want.sort(keys, nulls_last=True), got.sort(keys, nulls_last=True)
+    for c, e in bounded.items():
+        assert got.schema[c] == want.schema[c], (name, c)
+        for x, p, err in zip(w[c].to_list(), g[c].to_list(), g[e].to_list(), strict=True):
+            assert (x is None) == (p is None), (name, c)
+            if x is not None:
+                assert err == (rollups.GAMMA - 1 if c == "miss_penalty" else rollups.ALPHA)
+                assert abs(p - x) <= err * x * (1 + 1e-9) + 1e-9, (name, c, x, p)
+
+
+def test_rollup_metrics_equal_per_call(sample_copy):
+    """reuse (model_rollup_task), reprefill, idle_kv_rent (model_rollup_hour), turn_resume_ttft (the sketches) and
+    capacity (model_rollup_minute) equal the same metrics from the per-call state, rows in the same order — counts and sums exactly (doubles to
+    1e-9 relative), each sketch percentile within its stated bound of the exact one — for every grouping the rollup serves, over the whole store, an hour-aligned
+    window with an instance filter, and a task-type filter; exact=True gives the per-call percentiles; a grouping,
+    window or filter off the rollup's grain reads the per-call state."""
+    con = connect(sample_copy)
+    s = Settings()
+    state.rebuild(con, s)
+    lo, inst, tt = con.execute("SELECT min(start_s), min(instance), max(task_type) FROM llm_calls").fetchall()[0]
+    h = (int(lo) // 3600 + 1) * 3600  # the first whole hour after the first call (sample_data: 2.3 hours of calls)
+    cases = ({}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}, {"filters": {"task_type": [tt]}})
+    check_rollup_forms(con, s, cases)
+    # capacity with 5-minute buckets: each sums five minutes of model_rollup_minute; open windows' bounds per call
+    s5 = Settings(values={"metrics_bucket_s": 300.0})
+    for kw in ({"since": h}, {"until": h, "filters": {"task_type": [tt]}}):
+        run, close = mr.prepare(as_source(con), settings=s5, **kw)
+        try:
+            got = run.compute("capacity")
+            assert run.from_rollup == {"capacity"}
+            run.rollups = False
+            want = run.compute("capacity")
+            assert want.height > 0
+            _same(want, got, f"capacity 300 s {kw}")
+        finally:
+            close()
+    # off the grain: a window not of whole hours, a filter on a column the rollup lacks, a grouping it lacks, a
+    # bucket that is not whole minutes
+    for kw, name, by, st in (({"since": h + 1}, "reprefill", "cause", s),
+                             ({"filters": {"agent_name": ["x"]}}, "idle_kv_rent", "instance", s),
+                             ({}, "reprefill", "session", s),
+                             ({}, "capacity", "instance", Settings(values={"metrics_bucket_s": 90.0}))):
+        run, close = mr.prepare(as_source(con), settings=st, **kw)
+        try:
+            run.compute(name, by)
+            assert run.from_rollup == set(), (kw, name, by)
+        finally:
+            close()
+    con.close()
+
+
+def check_rollup_forms(con, s: Settings, cases, require_rows: bool = True) -> None:
+    """Every rollup form of _HOUR_FORMS, every grouping it serves, for each run of ``cases`` (prepare's keywords):
+    from the rollup, equal to (sketch percentiles: within the bound of) the per-call state's; exact=True equal."""
+    for kw in cases:
+        run, close = mr.prepare(as_source(con), settings=s, **kw)
+        try:
+            for name, bys in _HOUR_FORMS.items():
+                for by in bys:
+                    got = run.compute(name, by)
+                    assert name in run.from_rollup
+                    run.from_rollup.clear()
+                    exact = run.compute(name, by, exact=True)
+                    assert (name in run.from_rollup) == (name in ("reuse", "reprefill", "capacity"))  # no sketch there
+                    run.rollups = False
+                    want = run.compute(name, by)
+                    run.rollups = True
+                    assert want.height > 0 or not require_rows or kw.get("filters", {}).get("task_type"), \
+                        (name, by, kw)
+                    _same(want, exact, f"{name} by {by} {kw} exact")
+                    _same_or_within(want, got, f"{name} by {by} {kw}")
+                    assert got[got.columns[0]].to_list() == want[want.columns[0]].to_list(), (name, by)  # row order
+        finally:
+            close()

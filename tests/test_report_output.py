@@ -199,3 +199,14 @@ def test_console_base_url_from_the_settings_file(store, tmp_path, capsys):
     assert code == 0
     assert "](https://obs.internal/console/session?since=2026-10-12T00%3A00%3A00" in \
         Path(tmp_path / "r" / "summary.md").read_text()
+
+
+def test_a_sketch_percentile_is_shown_with_its_bound():
+    """A shown column with a ``<name>_rel_err`` beside it (a percentile from the hourly sketches) is rendered with its
+    bound; an exact value (no bound, or a NULL one) as it is."""
+    from agentobs.report.render import _table_html
+
+    data = pa.table({"instance": ["a", "b"], "ttft_p99_s": [2.31, 0.5], "ttft_p99_rel_err": [0.01, None],
+                     "p50_ms": [3.0, 4.0]})
+    html = _table_html(Table("t", "T", "basis", data, show=["instance", "ttft_p99_s", "p50_ms"]), "W")
+    assert html.count("±1%") == 1 and "±" not in html.split("±1%")[1]  # row a only; p50_ms has no bound column

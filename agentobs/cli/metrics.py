@@ -17,10 +17,13 @@ from .base import Ctx, _emit, _filters, _source, backend_opts, cli, common
 @click.option("--filter", "filters", multiple=True, metavar="KEY=VALUE",
               help="Only calls with KEY=VALUE (instance, model, engine, task_type, tenant, agent_name, session, task, "
                    "branch); repeatable.")
+@click.option("--exact", is_flag=True,
+              help="Exact percentiles: never read them from the hourly sketches (which state their error bound, "
+                   "e.g. ttft_p99_rel_err, shown as ±1%), at the cost of reading every call.")
 @click.option("--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table")
 @backend_opts
 @common
-def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, backend, clickhouse_url):
+def metrics_cmd(ctx: Ctx, name, since, until, by, filters, exact, fmt, backend, clickhouse_url):
     """Agent metrics (METRICS.md). Without NAME: the catalogue with one-line definitions."""
     from ..metrics import catalogue_table, compute
 
@@ -29,7 +32,8 @@ def metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, backend, clickho
         return
     flt = _filters(filters)
     with _source(ctx, backend, clickhouse_url) as src:
-        df = compute(name, db=src, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
+        df = compute(name, db=src, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings,
+                     exact=exact)
         where = src.where()
     _emit(df.to_arrow(), fmt, f"{name}" + (f" by {by}" if by else "") + f" — {where}")
 # --- end metrics -----------------------------------------------------------------------------------

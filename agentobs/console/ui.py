@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 import polars as pl
 import streamlit as st
 
+from ..output import bound_text, rel_err_column
 from . import data
 from .filters import to_query_params
 from .shell import Context, context
@@ -148,13 +149,23 @@ def number_format(name: str, dtype: pl.DataType) -> str | None:
 def column_config(df: pl.DataFrame, given: dict | None = None) -> dict:
     """Number formats for ``df``'s columns (``number_format``); ``given`` entries win."""
     given = dict(given or {})
-    out = {}
+    out: dict = {}
     for name, dtype in df.schema.items():
         if name in given:
             continue
         fmt = number_format(name, dtype)
         if fmt is not None:
             out[name] = st.column_config.NumberColumn(name, format=fmt)
+    # a column whose values are estimates with one stated bound (sketch percentiles: agentobs.output.rel_err_column)
+    # shows the bound in its header ("ttft_p99_s ±1%"), its bound column hidden
+    for name in df.columns:
+        err = rel_err_column(name)
+        if err != name and err in df.columns and name not in given:
+            bounds = df[err].drop_nulls().unique().to_list()
+            if len(bounds) == 1:
+                fmt = number_format(name, df.schema[name])
+                out[name] = st.column_config.NumberColumn(name + bound_text(bounds[0]), format=fmt)
+                out[err] = None  # hidden (``given`` may still show it)
     out.update(given)
     return out
 

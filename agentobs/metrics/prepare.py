@@ -524,9 +524,11 @@ class MetricRun:
         }
         return {k: v for k, v in allp.items() if k in metric.params}
 
-    def compute(self, name: str, by: str | None = None, calls: str | None = None) -> pl.DataFrame:
+    def compute(self, name: str, by: str | None = None, calls: str | None = None, exact: bool = False) -> pl.DataFrame:
         """One metric. ``calls``: a temp table of this run's cursor with m_calls' columns to read instead of m_calls
-        (a resample of the calls: agentobs.loadgen.compare's bootstrap); the metric's SQL is the same."""
+        (a resample of the calls: agentobs.loadgen.compare's bootstrap); the metric's SQL is the same. ``exact``:
+        exact percentiles (the per-call state) where the rollup form would read them from the hourly sketches
+        (whose forms state the error bound beside each percentile: agentobs.metrics.rollup)."""
         metric = get_metric(name)
         by = by or metric.default_by
         if by not in metric.by:
@@ -542,7 +544,8 @@ class MetricRun:
         if calls is None and self.calls_table == "state" and self.rollups:  # the maintained rollup where it can
             from .rollup import form
 
-            got = form(name, *self._state_win, self.filters, by)
+            got = form(name, *self._state_win, self.filters, by, exact=exact,
+                       bucket_s=float(self.settings.metrics_bucket_s))
             if got is not None:
                 sql, params = got
                 self.from_rollup.add(name)

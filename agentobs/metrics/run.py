@@ -35,29 +35,31 @@ def names() -> list[str]:
 
 
 def compute(name: str, db: Source, since=None, until=None, by: str | None = None, filters: dict | None = None,
-            settings: Settings | None = None, clock: Callable[[], float] = time.time) -> pl.DataFrame:
-    """One metric as a DataFrame from the Source ``db``."""
+            settings: Settings | None = None, clock: Callable[[], float] = time.time, exact: bool = False
+            ) -> pl.DataFrame:
+    """One metric as a DataFrame from the Source ``db``. ``exact``: exact percentiles where the
+    rollups would read them from the hourly sketches (MetricRun.compute)."""
     metric = get_metric(name)
     if by is not None and by not in metric.by:
         raise QueryError(f"metric {name!r} cannot be grouped by {by!r}; it supports {', '.join(metric.by)}")
     run, close = prepare(db, since, until, filters, settings, clock)
     try:
-        return run.compute(name, by)
+        return run.compute(name, by, exact=exact)
     finally:
         close()
 
 
 def compute_all(db: Source, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
                 metrics: Iterable[str] | None = None, by: dict[str, str] | None = None,
-                clock: Callable[[], float] = time.time) -> dict[str, pl.DataFrame]:
+                clock: Callable[[], float] = time.time, exact: bool = False) -> dict[str, pl.DataFrame]:
     """Every metric (or ``metrics``) from one preparation: the suite the bench, console and report use.
-    ``by`` maps metric name → grouping (default: each metric's own)."""
+    ``by`` maps metric name → grouping (default: each metric's own); ``exact`` as in ``compute``."""
     chosen = list(metrics) if metrics is not None else names()
     for n in chosen:
         get_metric(n)
     run, close = prepare(db, since, until, filters, settings, clock)
     try:
-        return {n: run.compute(n, (by or {}).get(n)) for n in chosen}
+        return {n: run.compute(n, (by or {}).get(n), exact=exact) for n in chosen}
     finally:
         close()
 

@@ -270,6 +270,36 @@ ev AS (
       AND coalesce(rm.superseded_s > z.prev_end_s, true)
     GROUP BY z.rid
 ),
+-- blocks beyond the reusable prefix that c recomputed: vLLM also caches the block decoding filled (prev's last
+-- partial prompt block, completed by its first output tokens), so c can reuse one block more than P(prev) — R_eff
+-- stops short of it. A block of the session's live chain at t2(prev), at a depth from R_eff/B (and from C/B: not
+-- hit) to c's last hit-able block, removed after t2(prev) and before c's first token and NOT superseded by t2(c),
+-- when the session published BlockStored events during c (c's stores are seen): c computed that depth (not hit)
+-- and stored it under the same hash (a different block there would have superseded it), so c recomputed what the
+-- engine had cached. Removals of blocks stored and superseded at the same times are one row (kv_rm_chain): each
+-- row counts one block, a lower bound when several such blocks go at one time.
+redo_cand AS (
+    SELECT z.rid, z.instance, z.session_id, z.start_s, z.end_s, rm.depth, rm.ts_s
+    FROM (SELECT z.rid, z.instance, z.session_id, z.prev_instance, z.prev_end_s, z.start_s, z.end_s,
+                 z.reusable_tokens_eff // z.block_size AS n_blocks,
+                 z.cached_tokens // z.block_size AS n_hit,
+                 (z.prompt_tokens - 1) // z.block_size AS n_max,
+                 z.start_s + coalesce(z.queue_s, 0) + coalesce(z.ttft_s, 0) AS first_token_s
+          FROM z JOIN kv_sess k ON k.instance = z.prev_instance AND k.session_id = z.session_id
+          WHERE z.reusable_tokens_eff IS NOT NULL AND z.instance = z.prev_instance AND z.cached_tokens IS NOT NULL) z
+    JOIN kv_rm_chain rm
+      ON rm.instance = z.prev_instance AND rm.session_id = z.session_id AND rm.ts_s >= z.prev_end_s
+    WHERE rm.depth >= greatest(z.n_blocks, z.n_hit) AND rm.depth < z.n_max AND rm.ts_s < z.first_token_s
+      AND rm.stored_s <= z.prev_end_s AND coalesce(rm.superseded_s > z.end_s, true)
+),
+redo AS (
+    SELECT rc.rid, count(DISTINCT rc.depth) AS redo_blocks, min(rc.ts_s) AS redo_ts_s
+    FROM redo_cand rc
+    WHERE EXISTS (SELECT 1 FROM kv_src e
+                  WHERE e.type = 'BlockStored' AND e.instance = rc.instance AND e.session_id = rc.session_id
+                    AND epoch_us(e.ts) / 1e6 BETWEEN rc.start_s AND rc.end_s)
+    GROUP BY rc.rid
+),
 -- first removal after the call itself ended (for a session's last call: abandoned KV)
 ab AS (
     SELECT z.rid, rm.ts_s AS abandon_evict_ts_s
@@ -308,38 +338,48 @@ w AS (
 -- without it S within the tolerance is a hit, S beyond it is a prompt edit when the session's own KV events
 -- cover the shortfall (they show no removal: the blocks were there, c no longer shares them), else unexplained
 v AS (
-    SELECT w.*, ev.evict_ts_s, ev.edit_depth,
-           coalesce(ev.strong_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0), false) AS strong,
-           CASE WHEN ev.evict_ts_s IS NULL THEN NULL
-                WHEN ev.evict_ts_s < w.start_s THEN 'idle'
-                WHEN ev.evict_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0) THEN 'queued'
-                ELSE 'after_resume' END AS evict_phase,
-           CASE WHEN w.session_id IS NULL OR w.prev_call_id IS NULL OR w.shortfall_tokens IS NULL
-                     OR w.shortfall_tokens = 0 THEN NULL
-                WHEN w.mode = 'exact' THEN 'block_hashes'
-                WHEN w.prefix_caching = false THEN 'cache_off'
-                WHEN w.instance <> w.prev_instance THEN 'other_instance'
-                WHEN ev.evict_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0) THEN 'kv_removal'
-                WHEN w.shortfall_tokens <= w.tolerance_tokens THEN 'tolerance'
-                WHEN w.prev_kv_known AND w.cached_tokens >= w.prior_tokens THEN 'kv_no_removal'
-                ELSE 'none' END AS cause_evidence
+    SELECT w.*, ev.edit_depth,
+           -- the window's eviction: the first removal of a block c would reuse, the recomputed blocks beyond R_eff
+           -- included (least of the two, either may be NULL)
+           coalesce(least(ev.evict_ts_s, rd.redo_ts_s), ev.evict_ts_s, rd.redo_ts_s) AS evict_ts_s,
+           coalesce(rd.redo_blocks, 0) * w.block_size AS redo_tokens,
+           coalesce(ev.strong_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0), false) AS strong
     FROM w
     LEFT JOIN ev USING (rid)
+    LEFT JOIN redo rd USING (rid)
 ),
-u AS (
+v2 AS (
     SELECT v.*,
+           CASE WHEN evict_ts_s IS NULL THEN NULL
+                WHEN evict_ts_s < start_s THEN 'idle'
+                WHEN evict_ts_s < start_s + coalesce(queue_s, 0) + coalesce(ttft_s, 0) THEN 'queued'
+                ELSE 'after_resume' END AS evict_phase,
+           -- a shortfall, or (S = 0) a recomputed block beyond R_eff (redo): something to explain
+           CASE WHEN session_id IS NULL OR prev_call_id IS NULL OR shortfall_tokens IS NULL
+                     OR (shortfall_tokens = 0 AND redo_tokens = 0) THEN NULL
+                WHEN mode = 'exact' THEN 'block_hashes'
+                WHEN prefix_caching = false THEN 'cache_off'
+                WHEN instance <> prev_instance THEN 'other_instance'
+                WHEN evict_ts_s < start_s + coalesce(queue_s, 0) + coalesce(ttft_s, 0) THEN 'kv_removal'
+                WHEN shortfall_tokens <= tolerance_tokens THEN 'tolerance'
+                WHEN prev_kv_known AND cached_tokens >= prior_tokens THEN 'kv_no_removal'
+                ELSE 'none' END AS cause_evidence
+    FROM v
+),
+u0 AS (
+    SELECT v2.*,
            -- a removal: what c reused up to where its prompt changed (edit_depth), less what it hit
            CASE WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
                                                                    'kv_removal', 'none')
-                THEN shortfall_tokens ELSE 0 END AS reprefill_tokens,
+                THEN shortfall_tokens ELSE 0 END AS x0,
            CASE WHEN cause_evidence = 'kv_removal' AND NOT strong THEN 0
                 WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
                                                                    'kv_removal')
-                THEN shortfall_tokens ELSE 0 END AS reprefill_low_tokens,
+                THEN shortfall_tokens ELSE 0 END AS x0_low,
            CASE WHEN context_reset AND cached_tokens IS NOT NULL AND prompt_tokens IS NOT NULL
                 -- a reset keeps at most the control-plane prefix (system prompt, tool definitions)
                 THEN greatest((greatest(least(control_tokens, prompt_tokens - 1), 0) // block_size) * block_size
@@ -352,8 +392,19 @@ u AS (
                      AND prev_prompt_tokens % block_size + coalesce(prev_output_tokens, 0) >= block_size
                      AND reusable_tokens_eff + block_size <= ((prompt_tokens - 1) // block_size) * block_size
                 THEN shortfall_tokens + block_size
-                ELSE shortfall_tokens END AS reprefill_high_tokens
-    FROM v
+                ELSE shortfall_tokens END AS x0_high
+    FROM v2
+),
+-- the blocks c recomputed beyond R_eff (redo, above) are re-prefill on the same evidence as a removal below it
+u AS (
+    SELECT u0.*,
+           x0 + CASE WHEN cause_evidence IN ('block_hashes', 'kv_removal') THEN redo_tokens ELSE 0 END
+               AS reprefill_tokens,
+           x0_low + CASE WHEN cause_evidence IN ('block_hashes', 'kv_removal') THEN redo_tokens ELSE 0 END
+               AS reprefill_low_tokens,
+           CASE WHEN cause_evidence IN ('block_hashes', 'kv_removal') THEN greatest(x0_high, x0 + redo_tokens)
+                ELSE x0_high END AS reprefill_high_tokens
+    FROM u0
 ),
 -- the labels of each call (cause, window outcome) from the evidence
 lab AS (
@@ -365,7 +416,7 @@ lab AS (
             WHEN w.prev_call_id IS NULL THEN CASE WHEN w.cached_tokens >= w.block_size THEN 'prior_hit' ELSE 'cold' END
             WHEN w.reusable_tokens_eff IS NULL THEN NULL
             WHEN w.shortfall_tokens IS NULL THEN 'unknown'
-            WHEN w.shortfall_tokens = 0 THEN NULL
+            WHEN w.shortfall_tokens = 0 AND w.reprefill_tokens = 0 THEN NULL
             WHEN w.cause_evidence = 'cache_off' OR (w.cause_evidence = 'block_hashes' AND w.prefix_caching = false)
                 THEN 'cache_disabled'
             WHEN w.cause_evidence = 'other_instance'
@@ -382,6 +433,8 @@ lab AS (
        CASE WHEN w.prev_call_id IS NULL THEN NULL
             WHEN w.instance <> w.prev_instance THEN 'routed_away'
             WHEN w.hit_class IS NULL THEN 'unknown'
+            -- a hit of all of R_eff, but the block beyond it (vLLM's decode-filled block) was evicted and recomputed
+            WHEN w.redo_tokens > 0 AND w.cause_evidence IN ('block_hashes', 'kv_removal') THEN 'evicted'
             WHEN w.hit_class = 'hit' THEN 'retained'
             WHEN w.cause_evidence = 'kv_removal' AND w.reprefill_tokens = 0 THEN 'retained'
             WHEN w.cause_evidence IN ('block_hashes', 'cache_off', 'kv_removal') THEN 'evicted'

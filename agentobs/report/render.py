@@ -9,6 +9,7 @@ from html import escape
 
 import pyarrow as pa
 
+from ..output import bound_text, rel_err_column
 from . import svg
 from .build import Chart, Figure, Report, Table
 
@@ -143,7 +144,7 @@ def _table_html(t: Table, period_label: str) -> str:
     for r in rows:
         cells = []
         for c in cols:
-            txt = escape(fmt_cell(r[c], c))
+            txt = escape(fmt_cell(r[c], c) + (bound_text(r.get(rel_err_column(c))) if r[c] is not None else ""))
             url = r.get(t.links[c]) if c in t.links else None
             if url:
                 txt = f'<a href="{escape(url, quote=True)}">{txt}</a>'
@@ -265,7 +266,7 @@ def markdown(report: Report, max_rows: int = 5) -> str:
             for r in t.data.slice(0, lim).to_pylist():
                 cells = []
                 for c in cols:
-                    txt = _md_cell(r[c], c)
+                    txt = _md_cell(r[c], c) + (bound_text(r.get(rel_err_column(c))) if r[c] is not None else "")
                     url = r.get(t.links[c]) if c in t.links else None
                     cells.append(f"[{txt}]({url})" if url else txt)
                 out.append("| " + " | ".join(cells) + " |")

@@ -37,6 +37,7 @@ Run with the repo venv: ``.venv/bin/python scripts/vllm/agent_driver.py --help``
 from __future__ import annotations
 
 import argparse
+import hashlib
 import http.client
 import json
 import random
@@ -156,6 +157,54 @@ class Chat:
         return rec
 
 
+def post_json(base_url: str, path: str, body: dict, timeout: float = 60.0) -> dict:
+    """POST a JSON body to a loopback server and return its JSON answer (vLLM's /tokenize)."""
+    u = urlparse(base_url)
+    if u.hostname not in LOOPBACK:
+        raise SystemExit(f"refusing non-loopback target {u.hostname}")
+    c = http.client.HTTPConnection(u.hostname, u.port or 80, timeout=timeout)
+    try:
+        c.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"POST {path}: HTTP {r.status}: {data[:300]!r}")
+        return json.loads(data)
+    finally:
+        c.close()
+
+
+def word_token_ids(engine_url: str, model: str) -> list[int]:
+    """The token ids of the driver's words as the model writes them after a space (" the", " agent", ...), each a
+    single token of the tokenizer. A reply made of these re-renders, in the next prompt, to exactly the token ids
+    the engine generated — as a trained model's text does, and a random model's arbitrary tokens mostly do not
+    (the byte-level BPE merges them differently) — so the block that decoding filled is reusable by the next turn."""
+    ids: set[int] = set()
+    for w in sorted(set(_WORDS)):
+        toks = post_json(engine_url, "/tokenize", {"model": model, "prompt": " " + w,
+                                                   "add_special_tokens": False})["tokens"]
+        if len(toks) == 1:
+            ids.add(toks[0])
+    if not ids:
+        raise RuntimeError("no word of the driver's vocabulary is a single token of the model's tokenizer")
+    return sorted(ids)
+
+
+def prompt_block_hashes(engine_url: str, model: str, messages: list[dict], block_size: int) -> tuple[int, list[str]]:
+    """What a gateway that reports ``agentobs.prompt.block_hashes`` sends: the prompt's token ids (the engine's own
+    chat rendering, vLLM ``/tokenize``) cut into full blocks of ``block_size``, each hashed with its predecessor
+    (a chain: equal hashes = equal prefixes). Our own hash function, not vLLM's: agentobs compares a session's
+    prompts with each other, never with the engine's KV-event hashes. Returns (prompt tokens, hashes)."""
+    toks = post_json(engine_url, "/tokenize", {"model": model, "messages": messages,
+                                               "add_generation_prompt": True})["tokens"]
+    out, parent = [], b""
+    for i in range(len(toks) // block_size):
+        blk = toks[i * block_size:(i + 1) * block_size]
+        parent = hashlib.sha256(parent + json.dumps(blk).encode()).digest()
+        out.append(parent[:8].hex())
+    return len(toks), out
+
+
 def run_session(k: int, a, tracer, chat: Chat, sink, lock: threading.Lock) -> None:
     rng = random.Random(a.seed * 1000 + k)
     sid = f"{a.session_prefix}{k}"
@@ -180,6 +229,11 @@ def run_session(k: int, a, tracer, chat: Chat, sink, lock: threading.Lock) -> No
                 rid = f"{sid}-t{turn}-a{attempt}"
                 body = {"model": a.model, "messages": messages, "max_tokens": a.max_tokens,
                         "temperature": 0.8, "top_p": 0.95, "session_id": sid}
+                if a.allowed_token_ids:
+                    body["allowed_token_ids"] = a.allowed_token_ids
+                hashes: list[str] | None = None
+                if a.block_hashes:
+                    n_tok, hashes = prompt_block_hashes(f"http://{a.engine_address}", a.model, messages, a.block_hashes)
                 headers = {"X-Request-Id": rid}
                 if a.litellm:
                     body["litellm_session_id"] = sid
@@ -196,6 +250,7 @@ def run_session(k: int, a, tracer, chat: Chat, sink, lock: threading.Lock) -> No
                         "gen_ai.request.max_tokens": a.max_tokens, "gen_ai.request.temperature": 0.8,
                         "gen_ai.request.top_p": 0.95, "gen_ai.request.stream": stream,
                         **({"gen_ai.conversation.compacted": True} if compacted else {}),
+                        **({"agentobs.prompt.block_hashes": hashes} if hashes is not None else {}),
                     })
                 else:
                     span_cm = _Null()
@@ -230,6 +285,8 @@ def run_session(k: int, a, tracer, chat: Chat, sink, lock: threading.Lock) -> No
                            rejected=rejected, compacted=compacted, trace_id=f"{ctx.trace_id:032x}",
                            span_id=f"{ctx.span_id:016x}" if a.chat_spans else None,
                            t_end=rec["t_send"] + rec["latency_s"], prompt_chars=sum(len(m["content"]) for m in messages))
+                if hashes is not None:  # the tokenized prompt must be the one the engine served (= usage P)
+                    rec.update(tokenized_prompt_tokens=n_tok, prompt_block_hashes=hashes)
                 content = rec.pop("content")
                 with lock:
                     sink.write(json.dumps(rec) + "\n")
@@ -282,9 +339,18 @@ def main(argv=None) -> int:
     ap.add_argument("--no-chat-spans", dest="chat_spans", action="store_false",
                     help="a gateway traces the calls; emit only agent and tool spans")
     ap.add_argument("--litellm", action="store_true", help="send LiteLLM's session fields")
+    ap.add_argument("--word-tokens", action="store_true",
+                    help="replies only from the single-token words of the driver's vocabulary (allowed_token_ids, "
+                         "ids from the engine's /tokenize): the next prompt re-renders them to the same token ids")
+    ap.add_argument("--block-hashes", type=int, default=0, metavar="B",
+                    help="put agentobs.prompt.block_hashes (blocks of B tokens of the prompt as the engine tokenizes "
+                         "it, /tokenize) on chat spans: agentobs's exact mode; 0 = off")
     a = ap.parse_args(argv)
     if urlparse(a.otlp).hostname not in LOOPBACK:
         raise SystemExit("--otlp must be a loopback address")
+    if urlparse(f"http://{a.engine_address}").hostname not in LOOPBACK:
+        raise SystemExit("--engine-address must be a loopback address")
+    a.allowed_token_ids = word_token_ids(f"http://{a.engine_address}", a.model) if a.word_tokens else None
     provider, tracer = make_tracer(a.otlp, a.otlp_protocol, a.service)
     chat = Chat(a.base_url)
     lock = threading.Lock()

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from agentobs.metrics.run import prepare
 from agentobs.model import connect
+from agentobs.model.reuse import reuse_sql
 
 JOIN_MIN = 0.99
 
@@ -86,9 +87,12 @@ def check_usage(con, responses: list[dict]) -> dict:
         have = (c["prompt_tokens"], c["cached_tokens"], c["output_tokens"])
         # the attempt is the agent's: known only when the driver traced its own chat spans (not behind LiteLLM)
         attempt_bad = r.get("span_id") is not None and c["attempt"] != r["attempt"]
-        if want != have or c["session_id"] != r["session_id"] or attempt_bad:
+        # the block hashes the driver sent were cut from the engine's tokenization of the same messages
+        tok_bad = r.get("tokenized_prompt_tokens") is not None and r["tokenized_prompt_tokens"] != u["prompt_tokens"]
+        if want != have or c["session_id"] != r["session_id"] or attempt_bad or tok_bad:
             bad.append({"request": r["request_id"], "vllm (P,C,O)": want, "duckdb (P,C,O)": have,
-                        "session": c["session_id"], "attempt": c["attempt"]})
+                        "session": c["session_id"], "attempt": c["attempt"],
+                        "tokenized P": r.get("tokenized_prompt_tokens")})
     ok200 = sum(1 for r in responses if r["status"] == 200)
     res = {"calls_sent": len(responses), "calls_ok": ok200, "calls_in_duckdb": len(calls), "missing": missing,
            "duplicated": dup, "mismatched": bad}
@@ -128,8 +132,10 @@ def check_fleet_hit_rate(db: str) -> dict:
 KV_SQL = """
 WITH cr AS (
     SELECT call_id, session_id, instance, start_s, end_s, prev_call_id, block_size, block_size_source,
-           reusable_tokens_eff, cached_tokens, reprefill_tokens, miss_cause, hit_class, context_reset, attempt
-    FROM call_reuse
+           reusable_tokens_eff, prompt_tokens, cached_tokens, shortfall_tokens, reprefill_tokens,
+           reprefill_low_tokens, reprefill_high_tokens, mode, cause_evidence, miss_cause, hit_class, context_reset,
+           attempt
+    FROM ({reuse}) r
 ),
 prev AS (SELECT call_id, end_s AS prev_end_s FROM cr),
 stored AS (   -- every block hash a session stored, with when
@@ -175,8 +181,27 @@ ORDER BY session_id, start_s
 """
 
 
+# the calls as collected (exact mode where the spans carry agentobs.prompt.block_hashes), and the same calls without
+# their block hashes: what estimate mode makes of them (same spans, counters and KV events)
+CALLS_AS_COLLECTED = "llm_calls"
+CALLS_WITHOUT_HASHES = "(SELECT * REPLACE (CAST(NULL AS VARCHAR[]) AS block_hashes) FROM llm_calls)"
+
+
+def kv_rows(con, calls: str) -> list[dict]:
+    """call_reuse of the current agentobs (not the view stored in the file) beside the engine's KV-event view."""
+    return con.sql(KV_SQL.replace("{reuse}", reuse_sql(calls=calls))).to_arrow_table().to_pylist()
+
+
 def check_kv(con) -> dict:
-    rows = con.sql(KV_SQL).to_arrow_table().to_pylist()
+    """Re-prefill per call against the engine's KV events (X_kv), in exact mode (block hashes on the spans, when
+    the driver sent them) and in estimate mode (the same calls without hashes). Exact: X = X_kv for every call with
+    a previous turn. Estimate: X_kv inside [X_low, X_high] for every call where agentobs computes X, and X = X_kv
+    where the evidence is certain (X_low = X_high). Both count the block vLLM's decode filled: after an eviction the
+    engine recomputes one block more than the previous prompt (``beyond_prev`` below)."""
+    est = kv_rows(con, CALLS_WITHOUT_HASHES)
+    has_hashes = con.sql("SELECT count(*) FROM llm_calls WHERE block_hashes IS NOT NULL").fetchall()[0][0]
+    exact = {r["call_id"]: r for r in kv_rows(con, CALLS_AS_COLLECTED)} if has_hashes else {}
+    rows = est
     n_events = dict(con.sql("SELECT type, count(*) FROM kv_events GROUP BY type").fetchall())
     unattributed = con.sql("""
         WITH s AS (SELECT session_id, instance, epoch_us(ts) / 1e6 AS ts_s FROM kv_events
@@ -184,40 +209,89 @@ def check_kv(con) -> dict:
         SELECT count(*) FROM s WHERE NOT EXISTS (
             SELECT 1 FROM llm_calls c WHERE c.session_id = s.session_id AND c.instance = s.instance
               AND s.ts_s BETWEEN c.start_s AND c.end_s + 0.05)""").fetchall()[0][0]
-    compared, off, cause_bad, not_computed = 0, [], [], []
+    prev_p = {r["call_id"]: r["prompt_tokens"] for r in rows}
+    compared, off, cause_bad, not_computed, outside_band, certain, certain_off = 0, [], [], [], [], 0, []
+    exact_compared, exact_off = 0, []
+    beyond_prev, hit_beyond_prev = [], []
     for r in rows:
         if r["prev_call_id"] is None:
             continue
+        b = r["block_size"]
+        pp = prev_p.get(r["prev_call_id"])
+        full_prev = (pp // b) * b if pp is not None else None
+        # the engine recomputed more than the previous prompt's full blocks less what it hit: the decode-filled block
+        if full_prev is not None and r["reprefill_kv"] > max(full_prev - (r["cached_tokens"] or 0), 0):
+            beyond_prev.append(r["call_id"])
+        if full_prev is not None and (r["cached_tokens"] or 0) > full_prev:
+            hit_beyond_prev.append(r["call_id"])
+        e = exact.get(r["call_id"])
+        if e is not None and e["mode"] == "exact":
+            exact_compared += 1
+            if e["reprefill_tokens"] != r["reprefill_kv"]:
+                exact_off.append({"call_id": r["call_id"], "session_id": r["session_id"], "X_exact": e["reprefill_tokens"],
+                                  "X_kv": r["reprefill_kv"], "cause": e["miss_cause"]})
         if r["reprefill_tokens"] is None:
             not_computed.append({"call": r["call_id"], "session": r["session_id"], "context_reset": r["context_reset"],
                                  "reprefill_kv": r["reprefill_kv"]})
             continue
         compared += 1
-        if abs(r["reprefill_tokens"] - r["reprefill_kv"]) > r["block_size"]:
+        if abs(r["reprefill_tokens"] - r["reprefill_kv"]) > b:
             off.append(r)
+        if not r["reprefill_low_tokens"] <= r["reprefill_kv"] <= r["reprefill_high_tokens"]:
+            outside_band.append(r)
+        if r["reprefill_low_tokens"] == r["reprefill_high_tokens"]:
+            certain += 1
+            if r["reprefill_tokens"] != r["reprefill_kv"]:
+                certain_off.append(r)
         cause = r["miss_cause"]
         if cause in ("evicted_full", "evicted_partial") and r["removed_before"] == 0:
             cause_bad.append({**r, "why": "evicted cause without a BlockRemoved of the session in the window"})
-        if r["reprefill_kv"] > r["block_size"] and cause not in ("evicted_full", "evicted_partial"):
+        if r["reprefill_kv"] > 0 and cause not in ("evicted_full", "evicted_partial"):
             cause_bad.append({**r, "why": "blocks recomputed but no eviction cause"})
-    per_call = [{"session": r["session_id"], "attempt": r["attempt"], "start_s": round(r["start_s"] % 1000, 2),
-                 "P_cached": r["cached_tokens"], "R_eff": r["reusable_tokens_eff"], "X_agentobs": r["reprefill_tokens"],
-                 "X_kv": r["reprefill_kv"], "cause": r["miss_cause"], "hit": r["hit_class"],
-                 "removed_in_window": r["removed_before"], "stored": r["blocks_stored"]} for r in rows]
+
+    def band(x: dict | None) -> str | None:
+        if x is None or x["reprefill_tokens"] is None:
+            return None
+        lo, hi = x["reprefill_low_tokens"], x["reprefill_high_tokens"]
+        return str(lo) if lo == hi else f"[{lo}, {hi}]"
+
+    per_call = []
+    for r in rows:
+        e = exact.get(r["call_id"])
+        per_call.append({
+            "session": r["session_id"], "attempt": r["attempt"], "start_s": round(r["start_s"] % 1000, 2),
+            "P": r["prompt_tokens"], "C": r["cached_tokens"], "P_prev": prev_p.get(r["prev_call_id"]),
+            "X_kv": r["reprefill_kv"], "X_exact": e["reprefill_tokens"] if e and e["mode"] == "exact" else None,
+            "cause_exact": e["miss_cause"] if e and e["mode"] == "exact" else None,
+            "R_eff_est": r["reusable_tokens_eff"], "X_est": r["reprefill_tokens"], "band_est": band(r),
+            "cause_est": r["miss_cause"], "evidence_est": r["cause_evidence"],
+            "removed_in_window": r["removed_before"], "stored": r["blocks_stored"]})
     sum_x = sum(r["reprefill_tokens"] or 0 for r in rows)
     sum_kv = sum(r["reprefill_kv"] for r in rows if r["reprefill_tokens"] is not None)
+    sum_kv_all = sum(r["reprefill_kv"] for r in rows if r["prev_call_id"] is not None)
+    sum_exact = sum(e["reprefill_tokens"] or 0 for e in exact.values() if e["mode"] == "exact")
+    keep = ("call_id", "session_id", "reprefill_tokens", "reprefill_low_tokens", "reprefill_high_tokens",
+            "reprefill_kv", "miss_cause", "cause_evidence")
     res = {"kv_events": n_events, "block_size": rows[0]["block_size"] if rows else None,
            "block_size_source": rows[0]["block_size_source"] if rows else None,
            "calls_compared": compared, "calls_off_by_more_than_one_block": len(off),
+           "calls_outside_band": len(outside_band), "calls_certain": certain, "certain_not_equal": len(certain_off),
            "cause_disagreements": len(cause_bad), "not_computed_by_agentobs": not_computed,
            "stored_events_not_in_any_call": unattributed, "sum_reprefill_agentobs": sum_x, "sum_reprefill_kv": sum_kv,
+           "sum_reprefill_low": sum(r["reprefill_low_tokens"] or 0 for r in rows),
+           "sum_reprefill_high": sum(r["reprefill_high_tokens"] or 0 for r in rows),
+           "calls_with_block_hashes": has_hashes, "exact_calls_compared": exact_compared,
+           "exact_not_equal": len(exact_off), "sum_reprefill_exact": sum_exact, "sum_reprefill_kv_all": sum_kv_all,
+           "calls_recomputing_beyond_prev_prompt": len(beyond_prev), "calls_hitting_beyond_prev_prompt": len(hit_beyond_prev),
            "per_call": per_call,
-           "off": [{k: r[k] for k in ("call_id", "session_id", "reprefill_tokens", "reprefill_kv", "miss_cause")}
-                   for r in off],
+           "off": [{k: r[k] for k in keep} for r in off],
+           "outside_band": [{k: r[k] for k in keep} for r in outside_band],
+           "certain_off": [{k: r[k] for k in keep} for r in certain_off],
+           "exact_off": exact_off,
            "cause_bad": [{k: r.get(k) for k in ("call_id", "session_id", "miss_cause", "reprefill_kv",
                                                  "removed_before", "why")} for r in cause_bad]}
-    res["pass"] = (compared > 0 and not off and not cause_bad and unattributed == 0
-                   and rows[0]["block_size_source"] == "engine_config")
+    res["pass"] = (compared > 0 and not off and not outside_band and not certain_off and not cause_bad
+                   and unattributed == 0 and not exact_off and rows[0]["block_size_source"] == "engine_config")
     return res
 
 
@@ -250,15 +324,22 @@ def report(out: dict) -> None:
           f"{fr.get('query_tokens')} = {fr.get('hit_rate')} over {fr.get('scrapes')} scrapes; calls ΣC {f['sum_cached']} / "
           f"ΣP {f['sum_prompt']} = {f['span_hit_rate']}")
     print(f"4 KV events    {'PASS' if k['pass'] else 'FAIL'}: events {k['kv_events']}, B = {k['block_size']} "
-          f"({k['block_size_source']}); {k['calls_compared']} calls compared, "
-          f"{k['calls_off_by_more_than_one_block']} off by > 1 block, {k['cause_disagreements']} cause disagreements; "
-          f"ΣX agentobs {k['sum_reprefill_agentobs']} vs ΣX_kv {k['sum_reprefill_kv']}; "
+          f"({k['block_size_source']}); estimate: {k['calls_compared']} calls compared, "
+          f"{k['calls_off_by_more_than_one_block']} off by > 1 block, {k['calls_outside_band']} with X_kv outside "
+          f"[X_low, X_high], {k['certain_not_equal']} of {k['calls_certain']} certain (X_low = X_high) with X ≠ X_kv, "
+          f"{k['cause_disagreements']} cause disagreements; ΣX {k['sum_reprefill_agentobs']} "
+          f"[{k['sum_reprefill_low']}, {k['sum_reprefill_high']}] vs ΣX_kv {k['sum_reprefill_kv']}; "
+          f"exact (block hashes on {k['calls_with_block_hashes']} calls): {k['exact_calls_compared']} calls compared, "
+          f"{k['exact_not_equal']} with X ≠ X_kv, ΣX {k['sum_reprefill_exact']} vs ΣX_kv {k['sum_reprefill_kv_all']}; "
+          f"decode-filled block: {k['calls_recomputing_beyond_prev_prompt']} calls recomputed more than the previous "
+          f"prompt's blocks, {k['calls_hitting_beyond_prev_prompt']} hit more; "
           f"{k['stored_events_not_in_any_call']} BlockStored outside every call; "
-          f"{len(k['not_computed_by_agentobs'])} calls with R unknown (context reset): "
+          f"{len(k['not_computed_by_agentobs'])} calls with R unknown in estimate mode (context reset): "
           + ", ".join(f"{x['session']} X_kv={x['reprefill_kv']}" for x in k["not_computed_by_agentobs"]))
-    for x in k["off"] + k["cause_bad"]:
+    for x in k["off"] + k["outside_band"] + k["certain_off"] + k["exact_off"] + k["cause_bad"]:
         print(f"    {x}")
-    _print("per call (re-prefill tokens: agentobs X vs KV events X_kv)", k["per_call"])
+    _print("per call (re-prefill tokens: KV events X_kv, exact mode, estimate mode X and [X_low, X_high])",
+           k["per_call"])
     print(f"\nRESULT {out['config']}: {'PASS' if out['pass'] else 'FAIL'}")
 
 

@@ -38,10 +38,15 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 PY = sys.executable
 AGENTOBS = str(Path(PY).parent / "agentobs")
+BLOCK_SIZE = int(os.environ.get("VLLM_BLOCK_SIZE", "128"))  # serve.sh's --block-size
+# vLLM directly: replies from single-token words (they re-render to the token ids vLLM generated, so the block decoding
+# filled is reusable, as with a trained model's text), 64 of them (the last partial prompt block fills in about half
+# of the calls), and agentobs.prompt.block_hashes on the chat spans (exact mode; the checks also strip them: estimate)
+DIRECT = ["--word-tokens", "--max-tokens", "64", "--block-hashes", str(BLOCK_SIZE)]
 CONFIGS = {
-    "ample": {"num_blocks": 128, "litellm": False},
-    "starved": {"num_blocks": 24, "litellm": False},
-    "litellm": {"num_blocks": 128, "litellm": True},
+    "ample": {"num_blocks": 128, "litellm": False, "driver": DIRECT},
+    "starved": {"num_blocks": 24, "litellm": False, "driver": DIRECT},
+    "litellm": {"num_blocks": 128, "litellm": True, "driver": []},
 }
 
 
@@ -186,6 +191,50 @@ class Recorder:
         self.index.close()
 
 
+class KVTap:
+    """A second ZMQ subscriber on vLLM's KV-event socket (a PUB serves every subscriber): writes each batch as
+    received, in capture.py's format (``agentobs import kv-events`` reads it), so a run can be kept as a fixture."""
+
+    def __init__(self, endpoint: str, topic: str, instance: str, path: Path):
+        import threading
+
+        import zmq
+
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self.sock.setsockopt(zmq.RCVTIMEO, 200)
+        self.sock.connect(endpoint)
+        self.instance, self.fh, self.stop_flag = instance, open(path, "w"), threading.Event()
+        self.batches = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        while not self.stop_flag.is_set():
+            try:
+                frames = self.sock.recv_multipart()
+            except zmq.Again:
+                continue
+            if len(frames) != 3:
+                continue
+            topic, seq, payload = frames
+            self.fh.write(json.dumps({"instance": self.instance, "topic": topic.decode(),
+                                      "seq": int.from_bytes(seq, "big"), "ts_received": time.time(),
+                                      "payload_hex": payload.hex()}) + "\n")
+            self.fh.flush()
+            self.batches += 1
+
+    def close(self) -> None:
+        self.stop_flag.set()
+        self.thread.join(5)
+        self.sock.close(0)
+        self.ctx.term()
+        self.fh.close()
+
+
 def write_fleet(path: Path, grpc: int, http: int, health: int, vllm_port: int, kv_ep: str) -> None:
     path.write_text(f"""# written by scripts/vllm/e2e.py
 receiver: {{grpc: "127.0.0.1:{grpc}", http: "127.0.0.1:{http}"}}
@@ -230,11 +279,13 @@ def run_config(name: str, out: Path, args) -> dict:
     write_fleet(d / "fleet.yaml", grpc, http, health, vllm_port, kv_ep)
     health_url = f"http://127.0.0.1:{health}/metrics"
     procs = Procs()
-    rec = None
+    rec = tap = None
     otlp_http = f"http://127.0.0.1:{http}"
-    if cfg["litellm"]:  # everything exported over OTLP/HTTP through the recorder (kept as a fixture)
+    if cfg["litellm"] or args.record:  # everything exported over OTLP/HTTP through the recorder (kept as a fixture)
         rec = Recorder(otlp_http, d / "otlp_recorded")
         otlp_http = f"http://127.0.0.1:{rec.port}"
+    if args.record:  # the KV events as vLLM published them, and its /metrics at the end
+        tap = KVTap(kv_ep, "kv-events", f"127.0.0.1:{vllm_port}", d / "kv_events.jsonl")
     timings: dict[str, float] = {}
     t_all = time.time()
     try:
@@ -280,7 +331,7 @@ def run_config(name: str, out: Path, args) -> dict:
         drv = subprocess.run([PY, str(HERE / "agent_driver.py"), "--base-url", base_url,
                               "--engine-address", f"127.0.0.1:{vllm_port}",
                               "--otlp", f"{otlp_http}/v1/traces", "--out", str(d / "responses.jsonl"),
-                              "--service", f"agent-driver-{name}", *driver_extra, *args.driver_args],
+                              "--service", f"agent-driver-{name}", *cfg["driver"], *driver_extra, *args.driver_args],
                              stdout=open(d / "driver.log", "w"), stderr=subprocess.STDOUT, cwd=REPO, timeout=600)
         timings["workload_s"] = round(time.time() - t2, 1)
         if drv.returncode != 0:
@@ -305,10 +356,17 @@ def run_config(name: str, out: Path, args) -> dict:
         log(f"spans received: {last:.0f} (≥ {expect} expected)")
         scrapes1 = health_value(health_url, "agentobs_scrapes_total")
         wait_for(lambda: health_value(health_url, "agentobs_scrapes_total") >= scrapes1 + 2, 30, "final scrapes")
+        if args.record:
+            with urllib.request.urlopen(f"http://127.0.0.1:{vllm_port}/metrics", timeout=10) as r:
+                (d / "metrics_after.txt").write_bytes(r.read())
+            (d / "metrics_after.at").write_text(f"{time.time():.3f}\n")
     finally:
         procs.stop_all()
         if rec:
             rec.close()
+        if tap:
+            tap.close()
+            log(f"KV tap: {tap.batches} batches")
         for p in Path("/tmp").glob(f"agentobs-e2e-{os.getpid()}-{name}.kv"):
             p.unlink(missing_ok=True)
     timings["config_total_s"] = round(time.time() - t_all, 1)
@@ -325,6 +383,9 @@ def main() -> int:
     ap.add_argument("--skip-setup", action="store_true")
     ap.add_argument("--vllm-timeout", type=float, default=600)
     ap.add_argument("--litellm-venv", default=os.environ.get("LITELLM_VENV", "/opt/litellm-venv"))
+    ap.add_argument("--record", action="store_true",
+                    help="keep the raw inputs of each configuration (OTLP exports through a recorder — vLLM over "
+                         "OTLP/HTTP then —, the KV-event batches, vLLM's /metrics at the end) for a test fixture")
     ap.add_argument("driver_args", nargs="*", help="extra agent_driver.py arguments (after --)")
     args = ap.parse_args()
     out = Path(args.out).resolve()

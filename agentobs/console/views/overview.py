@@ -6,6 +6,7 @@ import polars as pl
 import streamlit as st
 
 from agentobs.console import charts, findings, metrics, shell, ui
+from agentobs.output import bound_text
 
 ctx = ui.page("Overview", "Which sessions pay the recompute tax, why, and what to change. Every number comes from "
               "the metrics API (METRICS.md); $ use the cost model named under each figure. Shown per model — "
@@ -39,11 +40,12 @@ def first(r: dict, *cols):
     return None
 
 
-def kpi(col, label, now, before, fmt, help_text, inverse=False):
+def kpi(col, label, now, before, fmt, help_text, inverse=False, rel_err=None):
+    """A tile; ``rel_err``: the bound of an estimated value (a sketch percentile), shown beside it ("2.31 s ±1%")."""
     delta = None
     if now is not None and before is not None:
         delta = ui.delta(fmt)(now - before)
-    col.metric(label, fmt(now) if now is not None else "–", delta=delta, help=ui.md(help_text),
+    col.metric(label, fmt(now) + bound_text(rel_err) if now is not None else "–", delta=delta, help=ui.md(help_text),
                delta_color="inverse" if inverse else "normal")
 
 
@@ -82,8 +84,9 @@ def model_tiles(cur, prev, model) -> None:
         f"events give t_evict (METRICS.md §4). Metric `idle_kv_rent`. Basis: {rent_basis}", inverse=True)
     kpi(c[2], "Turn-resume TTFT p99", first(t_now, "ttft_p99_s"), first(t_prev, "ttft_p99_s"), ui.secs,
         "p99 of TTFT over all calls 2…n of the model, every idle gap and hit class (METRICS.md §5): metric "
-        "`turn_resume_ttft`, its overall row (gap bucket `all`). By gap and hit class on the Turn-resume TTFT page.",
-        inverse=True)
+        "`turn_resume_ttft`, its overall row (gap bucket `all`). By gap and hit class on the Turn-resume TTFT page. "
+        "Over whole hours it is read from the hourly TTFT sketches: the ± beside it is their relative error bound.",
+        inverse=True, rel_err=first(t_now, "ttft_p99_rel_err"))
     kpi(c[3], "ITL p99", first(i_now, "p99_ms"), first(i_prev, "p99_ms"), ui.ms,
         "p99 of the inter-token gaps of streamed calls (METRICS.md §6; metric `itl`).", inverse=True)
     left, right = st.columns([3, 2])

@@ -6,6 +6,17 @@ import polars as pl
 import streamlit as st
 
 from agentobs.console import charts, ui
+from agentobs.output import bound_text, rel_err_column
+
+
+def _bound_note(df: pl.DataFrame, col: str) -> str:
+    """Where the percentiles come from the hourly sketches (whole-hour windows over the maintained state): their
+    bound, as the metric states it (its ``*_rel_err`` column)."""
+    err = rel_err_column(col)
+    bounds = df[err].drop_nulls().unique().to_list() if err in df.columns else []
+    return (f" Percentiles from the hourly TTFT sketches: each within{bound_text(bounds[0])} of the exact one."
+            if len(bounds) == 1 else "")
+
 
 ctx = ui.page("Turn-resume TTFT", "TTFT (first token − start) of calls 2…n of each session, by the idle gap before "
               "the call ([0,1) [1,5) [5,30) [30,120) [120,600) [600,∞) s) and hit class (hit: C ≥ R_eff − B; partial; "
@@ -32,5 +43,6 @@ if df is not None and not ui.empty(df, "turn-resume calls"):
                             width="stretch")
     st.caption(ui.md(f"TTFT {stat} per {group}: each bar is the percentile over that cell's calls (the metric's "
                      "row), never combined across groups. Rows with gap bucket `all` are each group's overall "
-                     "figures over all its calls 2…n."))
+                     "figures over all its calls 2…n."
+                     + _bound_note(df, col)))
     ui.table(df)
