@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,7 +185,7 @@ def _check_section(name: str, table: Any, where: str) -> None:
         raise ConfigError(f"{where}: {e}") from e
 
 
-def load_settings(path: str | os.PathLike | None = None, env: dict[str, str] | None = None) -> Settings:
+def load_settings(path: str | os.PathLike | None = None, env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     source = "defaults"

@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import CollectorRegistry
 
 from .config import Settings, load_settings
-from .source import as_source
+from .source import Source, as_source, require
 
 log = logging.getLogger(__name__)
 
@@ -90,12 +90,12 @@ class Snapshot:
     series: dict[str, list[tuple[dict[str, str], float]]] = field(default_factory=dict)
 
 
-def compute_snapshot(db, settings: Settings, clock: Callable[[], float] = time.time,
+def compute_snapshot(db: Source, settings: Settings, clock: Callable[[], float] = time.time,
                      window_s: float | None = None) -> Snapshot:
     """The derived metrics of the calls that started in ``[now − window_s, now)``."""
     from .metrics import names, prepare
 
-    db = as_source(db)
+    db = require(db, "agentobs.exporter.compute_snapshot")
     window_s = float(window_s if window_s is not None else settings.exporter_window_s)
     t0 = time.perf_counter()
     now = clock()
@@ -157,9 +157,9 @@ def ledger_series(ledger) -> dict[str, list[tuple[dict[str, str], float]]]:
 class DerivedCollector:
     """A prometheus_client collector serving the latest snapshot; ``start()`` refreshes it in a thread."""
 
-    def __init__(self, db, settings: Settings | None = None, clock: Callable[[], float] = time.time,
+    def __init__(self, db: Source, settings: Settings | None = None, clock: Callable[[], float] = time.time,
                  refresh_s: float | None = None, window_s: float | None = None):
-        self.db = as_source(db)
+        self.db = require(db, "agentobs.exporter.DerivedCollector")
         self.settings = settings if settings is not None else load_settings()
         self.clock = clock
         self.refresh_s = float(refresh_s if refresh_s is not None else self.settings.exporter_refresh_s)
@@ -237,10 +237,10 @@ class DerivedCollector:
             for labels, v in snap.series.get(d.name, []):
                 fam.add_metric([labels[k] for k in label_names], v)
             yield fam
-        for name, help_text, label_names in LEDGER_FAMILIES:
-            fam = GaugeMetricFamily(name, help_text, labels=list(label_names))
+        for name, help_text, ledger_labels in LEDGER_FAMILIES:
+            fam = GaugeMetricFamily(name, help_text, labels=list(ledger_labels))
             for labels, v in snap.series.get(name, []):
-                fam.add_metric([labels[k] for k in label_names], v)
+                fam.add_metric([labels[k] for k in ledger_labels], v)
             yield fam
 
 
@@ -250,7 +250,7 @@ def serve(db, host: str = "127.0.0.1", port: int = 0, settings: Settings | None 
     is the bound port (``port=0`` picks a free one). Stop with ``server.shutdown(); collector.stop()``."""
     from prometheus_client.exposition import start_http_server
 
-    collector = DerivedCollector(db, settings, clock, refresh_s, window_s)
+    collector = DerivedCollector(as_source(db), settings, clock, refresh_s, window_s)  # the edge
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     server, _thread = start_http_server(port, addr=host, registry=registry)

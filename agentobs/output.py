@@ -10,6 +10,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from typing import Literal, overload
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -220,7 +221,8 @@ def _render_table(table: pa.Table, title: str | None, console: Console, width: i
     kinds = [_kind(table.column(i), [r[i] for r in cells]) for i in range(len(names))]
     shown, widths = fit_columns(list(names), cells, kinds, width)
     out = Console(file=console.file, width=width, force_terminal=console.is_terminal,
-                  color_system=console.color_system, no_color=console.no_color, highlight=False, soft_wrap=False)
+                  color_system=console.color_system,  # type: ignore[arg-type]  # rich types the property str, the argument a Literal of the same names
+                  no_color=console.no_color, highlight=False, soft_wrap=False)
     total = sum(widths) + _GAP * (len(widths) - 1)
     if title and cell_len(title) > total:  # rich would wrap a title wider than the table: one line of its own
         out.print(Text(shorten(title, width), style="italic"), no_wrap=True, overflow="ellipsis")
@@ -288,6 +290,12 @@ def fold_bounds(table: pa.Table) -> pa.Table:
     return pa.table({c: cols[c] for c in out})
 
 
+@overload
+def render(table: pa.Table, fmt: Literal["csv", "json", "parquet"], title: str | None = ...,
+           console: Console | None = ..., width: int | None = ..., full: str | None = ...) -> bytes: ...
+@overload
+def render(table: pa.Table, fmt: str = ..., title: str | None = ..., console: Console | None = ...,
+           width: int | None = ..., full: str | None = ...) -> bytes | None: ...
 def render(table: pa.Table, fmt: str = "table", title: str | None = None, console: Console | None = None,
            width: int | None = None, full: str | None = FULL_HINT) -> bytes | None:
     """Print a table (fitted to ``width``, default table_width: one line per row, long values shortened; ``full``

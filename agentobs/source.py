@@ -23,6 +23,7 @@ agentobs.store.db.resolve_db_path reads it.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
     from .backends.clickhouse.conn import ClickHouse
     from .sql import QueryResult
+
+log = logging.getLogger(__name__)
 
 BACKENDS = ("duckdb", "clickhouse")
 
@@ -430,6 +433,15 @@ def as_source(db: Source | str | os.PathLike | duckdb.DuckDBPyConnection | None 
     raise QueryError(f"db must be a Source, a store path or a DuckDB connection, got {type(db).__name__}")
 
 
+def require(db: object, who: str) -> Source:
+    """``db`` when it is a Source; the library's entry points (metrics, findings, report, exporter) take nothing
+    else: a store path or a raw connection becomes a Source at the edge (as_source, make_source, open_source)."""
+    if isinstance(db, Source):
+        return db
+    raise QueryError(f"{who} takes a Source, got {type(db).__name__} (make one at the edge: "
+                     "agentobs.source.as_source(path or connection))")
+
+
 def resolve(settings: Settings, backend: str | None = None, url: str | None = None) -> tuple[str, str]:
     """(backend, ClickHouse URL): the flag when given, else the setting (``backend``, ``clickhouse_url``;
     environment ``AGENTOBS_BACKEND`` / ``AGENTOBS_CLICKHOUSE_URL``, or the settings file)."""
@@ -442,11 +454,19 @@ def resolve(settings: Settings, backend: str | None = None, url: str | None = No
 def make_source(settings: Settings, backend: str | None = None, url: str | None = None,
                 db: str | os.PathLike | None = None, shared: bool = False) -> Source:
     """The Source a command reads: the DuckDB store ``db`` (default: the setting) or ClickHouse at ``url``
-    (``shared``: the process-wide connection, see shared_clickhouse)."""
+    (``shared``: the process-wide connection, see shared_clickhouse). On ClickHouse the settings' alias lists are
+    written to ``agentobs_aliases`` when they differ (the spans view reads them at ingest; a log line says so)."""
     name, ch_url = resolve(settings, backend, url)
     if name == "duckdb":
         return DuckDBSource(db if db is not None else settings.db)
-    return shared_clickhouse(ch_url) if shared else ClickHouseSource(ch_url)
+    src = shared_clickhouse(ch_url) if shared else ClickHouseSource(ch_url)
+    # the alias lists the spans view reads at ingest, from these settings
+    from .backends.clickhouse import model
+
+    note = model.sync_aliases_note(src.ch, settings)
+    if note:
+        log.warning("%s", note)
+    return src
 
 
 @contextmanager

@@ -14,6 +14,7 @@ import datetime as dt
 import re
 import time
 from collections.abc import Callable
+from typing import overload
 
 SPAN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)\s*$")
 UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -62,6 +63,11 @@ def parse_time(value, clock: Callable[[], float] = time.time, spans: int = 0, ep
     return t.timestamp() if isinstance(t, dt.datetime) else t
 
 
+@overload
+def parse_utc(value: None, clock: Callable[[], float] = ..., spans: int = ..., epoch: bool = ...) -> None: ...
+@overload
+def parse_utc(value: str | float | dt.datetime, clock: Callable[[], float] = ..., spans: int = ...,
+              epoch: bool = ...) -> dt.datetime: ...
 def parse_utc(value, clock: Callable[[], float] = time.time, spans: int = 0, epoch: bool = True) -> dt.datetime | None:
     """The same instant as a naive UTC datetime (what DuckDB's TIMESTAMP columns and the console hold)."""
     t = _parse(value, clock, spans, epoch)

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from agentobs.source import as_source
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 T0_NS = 1_791_969_600_000_000_000
@@ -84,7 +86,7 @@ def main() -> None:
         con.execute(duck_sql(a.calls))
         duck_load = time.perf_counter() - t
         t = time.perf_counter()
-        d = compute_all(con, settings=settings, metrics=chosen)
+        d = compute_all(as_source(con), settings=settings, metrics=chosen)
         duck_suite = time.perf_counter() - t
 
         ch = ClickHouse(f"chdb://{work}/ch")

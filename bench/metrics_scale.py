@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentobs.config import Settings  # noqa: E402
 from agentobs.metrics import names, prepare  # noqa: E402
 from agentobs.model import connect, state  # noqa: E402
+from agentobs.source import as_source
 
 GENERATE = """
 INSERT INTO spans_part (trace_id, span_id, name, kind, start_ns, end_ns, status_code, role, op, session_id, task_id,
@@ -108,7 +109,7 @@ def main() -> None:
         con = connect(path, read_only=True)
         con.execute("SET memory_limit = ?", [args.memory_limit])
         t = time.perf_counter()
-        run, close = prepare(con, settings=Settings())
+        run, close = prepare(as_source(con), settings=Settings())
         try:
             assert run.calls_table != "state"
             for n in names():
@@ -135,7 +136,7 @@ def main() -> None:
 
     def suite_once(rollups: bool):
         t = time.perf_counter()
-        run, close = prepare(con, settings=Settings())
+        run, close = prepare(as_source(con), settings=Settings())
         try:
             if run.calls_table != "state":
                 raise SystemExit("the maintained state is not current: the suite would derive")

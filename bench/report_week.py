@@ -31,6 +31,7 @@ from metrics_scale import BASELINE, GENERATE  # noqa: E402
 from agentobs.config import Settings  # noqa: E402
 from agentobs.model import connect  # noqa: E402
 from agentobs.report import build, iso_week, write  # noqa: E402
+from agentobs.source import as_source
 
 WEEK = "2027-W02"  # the generator's calls start at 1.8e9 s (2027-01-15) and span a day
 
@@ -66,7 +67,7 @@ def main() -> None:
 
     period = iso_week(WEEK)
     t = time.perf_counter()
-    rep = build(path, period, Settings(), findings=None if args.no_findings else True)
+    rep = build(as_source(path), period, Settings(), findings=None if args.no_findings else True)
     build_s = time.perf_counter() - t
     t = time.perf_counter()
     out = write(rep, Path(tmp.name) / "report")

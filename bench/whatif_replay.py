@@ -14,6 +14,7 @@ from pathlib import Path
 
 from agentobs.config import Settings
 from agentobs.findings.whatif import run
+from agentobs.source import as_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -41,7 +42,7 @@ def main() -> None:
         db = a.db or str(sample_store(Path(tmp)))
         for n in a.sessions:
             t0 = time.perf_counter()
-            w = run(db, a.change or ["prefix_cache=on"], settings=Settings(), sessions=n)
+            w = run(as_source(db), a.change or ["prefix_cache=on"], settings=Settings(), sessions=n)
             dt = time.perf_counter() - t0
             cal = {c.figure: c.error for c in w.calibration if c.scope == "fleet"}
             print(f"{w.sessions_replayed:5d} of {w.sessions_total} sessions, {w.calls_replayed:6d} calls: {dt:6.2f} s "

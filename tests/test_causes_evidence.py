@@ -21,6 +21,7 @@ from agentobs.sim.run import simulate
 from agentobs.sim.scenarios import scenario, trace_scenario
 from agentobs.sim.validate import compare
 from agentobs.sim.workload import dataset_dir
+from agentobs.source import as_source
 from agentobs.store.writer import Writer
 
 EDITS = replace(scenario("edits"), duration_s=600.0, snapshot_s=0.0)
@@ -148,8 +149,8 @@ def test_hit_tolerance_setting(edits):
     con = edits[0]
     from agentobs.metrics import compute
 
-    base = compute("reprefill", db=con, by="cause", settings=Settings()).to_dicts()
-    strict = compute("reprefill", db=con, by="cause", settings=Settings(values={"hit_tolerance_blocks": 0}))
+    base = compute("reprefill", db=as_source(con), by="cause", settings=Settings()).to_dicts()
+    strict = compute("reprefill", db=as_source(con), by="cause", settings=Settings(values={"hit_tolerance_blocks": 0}))
     strict = strict.to_dicts()
     # tolerance 0: every shortfall without evidence is a prompt edit (KV events show no removal) — the hits within one
     # block (B = 16) move from 'none' to prompt_edit; the band's upper end does not move

@@ -46,6 +46,7 @@ from agentobs.collect.files import import_otlp
 from agentobs.collect.otlp import decode_json
 from agentobs.config import Settings, load_settings
 from agentobs.model import connect
+from agentobs.source import as_source
 from agentobs.store.writer import Writer
 
 T0 = 1_800_000_000.0
@@ -163,7 +164,7 @@ def test_one_definition_of_retries(db):
     """The sessions and tasks views count the calls call_reuse marks is_retry, and task_cost's retries."""
     from agentobs.metrics import compute, prepare
 
-    run, close = prepare(db, settings=Settings())
+    run, close = prepare(as_source(db), settings=Settings())
     try:
         flagged = sorted(r[0].lstrip("0") for r in run.cur.sql("SELECT call_id FROM m_calls WHERE is_retry").fetchall())
         turns = dict(run.cur.sql("SELECT call_id, turn_no FROM m_calls WHERE session_id = 's2'").fetchall())
@@ -175,7 +176,7 @@ def test_one_definition_of_retries(db):
     # the turns of s2 per branch: main e1 (turn 1) and its retry e3 (still turn 1); b1 e2 (turn 1 of its branch)
     assert (turns[cid("e1")], turns[cid("e3")], turns[cid("e2")]) == (1, 1, 1)
     by_task = {r["task_id"]: r["retries"]
-               for r in compute("task_cost", db=db, by="task", settings=Settings()).to_dicts()}
+               for r in compute("task_cost", db=as_source(db), by="task", settings=Settings()).to_dicts()}
     assert by_task == {"t1": 2, "t2": 1}
 
 
@@ -194,13 +195,13 @@ def test_demo_headline_hit_rate(db):
 def test_reuse_metric_and_filter_branch(db):
     from agentobs.metrics import compute
 
-    r = {x["session_id"]: x for x in compute("reuse", db=db, by="session", settings=Settings()).to_dicts()}
+    r = {x["session_id"]: x for x in compute("reuse", db=as_source(db), by="session", settings=Settings()).to_dicts()}
     assert r["s1"]["hit_rate"] == pytest.approx(15960 / 30000) and r["s2"]["hit_rate"] == pytest.approx(1984 / 3000)
     main = json.loads(agentobs("metrics", "reuse", "--filter", "branch=main", "--db", db, "--format", "json"))
     main = {x["session_id"]: x for x in main}
     assert (main["s1"]["calls"], main["s2"]["calls"]) == (7, 2)
     assert main["s1"]["hit_rate"] == pytest.approx(12968 / 22000) and main["s2"]["hit_rate"] == pytest.approx(0.496)
-    b1 = {x["session_id"]: x for x in compute("reuse", db=db, by="session", filters={"branch": "b1"},
+    b1 = {x["session_id"]: x for x in compute("reuse", db=as_source(db), by="session", filters={"branch": "b1"},
                                            settings=Settings()).to_dicts()}
     assert (b1["s1"]["calls"], b1["s2"]["calls"]) == (2, 1)
     assert b1["s1"]["hit_rate"] == pytest.approx(2992 / 8000) and b1["s2"]["hit_rate"] == pytest.approx(0.992)

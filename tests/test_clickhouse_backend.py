@@ -29,7 +29,7 @@ from agentobs.config import load_settings  # noqa: E402
 from agentobs.errors import ConfigError  # noqa: E402
 from agentobs.metrics import compute_all, names  # noqa: E402
 from agentobs.model import connect  # noqa: E402
-from agentobs.source import ClickHouseSource  # noqa: E402
+from agentobs.source import ClickHouseSource, as_source  # noqa: E402
 from agentobs.store.writer import Writer  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
@@ -183,7 +183,7 @@ def test_metric_samples_same_series_and_values(both):
 def suites(both):
     con, ch, settings = both
     chosen = list(names())
-    return compute_all(con, settings=settings, metrics=chosen), compute_all(ClickHouseSource(ch=ch), settings=settings, metrics=chosen)
+    return compute_all(as_source(con), settings=settings, metrics=chosen), compute_all(ClickHouseSource(ch=ch), settings=settings, metrics=chosen)
 
 
 @pytest.mark.parametrize("name", list(names()))
@@ -285,3 +285,47 @@ def test_cli_load_init_sql_metrics(tmp_path):
     assert metrics.returncode == 0 and '"cached_tokens":9552' in metrics.stdout.replace(" ", ""), metrics.stderr
     for (sql_text, msg), res in zip(bad, refused, strict=True):
         assert res.returncode != 0 and msg in res.stderr.replace("\n", " "), (sql_text, res.stderr)
+
+
+def test_session_aliases_come_from_the_alias_table(both):
+    """The spans view reads the session-id keys from agentobs_aliases at ingest: a changed ``session_keys``
+    written at the next connection (make_source → sync_aliases_note) applies to spans ingested after it, with no
+    ``clickhouse init`` again; spans ingested before keep their ids (as on DuckDB, where aliases apply at ingest).
+    On the module's chDB (one per process), its own trace, removed again at the end."""
+    from agentobs.config import Settings
+
+    _, ch, before = both  # the module's store, made with the default keys
+    trace = "ab" * 16
+
+    def span(sid: str, attrs: dict) -> dict:
+        return {"traceId": trace, "spanId": sid * 8, "name": "chat m", "kind": 3,
+                "startTimeUnixNano": "1800000000000000000", "endTimeUnixNano": "1800000001000000000",
+                "attributes": [{"key": k, "value": {"stringValue": v}} for k, v in attrs.items()]}
+
+    def ingest(sid: str, attrs: dict) -> None:
+        doc = {"resourceSpans": [{"resource": {"attributes": []}, "scopeSpans": [{"spans": [span(sid, attrs)]}]}]}
+        ch.insert_arrow("otel_traces", load.traces_rows(otlp.decode_json_obj(doc, before).table()))
+
+    def session_of(sid: str):
+        return ch.arrow(f"SELECT session_id FROM spans WHERE span_id = '{sid * 8}'").column(0).to_pylist()
+
+    # gen_ai.conversation.id is one of the default keys, my.session is not
+    attrs = {"gen_ai.operation.name": "chat", "gen_ai.conversation.id": "conv-1", "my.session": "mine-1"}
+    after = Settings(values={"session_keys": ["my.session", *before.session_keys]})
+    try:
+        assert model.stored_aliases(ch)["session_id"] == list(before.session_keys)  # written at init
+        ingest("a1", attrs)
+        assert session_of("a1") == ["conv-1"]
+        assert model.sync_aliases_note(ch, before) is None           # nothing differs: nothing written
+        note = model.sync_aliases_note(ch, after)
+        assert note is not None and note.startswith("alias lists of session_id updated")
+        assert model.stored_aliases(ch)["session_id"][0] == "my.session"
+        assert model.alias_differences(ch, before) == ["session_id"]
+        ingest("b2", attrs)
+        assert session_of("b2") == ["mine-1"]                        # the new first key, without init
+        assert session_of("a1") == ["conv-1"]                        # resolved at its ingest
+    finally:
+        assert model.sync_aliases(ch, before) in (["session_id"], [])  # back to the module's settings
+        for table, col in (("otel_traces", "TraceId"), ("spans", "trace_id")):
+            ch.command(f"DELETE FROM {table} WHERE {col} = '{trace}'")
+    assert model.stored_aliases(ch)["session_id"] == list(before.session_keys)

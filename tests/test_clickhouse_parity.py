@@ -32,6 +32,7 @@ from agentobs.model import connect  # noqa: E402
 from agentobs.report import build, resolve  # noqa: E402
 from agentobs.sim.run import simulate  # noqa: E402
 from agentobs.sim.scenarios import scenario  # noqa: E402
+from agentobs.source import as_source
 from agentobs.store.writer import Writer  # noqa: E402
 
 FIX = Path(__file__).parent / "fixtures"
@@ -79,7 +80,7 @@ def findings(both):
     # a 5-minute default window inside the 10 minutes of data: the run narrows its tables with UPDATE m_calls /
     # DELETE FROM m_samples (agentobs/findings/context.py), mutations of the Memory tables on ClickHouse
     s = Settings({**settings.values, "findings_default_window_s": 300.0})
-    return findings_run(con, settings=s, simulate=False), findings_run(ch, settings=s, simulate=False)
+    return findings_run(as_source(con), settings=s, simulate=False), findings_run(as_source(ch), settings=s, simulate=False)
 
 
 def test_findings_same_ids_in_the_same_order(findings):
@@ -110,7 +111,7 @@ def test_findings_same_tax_evidence_and_text(findings):
 def reports(both):
     con, ch, settings, _ = both
     period = resolve(None, "2026-10-01T09:00", "2026-10-01T09:30")
-    return build(con, period, settings), build(ch, period, settings)  # findings included (simulated replay)
+    return build(as_source(con), period, settings), build(as_source(ch), period, settings)  # findings included (simulated replay)
 
 
 # string_agg(DISTINCT …) order is unspecified in DuckDB (ClickHouse's translation sorts): compare as sets. A session
@@ -163,7 +164,7 @@ def test_exporter_snapshot_identical(both):
     now = START + 1800  # window [09:00, 09:30): every call
 
     def series(db):
-        snap = compute_snapshot(db, settings, clock=lambda: now, window_s=1800)
+        snap = compute_snapshot(as_source(db), settings, clock=lambda: now, window_s=1800)
         return {name: sorted((tuple(sorted(lab.items())), v) for lab, v in s) for name, s in snap.series.items()}
 
     a, b = series(con), series(ch)
@@ -246,7 +247,7 @@ def test_a_run_moved_to_the_previous_period_agrees_on_both_engines(both):
     since = until - 300.0
     out = {}
     for name, db in (("duckdb", con), ("clickhouse", ch)):
-        run, done = prepare(db, since=since, until=until, settings=settings)
+        run, done = prepare(as_source(db), since=since, until=until, settings=settings)
         try:
             now = run.compute("reuse", "model")
             run.set_window(since - 300.0, since)
@@ -256,7 +257,7 @@ def test_a_run_moved_to_the_previous_period_agrees_on_both_engines(both):
         finally:
             done()
         out[name] = (now.sort("model").to_dicts(), before.sort("model").to_dicts(), again.sort("model").to_dicts())
-    fresh, done = prepare(con, since=since - 300.0, until=since, settings=settings)
+    fresh, done = prepare(as_source(con), since=since - 300.0, until=since, settings=settings)
     try:
         want_before = fresh.compute("reuse", "model").sort("model").to_dicts()
     finally:

@@ -25,6 +25,7 @@ from agentobs.console.filters import Filters, from_query_params, to_query_params
 from agentobs.console.shell import PAGES
 from agentobs.errors import InputError
 from agentobs.metrics import compute
+from agentobs.source import as_source
 
 TIMEOUT = 60
 
@@ -82,7 +83,7 @@ def test_sessions_table_numbers_equal_metrics_api(view, db):
     # 1 worked-example session + 4 generated ones, each once
     assert sorted(df["session_id"]) == sorted([WORKED_SESSION, "sess-gen-01", "sess-gen-02", "sess-gen-03",
                                                "sess-gen-04"])
-    api = compute("reuse", db=str(db), by="session")
+    api = compute("reuse", db=as_source(str(db)), by="session")
     for sid in df["session_id"]:
         shown = df.filter(pl.col("session_id") == sid).row(0, named=True)
         want = api.filter(pl.col("session_id") == sid).row(0, named=True)
@@ -134,8 +135,8 @@ def test_unknown_session_suggests_the_nearest(view):
 
 def test_overview_kpis_equal_metrics_api(view, db):
     goto(view, "overview.py")
-    reuse = compute("reuse", db=str(db), by="model")
-    rep = compute("reprefill", db=str(db), by="model")
+    reuse = compute("reuse", db=as_source(str(db)), by="model")
+    rep = compute("reprefill", db=as_source(str(db)), by="model")
     assert [s.value for s in view.subheader][:2] == sorted(reuse["model"].to_list(), key=reuse["model"].to_list().index)
     metrics = [(m.label, m.value) for m in view.metric]
     u = [v for label, v in metrics if label == "Session reuse hit rate U"]
@@ -146,7 +147,7 @@ def test_overview_kpis_equal_metrics_api(view, db):
         assert u[i] == f"{100 * r['reuse_hit_rate']:.1f} %"
         assert share[i] == f"{100 * x['share_of_cache_tokens']:.1f} %"
     # ITL p99 from the metric `itl`, equal to itl_tail's p99 of the same gaps (the ITL tails page)
-    itl, tail = compute("itl", db=str(db), by="model"), compute("itl_tail", db=str(db), by="model")
+    itl, tail = compute("itl", db=as_source(str(db)), by="model"), compute("itl_tail", db=as_source(str(db)), by="model")
     shown = [v for label, v in metrics if label == "ITL p99"]
     for i, model in enumerate(reuse["model"]):
         p99 = itl.filter(pl.col("model") == model)["p99_ms"]
@@ -200,8 +201,8 @@ def test_overview_change_vs_previous_equals_metrics_api_of_both_periods(app, db,
     goto(app, "overview.py", since="2026-10-14T09:30:00", until="2026-10-14T09:50:00")
     assert len(prepared) == 1   # nothing of this window was cached yet: one preparation served the whole page
     monkeypatch.undo()
-    now = compute("reuse", db=str(db), by="model", since="2026-10-14T09:30:00", until="2026-10-14T09:50:00")
-    before = compute("reuse", db=str(db), by="model", since="2026-10-14T09:10:00", until="2026-10-14T09:30:00")
+    now = compute("reuse", db=as_source(str(db)), by="model", since="2026-10-14T09:30:00", until="2026-10-14T09:50:00")
+    before = compute("reuse", db=as_source(str(db)), by="model", since="2026-10-14T09:10:00", until="2026-10-14T09:30:00")
     assert before["model"].to_list() == [QWEN]
     u = [m for m in app.metric if m.label == "Session reuse hit rate U"]
     models = now["model"].to_list()
@@ -266,7 +267,7 @@ def test_engines_page(view, db):
     assert dict(zip(inst["instance"], inst["scrapes"], strict=True)) == {
         "10.42.7.31:8000": 3, "10.42.7.32:8000": 3, "10.42.7.40:30000": 1}
     fleet = df_of(view, 1)
-    api = compute("fleet_hit_rate", db=str(db), by="instance")
+    api = compute("fleet_hit_rate", db=as_source(str(db)), by="instance")
     assert fleet.columns == api.columns
     shown = dict(zip(fleet["instance"], fleet[fleet.columns[-1]], strict=True))
     want = dict(zip(api["instance"], api[api.columns[-1]], strict=True))
@@ -329,7 +330,7 @@ def test_saved_queries_roundtrip(app, tmp_path):
 
 def test_cost_page_drills_to_a_task(app, db):
     goto(app, "cost.py")
-    api = compute("task_cost", db=str(db), by="task")
+    api = compute("task_cost", db=as_source(str(db)), by="task")
     app.selectbox(key="cost_task").set_value("task-sess-gen-03").run()
     calls = df_of(app, len(app.dataframe) - 1)
     assert calls["attempt"].to_list() == [1, 2, 1]  # the failed call, its retry, the next turn
@@ -390,7 +391,7 @@ def test_findings_page_matches_findings_run(view, db):
     from agentobs.findings import run
 
     goto(view, "findings.py")
-    n = len(run(str(db)))
+    n = len(run(as_source(str(db))))
     if n == 0:
         assert view.success[0].value == "No findings in this view."
     else:
@@ -435,7 +436,7 @@ def test_finding_renders_evidence_money_and_copyable_fix():
 # -- charts: their data is the metric's output ----------------------------------------------------------------
 def test_turn_resume_chart_data_is_the_metric_output(view, db):
     goto(view, "turn_resume.py")
-    api = compute("turn_resume_ttft", db=str(db), by="instance")
+    api = compute("turn_resume_ttft", db=as_source(str(db)), by="instance")
     shown = charts_of(view)
     assert len(shown) == api["instance"].n_unique() > 1   # one small chart per instance, none summing them
     for spec, data in shown:
@@ -455,7 +456,7 @@ def test_turn_resume_chart_data_is_the_metric_output(view, db):
 
 def test_itl_chart_data_is_the_metric_output(view, db):
     goto(view, "itl.py")
-    api = compute("itl_tail", db=str(db), by="instance").filter(pl.col("method") == "per_chunk")
+    api = compute("itl_tail", db=as_source(str(db)), by="instance").filter(pl.col("method") == "per_chunk")
     shown = charts_of(view)
     assert shown and len(shown) == api.height
     for spec, data in shown:
@@ -470,7 +471,7 @@ def test_itl_chart_data_is_the_metric_output(view, db):
 
 def test_overview_chart_per_model_is_the_metric_output(view, db):
     goto(view, "overview.py")
-    api = compute("turn_resume_ttft", db=str(db), by="model")
+    api = compute("turn_resume_ttft", db=as_source(str(db)), by="model")
     # the TTFT charts (the first screen's tax-over-time chart, coloured by miss cause, is the ledger's: see
     # test_findings_ledger and the browser test)
     shown = [(spec, data) for spec, data in charts_of(view)
@@ -618,7 +619,7 @@ def test_sketch_percentiles_shown_with_their_bound(db, monkeypatch, tmp_path):
     con = connect(copy)
     state.rebuild(con, Settings())
     con.close()
-    rows = compute("turn_resume_ttft", db=str(copy), by="model", settings=Settings())
+    rows = compute("turn_resume_ttft", db=as_source(str(copy)), by="model", settings=Settings())
     overall = [r for r in rows.to_dicts() if r["gap_bucket"] == "all"]
     assert overall and all(r["ttft_p99_rel_err"] == 0.01 for r in overall)
     _env(monkeypatch, copy, tmp_path / "queries.json")

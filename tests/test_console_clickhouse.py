@@ -42,6 +42,7 @@ from agentobs.console.shell import PAGES  # noqa: E402
 from agentobs.errors import QueryError, StoreError  # noqa: E402
 from agentobs.metrics import compute  # noqa: E402
 from agentobs.model import connect  # noqa: E402
+from agentobs.source import as_source
 
 TIMEOUT = 120
 RUN = SQL_RUN
@@ -145,7 +146,7 @@ def test_sessions_numbers_equal_duckdb(view, stores):
     df = df_of(view)
     assert sorted(df["session_id"]) == sorted([WORKED_SESSION, "sess-gen-01", "sess-gen-02", "sess-gen-03",
                                                "sess-gen-04"])
-    api = compute("reuse", db=str(db), by="session")  # the DuckDB store
+    api = compute("reuse", db=as_source(str(db)), by="session")  # the DuckDB store
     for sid in df["session_id"]:
         shown = df.filter(pl.col("session_id") == sid).row(0, named=True)
         want = api.filter(pl.col("session_id") == sid).row(0, named=True)
@@ -210,8 +211,8 @@ def test_unknown_session_suggests_the_nearest(view):
 def test_overview_kpis_equal_duckdb(view, stores):
     db, _ = stores
     goto(view, "overview.py")
-    reuse = compute("reuse", db=str(db), by="model")
-    rep = compute("reprefill", db=str(db), by="model")
+    reuse = compute("reuse", db=as_source(str(db)), by="model")
+    rep = compute("reprefill", db=as_source(str(db)), by="model")
     assert [s.value for s in view.subheader][:2] == reuse["model"].to_list()
     metrics = [(m.label, m.value) for m in view.metric]
     u = [v for label, v in metrics if label == "Session reuse hit rate U"]
@@ -234,7 +235,7 @@ def test_engines_page_equals_duckdb(view, stores):
     assert dict(zip(inst["instance"], inst["scrapes"], strict=True)) == {
         "10.42.7.31:8000": 3, "10.42.7.32:8000": 3, "10.42.7.40:30000": 1}
     fleet = df_of(view, 1)
-    api = compute("fleet_hit_rate", db=str(db), by="instance")
+    api = compute("fleet_hit_rate", db=as_source(str(db)), by="instance")
     assert fleet.columns == api.columns
     hr = next(c for c in api.columns if "hit_rate" in c)
     shown = dict(zip(fleet["instance"], fleet[hr], strict=True))
@@ -255,7 +256,7 @@ def test_cost_page_drills_to_a_task(app, stores):
     assert calls["attempt"].to_list() == [1, 2, 1]  # the failed call, its retry, the next turn
     assert calls["status"].to_list() == ["error", "ok", "ok"]
     shown = df_of(app, len(app.dataframe) - 2)
-    want = compute("task_cost", db=str(db), by="task").filter(pl.col("task_id") == "task-sess-gen-03")
+    want = compute("task_cost", db=as_source(str(db)), by="task").filter(pl.col("task_id") == "task-sess-gen-03")
     assert shown.columns == want.columns
     for c in want.columns:
         assert same(shown[c][0], want[c][0]), c
@@ -266,7 +267,7 @@ def test_findings_page_equals_duckdb(view, stores):
 
     db, _ = stores
     goto(view, "findings.py")
-    duck = run(str(db))
+    duck = run(as_source(str(db)))
     if not duck:
         assert view.success[0].value == "No findings in this view."
     else:
@@ -283,7 +284,7 @@ def test_whatif_page_equals_duckdb(view, stores):
     db, _ = stores
     goto(view, "whatif.py", change=["prefix_cache=off"])
     assert not view.error, [e.value for e in view.error]
-    duck = run(str(db), ["prefix_cache=off"])
+    duck = run(as_source(str(db)), ["prefix_cache=off"])
     shown = df_of(view)
     want = duck.table().to_pylist()
     assert shown["figure"].to_list() == [r["figure"] for r in want]

@@ -21,6 +21,7 @@ from agentobs.model import connect
 from agentobs.model.kvindex import refresh
 from agentobs.sim.run import simulate
 from agentobs.sim.scenarios import scenario
+from agentobs.source import as_source
 from agentobs.store.writer import Writer
 
 SAMPLE = Path(__file__).parent.parent / "sample_data" / "fleet"
@@ -161,7 +162,7 @@ def test_demo_ends_now_and_prints_the_answer(tmp_path, demo_sample):
     from agentobs.findings.context import fmt_usd
     from agentobs.findings.render import short_fix
 
-    led = build(db)
+    led = build(as_source(db))
     assert f"Recompute tax: {fmt_usd(led.usd_week)}/week" in r.output
     top = led.top_fixes(1)[0]
     assert f"1. {fmt_usd(top.tax.usd_week)}/week · {top.sessions:,} sessions · {short_fix(top)}"[:60] in r.output

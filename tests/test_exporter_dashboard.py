@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_report_store import T, build_store, settings
 
 from agentobs.exporter import DerivedCollector
+from agentobs.source import as_source
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -57,7 +58,7 @@ def test_metric_names_extraction(expr, names):
 def known(tmp_path_factory) -> set[str]:
     tmp = tmp_path_factory.mktemp("dash")
     db = build_store(tmp / "r.duckdb", tmp)
-    c = DerivedCollector(str(db), settings(), clock=lambda: T + 1800)
+    c = DerivedCollector(as_source(str(db)), settings(), clock=lambda: T + 1800)
     assert c.refresh()
     exporter = {s.name for fam in c.collect() for s in fam.samples}
     # the crafted store has no KV events, so the exporter emits no wasted-rent sample but serves the family

@@ -11,6 +11,7 @@ from test_report_store import COST_USD, REPREFILL_USD, T, build_store, settings
 
 from agentobs.exporter import DerivedCollector, serve
 from agentobs.metrics import compute
+from agentobs.source import as_source
 
 NOW = T + 1800  # half an hour after the crafted week's first call; the default window is 3600 s
 WINDOW_S = 3600.0
@@ -50,16 +51,16 @@ def scraped(store):
 def test_values_equal_the_metrics_api(scraped, store):
     w = dict(since=NOW - WINDOW_S, until=NOW, settings=settings())
     for dim in ("instance", "model", "task_type"):
-        reuse = compute("reuse", store, by=dim, **w)
+        reuse = compute("reuse", as_source(store), by=dim, **w)
         assert values(scraped["agentobs_session_reuse_hit_rate"], dimension=dim) == pytest.approx(
             {r[dim]: r["reuse_hit_rate"] for r in reuse.to_dicts() if r["reuse_hit_rate"] is not None}), dim
-        rp = compute("reprefill", store, by=dim, **w).to_dicts()
+        rp = compute("reprefill", as_source(store), by=dim, **w).to_dicts()
         assert values(scraped["agentobs_reprefill_token_share"], dimension=dim) == pytest.approx(
             {r[dim]: r["share_of_cache_tokens"] for r in rp if r["share_of_cache_tokens"] is not None}), dim
         # $ over a 1 h window = $/h
         assert values(scraped["agentobs_recompute_tax_usd_per_hour"], dimension=dim) == pytest.approx(
             {r[dim]: r["reprefill_cost_usd"] for r in rp if r["reprefill_cost_usd"] is not None}), dim
-        rent = compute("idle_kv_rent", store, by=dim, **w).to_dicts()
+        rent = compute("idle_kv_rent", as_source(store), by=dim, **w).to_dicts()
         assert values(scraped["agentobs_idle_kv_rent_usd_per_hour"], dimension=dim, kind="paid") == pytest.approx(
             {r[dim]: r["rent_paid_usd"] for r in rent if r["rent_paid_usd"] is not None}), dim
 
@@ -85,7 +86,7 @@ def test_exporter_health_series(scraped):
 
 
 def test_a_failed_refresh_keeps_serving_and_counts(tmp_path):
-    c = DerivedCollector(str(tmp_path / "missing.duckdb"), settings(), clock=lambda: NOW)
+    c = DerivedCollector(as_source(str(tmp_path / "missing.duckdb")), settings(), clock=lambda: NOW)
     assert c.refresh() is False
     fams = {f.name: f for f in c.collect()}
     assert fams["agentobs_exporter_refresh_errors"].samples[0].value == 1
@@ -97,7 +98,7 @@ def test_refresh_sees_new_calls(tmp_path):
     from test_report_store import SESSIONS
 
     db = build_store(tmp_path / "grow.duckdb", tmp_path, sessions=SESSIONS[:1])
-    c = DerivedCollector(str(db), settings(), clock=lambda: NOW)
+    c = DerivedCollector(as_source(str(db)), settings(), clock=lambda: NOW)
     assert c.refresh()
     calls = {s.labels["group"]: s.value for f in c.collect() if f.name == "agentobs_calls" for s in f.samples
              if s.labels["dimension"] == "instance"}

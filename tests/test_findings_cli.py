@@ -15,6 +15,7 @@ from agentobs.cli import cli
 from agentobs.errors import InputError
 from agentobs.findings import run
 from agentobs.findings.acks import parse_until
+from agentobs.source import as_source
 
 FID = f"hicache_off/instance={SG}"
 
@@ -63,8 +64,8 @@ def test_ack_hides_until_expiry(db):
     # the console/report path: a read-only connection, and a clock past the expiry → it is back
     con = duckdb.connect(str(db[0]), read_only=True)
     after = dt.datetime(2099, 1, 2, tzinfo=dt.UTC).timestamp()
-    assert FID in [f.id for f in run(con, *WINDOW, settings=settings(), clock=lambda: after)]
-    assert FID not in [f.id for f in run(con, *WINDOW, settings=settings())]
+    assert FID in [f.id for f in run(as_source(con), *WINDOW, settings=settings(), clock=lambda: after)]
+    assert FID not in [f.id for f in run(as_source(con), *WINDOW, settings=settings())]
     con.close()
     r = invoke(["findings", "acks", "--format", "json"], db)
     assert json.loads(r.stdout)[0]["finding_id"] == FID
@@ -103,5 +104,5 @@ def test_store_without_acks_table_reads_fine(db):
     con.execute("DROP TABLE findings_acks")
     con.close()
     ro = duckdb.connect(str(db[0]), read_only=True)
-    assert FID in [f.id for f in run(ro, *WINDOW, settings=settings())]
+    assert FID in [f.id for f in run(as_source(ro), *WINDOW, settings=settings())]
     ro.close()

@@ -18,6 +18,7 @@ from agentobs.config import Settings
 from agentobs.findings import build as ledger_of
 from agentobs.findings.finding import Finding, Scope, Tax
 from agentobs.findings.ledger import _cap, order_key
+from agentobs.source import as_source
 
 
 # -- ownership on hand-built stores ------------------------------------------------------------------------------
@@ -28,7 +29,7 @@ def test_overlapping_rules_share_the_evicted_calls_without_counting_twice(store,
     # ledger, so it owns 50,000 and hicache_off the other 50,000 — together the 100,000 of the fleet, not 150,000.
     q = [(0.0, 0.0), (150.0, 5.0), (166.5, 0.0)]
     build(store, tmp_path, Fleet(two_turn_sessions(SG), sglang={SG: {}}, queue={SG: q}))
-    led = ledger_of(store[0], since=WINDOW[0], until=WINDOW[1], settings=settings(), simulate=False)
+    led = ledger_of(as_source(store[0]), since=WINDOW[0], until=WINDOW[1], settings=settings(), simulate=False)
     by = {f.rule: f for f in led.findings}
     assert by["sglang_fcfs"].tax.tokens_window == 50_000 and by["sglang_fcfs"].sessions == 5
     assert by["hicache_off"].tax.tokens_window == 50_000 and by["hicache_off"].sessions == 5
@@ -55,7 +56,7 @@ def test_a_cache_off_instance_owns_its_routed_turns(store, tmp_path):
 
     calls = two_turn_sessions(VL, instance2=VL2)
     build(store, tmp_path, Fleet(calls, vllm={VL: {}, VL2: {"enable_prefix_caching": "False"}}))
-    led = ledger_of(store[0], since=WINDOW[0], until=WINDOW[1], settings=settings(), simulate=False)
+    led = ledger_of(as_source(store[0]), since=WINDOW[0], until=WINDOW[1], settings=settings(), simulate=False)
     by = {f.rule: f for f in led.findings}
     assert by["prefix_cache_off"].tax.tokens_window == 100_000 and by["prefix_cache_off"].sessions == 10
     assert "non_affine_routing" not in by
@@ -91,13 +92,13 @@ def test_unpriced_findings_come_last_and_are_info():
 # -- invariants on the sample fleet -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def sample_ledger(sample_db):
-    return ledger_of(str(sample_db), settings=Settings())
+    return ledger_of(as_source(str(sample_db)), settings=Settings())
 
 
 @pytest.fixture(scope="module")
 def sample_ledger_unsimulated(sample_db):
     """The whole sample's ledger without the replay (its first and last call times bound the tests' periods)."""
-    return ledger_of(str(sample_db), settings=Settings(), simulate=False)
+    return ledger_of(as_source(str(sample_db)), settings=Settings(), simulate=False)
 
 
 def test_sample_invariants(sample_ledger, sample_db):
@@ -133,7 +134,7 @@ def test_sample_cache_off_finding_owns_its_instance(sample_ledger, sample_db):
     led = sample_ledger
     f = next(f for f in led.findings if f.rule == "prefix_cache_off")
     inst = f.scope.instance
-    m = compute("reprefill", db=str(sample_db), since=led.since, until=led.until, by="instance", settings=Settings())
+    m = compute("reprefill", db=as_source(str(sample_db)), since=led.since, until=led.until, by="instance", settings=Settings())
     row = m.filter(m["instance"] == inst).to_dicts()[0]
     assert f.tax.tokens_window == row["reprefill_tokens"]
     assert f.tax.usd_window == pytest.approx(row["reprefill_cost_usd"])
@@ -171,7 +172,7 @@ def test_report_lists_the_cli_ledger_of_its_period(sample_ledger_unsimulated, sa
     # a period that holds the whole sample, given as the CLI takes it
     since, until = led.first_s - 3600, led.last_s + 3600
     period = Period("sample", since, until)
-    rep = report_build(str(sample_db), period, Settings())
+    rep = report_build(as_source(str(sample_db)), period, Settings())
     out = write(rep, tmp_path / "rep")
     # the CLI's ledger of the period, once: its findings rows are `--format json`'s (the same Finding.to_dict; the
     # two formats are compared on the whole sample in test_cli_json_is_the_ledger) and its fleet tax the headline's
@@ -197,8 +198,8 @@ def test_exporter_serves_the_ledger(sample_ledger_unsimulated, sample_db):
 
     led = sample_ledger_unsimulated
     now, window = led.last_s + 1.0, 7200.0
-    snap = compute_snapshot(str(sample_db), Settings(), clock=lambda: now, window_s=window)
-    want = ledger_of(str(sample_db), since=now - window, until=now, settings=Settings())
+    snap = compute_snapshot(as_source(str(sample_db)), Settings(), clock=lambda: now, window_s=window)
+    want = ledger_of(as_source(str(sample_db)), since=now - window, until=now, settings=Settings())
     (labels, v), = snap.series["agentobs_recompute_tax_usd_per_week"]
     assert v == pytest.approx(want.usd_week)
     got = {lab["finding"]: x for lab, x in snap.series["agentobs_finding_tax_usd_per_week"]}
@@ -228,9 +229,9 @@ def test_report_week_before_is_the_ledger_of_the_week_before(store, tmp_path):
 
     calls = two_turn_sessions(SG) + two_turn_sessions(SG, n=4, start=-3000.0)
     build(store, tmp_path, Fleet(calls, sglang={SG: {}}))
-    rep = report_build(store[0], Period("hour", *WINDOW), settings())
-    before = ledger_of(store[0], since=WINDOW[0] - 3600, until=WINDOW[0], settings=settings(), simulate=False)
-    now = ledger_of(store[0], since=WINDOW[0], until=WINDOW[1], settings=settings())
+    rep = report_build(as_source(store[0]), Period("hour", *WINDOW), settings())
+    before = ledger_of(as_source(store[0]), since=WINDOW[0] - 3600, until=WINDOW[0], settings=settings(), simulate=False)
+    now = ledger_of(as_source(store[0]), since=WINDOW[0], until=WINDOW[1], settings=settings())
     fig = rep.figure("recompute_tax_usd_week")
     assert before.tokens_window == 40_000 and now.tokens_window == 100_000  # 4 and 10 evicted follow-ups
     assert fig.value == pytest.approx(now.usd_week) and fig.previous == pytest.approx(before.usd_week)

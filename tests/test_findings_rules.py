@@ -21,6 +21,7 @@ from builders import otlp_request, resource_spans, span
 from agentobs.collect.files import import_otlp, import_prom, import_server_info
 from agentobs.config import Settings
 from agentobs.findings import run
+from agentobs.source import as_source
 
 T0 = 1_790_000_000.0          # window start (epoch s)
 WINDOW = (T0, T0 + 3600.0)    # one hour → ×168 to a week
@@ -132,7 +133,7 @@ def two_turn_sessions(instance: str, n: int = 10, gap: float = 60.0, C2: int | N
 
 
 def findings_by_rule(db, **kw):
-    found = run(db, since=WINDOW[0], until=WINDOW[1], settings=kw.pop("settings", None) or settings(), **kw)
+    found = run(as_source(db), since=WINDOW[0], until=WINDOW[1], settings=kw.pop("settings", None) or settings(), **kw)
     return {f.rule: f for f in found}, found
 
 
@@ -186,7 +187,7 @@ def test_hicache_off_fires_with_sizing(store, tmp_path):
     # the same tax as the reprefill metric's evicted_full row (METRICS.md §3), scaled ×168
     from agentobs.metrics import compute
 
-    m = compute("reprefill", db=store[0], since=WINDOW[0], until=WINDOW[1], by="cause", settings=settings())
+    m = compute("reprefill", db=as_source(store[0]), since=WINDOW[0], until=WINDOW[1], by="cause", settings=settings())
     row = m.filter(m["cause"] == "unexplained").to_dicts()[0]  # (issue 20: was evicted_full, see above)
     assert f.tax.usd_week == pytest.approx(row["reprefill_cost_usd"] * WEEK)
 
@@ -351,7 +352,7 @@ def test_itl_long_prefill_fires(store, tmp_path):
     # the same numbers as the itl_tail metric (METRICS.md §6) the console and report show
     from agentobs.metrics import compute
 
-    m = compute("itl_tail", db=store[0], since=WINDOW[0], until=WINDOW[1], by="instance", settings=settings())
+    m = compute("itl_tail", db=as_source(store[0]), since=WINDOW[0], until=WINDOW[1], by="instance", settings=settings())
     row = m.filter(m["instance"] == SG).to_dicts()[0]
     assert row["tail_gaps"] == ev["tail_gaps"] and row["unattributed_tail_gaps"] == ev["tail_gaps_unattributed"]
     assert row["tail_long_prefill_share"] == pytest.approx(ev["share_tail_long_prefill"])
@@ -375,7 +376,7 @@ def test_itl_rule_reads_every_instance_in_one_query_with_the_per_instance_number
     vl.append(Call("vd", VL, 300.0, 1.0, 500, 0, ttft=0.1, itl=[300.0]))
     build(store, tmp_path, Fleet(sg + vl, vllm={VL: {}}, sglang={SG: {"enable_hierarchical_cache": True}}))
     s = settings()
-    run_, close = prepare(store[0], since=WINDOW[0], until=WINDOW[1], settings=s)
+    run_, close = prepare(as_source(store[0]), since=WINDOW[0], until=WINDOW[1], settings=s)
     try:
         from agentobs.model.itl import itl_gap_params
 
@@ -463,15 +464,15 @@ def test_retention_drop_yields_to_the_second_tier_rule(store, tmp_path):
     assert "retention_vs_recompute" not in by_rule
     f = by_rule["vllm_no_offload"]
     assert f.tax.tokens_week == pytest.approx(100_000 * WEEK) and f.sessions == 10
-    L = ledger(store[0], since=WINDOW[0], until=WINDOW[1], settings=settings())
+    L = ledger(as_source(store[0]), since=WINDOW[0], until=WINDOW[1], settings=settings())
     assert L.tokens_window == 100_000 and L.owned("reprefill")[0] == pytest.approx(100_000 * WEEK)
 
 
 # -- API shape ----------------------------------------------------------------------------------------------
 def test_findings_are_values_and_stable(store, tmp_path):
     build(store, tmp_path, Fleet(two_turn_sessions(SG), sglang={SG: {}}))
-    a = run(store[0], since=WINDOW[0], until=WINDOW[1], settings=settings())
-    b = run(store[0], since=WINDOW[0], until=WINDOW[1], settings=settings())
+    a = run(as_source(store[0]), since=WINDOW[0], until=WINDOW[1], settings=settings())
+    b = run(as_source(store[0]), since=WINDOW[0], until=WINDOW[1], settings=settings())
     assert a == b and len({f.id for f in a}) == len(a)
     d = a[0].to_dict()
     assert d["id"] == a[0].id and "SELECT" in d["evidence"]["sql"] and d["tax"]["basis"]

@@ -19,6 +19,7 @@ from agentobs.findings import run
 from agentobs.findings.context import Context
 from agentobs.findings.replay import build as build_replay
 from agentobs.metrics import prepare
+from agentobs.source import as_source
 
 BUNDLE = Path(__file__).parent.parent / "sample_data" / "fleet"
 TRUTH = str(BUNDLE / "truth" / "calls.parquet")
@@ -35,7 +36,7 @@ def db(sample_db) -> Path:
 
 @pytest.fixture(scope="module")
 def found(db):
-    return {f.id: f for f in run(str(db), settings=Settings())}
+    return {f.id: f for f in run(as_source(str(db)), settings=Settings())}
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def truth():
 @pytest.fixture(scope="module")
 def mrun(db):
     """One metric run over the whole store (the findings' own preparation, agentobs.metrics.prepare)."""
-    mrun, close = prepare(str(db), settings=Settings())
+    mrun, close = prepare(as_source(str(db)), settings=Settings())
     yield mrun
     close()
 

@@ -25,6 +25,7 @@ from test_findings_rules import (
 from agentobs.cli import cli
 from agentobs.findings import run
 from agentobs.findings.context import fmt_duration
+from agentobs.source import as_source
 
 OFF = {"enable_prefix_caching": "False"}
 FID = f"prefix_cache_off/instance={VL}"
@@ -46,7 +47,7 @@ def test_short_window_reports_the_window_not_a_week(store, tmp_path):
     # 3 sessions starting at 0, 1, 2 s; call 1 lasts 2 s, call 2 starts 4 s after it and lasts 2 s:
     # the last call ends at 2 + 2 + 4 + 2 = 10 s after the first start → a 10 s window, not scaled ×60,480
     build(store, tmp_path, cache_off_fleet(n=3, gap=4.0, start=0.0, scraped=False))
-    f = by_id(run(store[0], settings=settings(), simulate=False))[FID]
+    f = by_id(run(as_source(store[0]), settings=settings(), simulate=False))[FID]
     assert f.tax.period == "window" and f.tax.per == " in the observed window"
     assert f.tax.tokens_week == 3 * 10_000                       # the window's tokens, unscaled
     assert f.tax.usd_week == pytest.approx(3 * 10_000 * USD_PER_TOKEN)
@@ -61,7 +62,7 @@ def test_short_window_reports_the_window_not_a_week(store, tmp_path):
 
 def test_min_window_setting_moves_the_guard(store, tmp_path):
     build(store, tmp_path, cache_off_fleet(n=3, gap=4.0, start=0.0, scraped=False))
-    f = by_id(run(store[0], settings=settings(findings_min_window_s=5.0), simulate=False))[FID]
+    f = by_id(run(as_source(store[0]), settings=settings(findings_min_window_s=5.0), simulate=False))[FID]
     # 10 s ≥ 5 s: scaled to a week, 604,800 / 10 = ×60,480
     assert f.tax.period == "week"
     assert f.tax.tokens_week == pytest.approx(3 * 10_000 * 60_480)
@@ -82,17 +83,17 @@ def test_default_window_ignores_an_old_stray_call(store, tmp_path):
     fleet = cache_off_fleet(n=10, stagger=400.0, scraped=False)
     fleet.calls.append(Call("stray", VL, -30 * 86400.0, 2.0, 5000, 0))
     build(store, tmp_path, fleet)
-    f = by_id(run(store[0], settings=settings(), simulate=False))[FID]
+    f = by_id(run(as_source(store[0]), settings=settings(), simulate=False))[FID]
     scale = 604_800 / 3_664
     assert f.tax.period == "week"
     assert f.tax.tokens_week == pytest.approx(10 * 10_000 * scale)
     assert "observed window 1.0 h scaled ×165.1 to a week" in f.tax.basis
     assert dict(f.evidence.params)["since"] == pytest.approx(T0 + 3_700 + 62 - 7 * 86400)  # newest start − 7 d
     # the same as the explicit window from the first session on
-    g = by_id(run(store[0], since=T0 + 100, settings=settings(), simulate=False))[FID]
+    g = by_id(run(as_source(store[0]), since=T0 + 100, settings=settings(), simulate=False))[FID]
     assert g.tax == f.tax
     # a default window long enough to include the stray call stretches the scaling to 30 days + 3,764 s
-    h = by_id(run(store[0], settings=settings(findings_default_window_s=40 * 86400.0), simulate=False)).get(FID)
+    h = by_id(run(as_source(store[0]), settings=settings(findings_default_window_s=40 * 86400.0), simulate=False)).get(FID)
     assert h is None  # $0.10 over 30 days is $0.02/week, below findings_min_usd_week
 
 
@@ -103,7 +104,7 @@ def test_recoverable_by_replay_matches_hand_computation(store, tmp_path):
     # its 625 prompt blocks (C = 10,000), so X = 0; as configured (off) X = 10,000 each. All 10 sessions are
     # replayed (f = 1): recoverable = 100,000 tokens in the hour → ×168 a week, at $1e-6 per token.
     build(store, tmp_path, cache_off_fleet(n=10, gap=5.0, stagger=100.0))
-    f = by_id(run(store[0], *WINDOW, settings=settings()))[FID]
+    f = by_id(run(as_source(store[0]), *WINDOW, settings=settings()))[FID]
     assert f.recoverable.method == "simulation (10 sessions replayed)"
     assert f.recoverable.tokens_week == pytest.approx(100_000 * WEEK)
     assert f.recoverable.usd_week == pytest.approx(100_000 * USD_PER_TOKEN * WEEK)
@@ -112,14 +113,14 @@ def test_recoverable_by_replay_matches_hand_computation(store, tmp_path):
     assert "100.0k → 0 tokens (−100%)" in f.recoverable.basis
     assert f.tax.tokens_week == pytest.approx(100_000 * WEEK)     # the observed tax is unchanged by the replay
     # deterministic: the same findings, replay included, on a second run
-    assert run(store[0], *WINDOW, settings=settings()) == run(store[0], *WINDOW, settings=settings())
+    assert run(as_source(store[0]), *WINDOW, settings=settings()) == run(as_source(store[0]), *WINDOW, settings=settings())
 
 
 def test_replay_bounded_by_the_session_setting(store, tmp_path):
     # 4 of 10 sessions replayed: each session has the same prompt tokens (22,000), so f = 10 / 4 = 2.5 and the
     # scaled recoverable is the same 100,000 tokens
     build(store, tmp_path, cache_off_fleet(n=10, gap=5.0, stagger=100.0))
-    f = by_id(run(store[0], *WINDOW, settings=settings(findings_sim_sessions=4)))[FID]
+    f = by_id(run(as_source(store[0]), *WINDOW, settings=settings(findings_sim_sessions=4)))[FID]
     assert f.recoverable.method == "simulation (4 sessions replayed)"
     assert "scaled ×2.50 to the window" in f.recoverable.basis
     assert f.recoverable.tokens_week == pytest.approx(100_000 * WEEK)
@@ -127,11 +128,11 @@ def test_replay_bounded_by_the_session_setting(store, tmp_path):
 
 def test_without_simulation_the_analytical_estimate_says_so(store, tmp_path):
     build(store, tmp_path, cache_off_fleet(n=10, gap=5.0, stagger=100.0))
-    f = by_id(run(store[0], *WINDOW, settings=settings(), simulate=False))[FID]
+    f = by_id(run(as_source(store[0]), *WINDOW, settings=settings(), simulate=False))[FID]
     assert f.recoverable.method == "analytical"
     assert f.recoverable.basis.endswith("simulation skipped (--no-simulate)")
     assert f.recoverable.tokens_week == pytest.approx(100_000 * WEEK)  # every disabled-cache prefix would hit
-    g = by_id(run(store[0], *WINDOW, settings=settings(findings_sim_sessions=0)))[FID]
+    g = by_id(run(as_source(store[0]), *WINDOW, settings=settings(findings_sim_sessions=0)))[FID]
     assert g.recoverable.method == "analytical"
     assert g.recoverable.basis.endswith("simulation off (findings_sim_sessions = 0)")
 
@@ -141,7 +142,7 @@ def test_replay_falls_back_when_it_cannot_be_built(store, tmp_path):
     vl2 = "10.0.0.9:8000"
     calls = two_turn_sessions(VL, n=10, gap=5.0, stagger=100.0, C2=0, instance2=vl2)
     build(store, tmp_path, Fleet(calls, vllm={VL: {}}))
-    f = by_id(run(store[0], *WINDOW, settings=settings()))["non_affine_routing/model=Qwen/Qwen3-8B"]
+    f = by_id(run(as_source(store[0]), *WINDOW, settings=settings()))["non_affine_routing/model=Qwen/Qwen3-8B"]
     assert f.recoverable.method == "analytical"
     assert f.recoverable.basis.endswith(f"simulation not used: pool {VL} + {vl2}: instance {vl2} has no known engine "
                                         "config (vllm or sglang) to simulate")

@@ -15,6 +15,7 @@ from agentobs.collect.snapshot import publish
 from agentobs.config import Settings
 from agentobs.metrics import prepare
 from agentobs.model import connect, kvindex, upkeep
+from agentobs.source import as_source
 from agentobs.store.writer import Writer
 
 # the eviction golden test's fleet (tests/test_metrics_golden.py): a3's idle window 30..100 s ends when a2's
@@ -32,7 +33,7 @@ CONFIG = [("A:8000", "vllm", "block_size", "16")]
 
 
 def m_calls(path, settings=None):
-    run, close = prepare(path, settings=settings or Settings())
+    run, close = prepare(as_source(path), settings=settings or Settings())
     try:
         return run.kv_index, run.cur.sql("SELECT * FROM m_calls ORDER BY call_id").pl()
     finally:

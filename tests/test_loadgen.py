@@ -22,6 +22,7 @@ from agentobs.metrics import compute
 from agentobs.model import connect
 from agentobs.sim.chain import Chain
 from agentobs.sim.workload import CallSpec, Segment, Session
+from agentobs.source import as_source
 
 
 @pytest.fixture
@@ -141,7 +142,7 @@ def test_run_shares_prefixes_sends_session_headers_and_stores_spans(engine, tmp_
         # each request's traceparent carries the trace of its session's stored spans
         tp = {q["headers"]["traceparent"].split("-")[1] for q in chats}
         assert tp == {x[6] for x in rows}
-        hit = compute("reuse", db=con, by="session")
+        hit = compute("reuse", db=as_source(con), by="session")
         s1row = hit.filter(hit["session_id"].str.ends_with("-s1")).row(0, named=True)
         assert s1row["hit_rate"] == pytest.approx((0 + 8 + 12) / (10 + 14 + 18))
     finally:
@@ -356,7 +357,7 @@ def test_compare_hand_computed(tmp_path):
     # (paired: a resample of {s1, s2}; s1's hit-rate change −992/2200, s2's −1984/4400 — both −0.4509…)
     assert h.ci_lo == pytest.approx(-2976 / 6600, abs=1e-3) and h.ci_hi == pytest.approx(-2976 / 6600, abs=1e-3)
     # the point estimates are the metrics API's own figures on each store
-    assert h.a == pytest.approx(compute("reuse", db=str(a), by="model")["hit_rate"][0])
+    assert h.a == pytest.approx(compute("reuse", db=as_source(str(a)), by="model")["hit_rate"][0])
     tab = display_table(c)
     assert "quantity" in tab.column_names and "B − A" in tab.column_names
     res = run_cli("loadgen", "--compare", a, b, "--bootstrap", "20", "--format", "json")

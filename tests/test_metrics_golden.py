@@ -1,6 +1,7 @@
-"""Golden tests of the agent metrics (METRICS.md): small hand-built inputs, expected outputs computed
-by hand in the comments. Spans go through the real writer into a real DuckDB file; the worked example
-goes through the real OTLP import path."""
+"""Golden tests of the agent metrics (METRICS.md) that need code: the worked example through the real OTLP import,
+several windows or settings on one store, repeated runs (ties), real captures, the API's properties. Small
+hand-built inputs, expected outputs computed by hand in the comments. The cases that are only inputs and expected
+rows are data files (tests/golden/*.yaml, run on DuckDB and chDB by test_metrics_golden_cases.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from builders import T0, call, make_db
 from agentobs.config import Settings, load_settings
 from agentobs.metrics import compute, compute_all, prepare
 from agentobs.model import connect
+from agentobs.source import as_source
 from agentobs.store.writer import Writer
 
 FIX = Path(__file__).parent / "fixtures"
@@ -24,7 +26,7 @@ def rows(df, key):
 
 
 def reuse_rows(path, settings=None):
-    run, close = prepare(path, settings=settings or Settings())
+    run, close = prepare(as_source(path), settings=settings or Settings())
     try:
         return rows(run.table("m_calls"), "call_id")
     finally:
@@ -41,7 +43,7 @@ def test_worked_example_via_otlp_import(tmp_path):
         res = import_otlp([FIX / "otlp" / "agent_task_3turns.json"], w, load_settings(env={}))
     assert res.accepted == 6 and not res.errors
     con.close()
-    r = compute("reuse", db=path, settings=Settings()).to_dicts()
+    r = compute("reuse", db=as_source(path), settings=Settings()).to_dicts()
     assert len(r) == 1  # the invoke_agent root span is not a call: one session of 3 calls
     s = r[0]
     assert (s["calls"], s["prompt_tokens"], s["cached_tokens"]) == (3, 15661, 9552)
@@ -62,7 +64,7 @@ def test_worked_example_via_otlp_import(tmp_path):
     # behind): prior_hit, not an uncached cold start (issue 20; before: cold)
     c1 = c["1c5e9a3b7d2f4e61"]
     assert (c1["miss_cause"], c1["cached_tokens"], c1["reprefill_tokens"]) == ("prior_hit", 3072, None)
-    by_cause = rows(compute("reprefill", db=path, settings=Settings()), "cause")
+    by_cause = rows(compute("reprefill", db=as_source(path), settings=Settings()), "cause")
     assert by_cause["unexplained"]["calls"] == 1 and by_cause["unexplained"]["reprefill_tokens"] == 1808
     assert (by_cause["unexplained"]["reprefill_low_tokens"], by_cause["unexplained"]["reprefill_high_tokens"]) \
         == (0, 1808)
@@ -74,74 +76,9 @@ def test_worked_example_via_otlp_import(tmp_path):
 
 
 # -- §1: block floor, causes, context shrink, unknown C ----------------------------------------------
-# block floor, miss causes, failed calls: tests/golden/*.yaml, run on DuckDB and chDB by test_metrics_golden_cases.py
-
-
-def test_context_shrink_is_a_reset_not_a_reprefill(tmp_path):
-    path = make_db(tmp_path, [
-        call("c1", "s", 0, 1, 5000, 0), call("c2", "s", 2, 3, 8000, 4992),
-        call("c3", "s", 4, 5, 2010, 1000),   # compaction: P shrank below P(prev) = 8000 -> R unknown
-        call("c4", "s", 6, 7, 2500, 2000),   # R = 2010, R_eff = floor(2010 / 16) * 16 = 2000 -> hit
-    ])
-    c = reuse_rows(path)
-    assert c["c3"]["context_reset"] and c["c3"]["reusable_tokens"] is None and c["c3"]["reprefill_tokens"] is None
-    assert c["c3"]["miss_cause"] is None
-    assert c["c4"]["reusable_tokens_eff"] == 2000 and c["c4"]["reprefill_tokens"] == 0
-    r = compute("reuse", db=path, settings=Settings()).to_dicts()[0]
-    # U over c2 and c4 only: (4992 + 2000) / (4992 + 2000) = 1; c3 is counted as a context reset
-    assert r["reuse_hit_rate"] == 1.0 and r["context_resets"] == 1 and r["reusable_tokens_eff"] == 4992 + 2000
-    assert rows(compute("reprefill", db=path, settings=Settings()), "cause")["context_reset"]["calls"] == 1
-
-
-def test_retries_turns_amplification_and_goodput(tmp_path):
-    path = make_db(tmp_path, [
-        call("t1", "s", 0, 1, 1000, 0, O=100),
-        call("t2", "s", 2, 3, 2000, 992, O=50, status=2),            # fails
-        call("t3", "s", 4, 5, 2000, 1984, O=100),                     # same prompt re-sent, no attempt attr: a retry
-        call("t4", "s", 6, 9, 3000, 1984, O=100, ttft=2.5),           # ok but TTFT 2.5 s > SLO 2 s
-    ])
-    c = reuse_rows(path)
-    # the retry's prev is the failed call: R = P(prev) = 2000 -> R_eff = floor(1999 / 16) * 16 = 1984
-    assert c["t3"]["is_retry"] and c["t3"]["reusable_tokens_eff"] == 1984 and c["t3"]["reprefill_tokens"] == 0
-    assert [c[k]["turn_no"] for k in ("t1", "t2", "t3", "t4")] == [1, 2, 2, 3]
-    assert not c["t2"]["is_last_attempt"] and c["t3"]["is_last_attempt"]
-    t = compute("task_cost", db=path, settings=Settings()).to_dicts()[0]
-    assert (t["calls"], t["retries"], t["failed_calls"]) == (4, 1, 1)
-    # computed = P − C + O: t1 1100, t2 1058, t3 116, t4 1116 -> all 3390; final path (t1, t3, t4) 2332
-    assert t["amplification"] == pytest.approx(3390 / 2332)
-    assert t["wasted_tokens"] == 2050  # P + O of the failed attempt
-    g = compute("turn_goodput", db=path, settings=Settings()).to_dicts()[0]
-    # 3 turns: t1 good, (t2, t3) good (last attempt ok), t4 misses the 2 s TTFT SLO; window 0..9 s
-    assert (g["turns"], g["good_turns"], g["slo_missed_turns"], g["attempts"]) == (3, 2, 1, 4)
-    assert g["goodput_turns_per_s"] == pytest.approx(2 / 9)
-
-
-def test_parallel_branches_fork_from_the_main_context(tmp_path):
-    path = make_db(tmp_path, [
-        call("m1", "s", 0, 1, 1000, 0),
-        call("m2", "s", 2, 3, 1500, 992),
-        call("b1", "s", 4, 6, 1800, 1488, branch="b"),   # first call of branch b: prev = fork point m2
-        call("m3", "s", 4, 7, 1700, 1488),               # main continues in parallel: prev = m2 (same branch)
-        call("b2", "s", 8, 9, 2000, 0, branch="b"),      # prev = b1 (same branch), not m3 which ended later
-    ])
-    c = reuse_rows(path)
-    assert c["b1"]["prev_call_id"] == "m2" and c["b1"]["reusable_tokens_eff"] == 1488
-    assert c["m3"]["prev_call_id"] == "m2"
-    assert c["b2"]["prev_call_id"] == "b1" and c["b2"]["reprefill_tokens"] == 1792  # floor(1800/16)*16 − 0
-    t = compute("task_cost", db=path, settings=Settings()).to_dicts()[0]
-    assert t["branches"] == 2
-
-
-def test_exact_reusable_prefix_from_block_hashes(tmp_path):
-    path = make_db(tmp_path, [
-        call("h1", "s", 0, 1, 64, 0, hashes=["a", "b", "c", "d"]),
-        # P grew, but only the first 3 blocks match (the 4th changed: templates re-rendered the tail)
-        call("h2", "s", 2, 3, 80, 16, hashes=["a", "b", "c", "x", "y"]),
-    ])
-    c = reuse_rows(path)
-    # exact: 3 leading blocks × B=16 = 48 (the estimate would say P(prev) = 64 -> R_eff 48... floor(min(64,79)/16)*16 = 64)
-    assert c["h2"]["mode"] == "exact" and c["h2"]["reusable_tokens"] == 48
-    assert c["h2"]["reusable_tokens_eff"] == 48 and c["h2"]["reprefill_tokens"] == 32  # 48 − C 16
+# block floor, miss causes, failed calls, context resets, retries, parallel branches, block-hash prefixes; §2's
+# counter reset, §6's ITL percentiles and tail attribution, §7's capacity: tests/golden/*.yaml, run on DuckDB and
+# chDB by test_metrics_golden_cases.py
 
 
 # -- §4: rent, exact (KV events) vs estimate; abandoned sessions -------------------------------------
@@ -166,7 +103,7 @@ def test_rent_exact_with_kv_events_vs_estimate(tmp_path):
     # the data ends at t=31, so with the default abandoned_after_s = 600 the last calls are open, not abandoned
     assert [c[k]["abandoned"] for k in ("k2", "e2", "r2")] == [False] * 3
     assert c["k2"]["abandon_kv_tokens"] is None and c["k2"]["abandon_rent_token_s"] is None
-    r = compute("idle_kv_rent", db=path, settings=Settings()).to_dicts()[0]
+    r = compute("idle_kv_rent", db=as_source(path), settings=Settings()).to_dicts()[0]
     assert (r["abandoned"], r["open_sessions"], r["abandoned_kv_tokens"]) == (0, 3, None)
     # abandoned_after_s = 0: every last call is abandoned.
     # k2 is s1's last call; no removal after t=31 -> censored at the last KV event (t=40): (1500 + 100) × (40 − 31)
@@ -175,7 +112,7 @@ def test_rent_exact_with_kv_events_vs_estimate(tmp_path):
     assert c["e2"]["abandon_rent_token_s"] is None and c["e2"]["abandon_kv_tokens"] == 1600
     # $1/s; KV capacity 1000 × 16 = 16000 tokens
     cfg = Settings(values={"cost": {"usd_per_hour": 3600.0}, "abandoned_after_s": 0.0})
-    r = compute("idle_kv_rent", db=path, settings=cfg).to_dicts()[0]
+    r = compute("idle_kv_rent", db=as_source(path), settings=cfg).to_dicts()[0]
     # e2's window: no KV events of s2 and no other evidence -> unknown, not evicted (issue 20; before: evicted with
     # rent unknown)
     assert (r["windows"], r["retained"], r["evicted"], r["unknown"], r["evicted_rent_unknown"], r["abandoned"]) \
@@ -230,7 +167,7 @@ def test_turn_resume_ttft_buckets_and_miss_penalty(tmp_path):
         call("b1", "s2", 0, 1, 1000, 0), call("b2", "s2", 11, 12, 1200, 0, ttft=1.0),     # gap 10 s, miss
         call("c1", "s3", 0, 1, 1000, 0), call("c2", "s3", 1.5, 3, 1200, 992, ttft=0.1),   # gap 0.5 s, hit
     ])
-    df = compute("turn_resume_ttft", db=path, settings=Settings())
+    df = compute("turn_resume_ttft", db=as_source(path), settings=Settings())
     r = {(x["gap_bucket"], x["hit_class"]): x for x in df.to_dicts()}
     assert set(r) == {("all", "all"), ("[0,1)", "hit"), ("[5,30)", "hit"), ("[5,30)", "miss")}
     assert r[("[5,30)", "miss")]["miss_penalty"] == pytest.approx(5.0)   # 1.0 / 0.2
@@ -244,55 +181,6 @@ def test_turn_resume_ttft_buckets_and_miss_penalty(tmp_path):
 
 
 # -- §6 ---------------------------------------------------------------------------------------------
-def test_itl_tail_attribution_with_and_without_long_prefills(tmp_path):
-    # victim v on A: first token at t = 10.0; gaps 50, 300, 50, 250, 50 ms end at 10.05, 10.35, 10.40, 10.65, 10.70
-    v = call("v", "sv", 9.5, 11, 100, 0, O=6, ttft=0.5, itl=[50, 300, 50, 250, 50], task="tv")
-    # offender o (session so, a retry) prefills [10.2, 10.38] on A: 10000 − 0 computed tokens -> long
-    o = call("o", "so", 10.2, 12, 10000, 0, ttft=0.18, attempt=2, task="to")
-    # small s prefills [10.1, 10.3] on A: 500 tokens, overlaps the same 300 ms gap but computes less
-    s = call("s", "ss", 10.1, 12, 500, 0, ttft=0.2, task="ts")
-    # far prefill on another instance overlapping the 250 ms gap: not co-scheduled
-    f = call("f", "sf", 10.5, 12, 20000, 0, ttft=0.2, inst="B:8000", task="tf")
-    path = make_db(tmp_path, [v, o, s, f])
-    r = rows(compute("itl_tail", db=path, settings=Settings()), "instance")["A:8000"]
-    assert r["method"] == "per_chunk" and r["gaps"] == 5 and r["tail_gaps"] == 2   # 300 and 250 > 100 ms
-    assert r["unattributed_tail_gaps"] == 1          # the 250 ms gap [10.40, 10.65]: no prefill on A then
-    assert r["tail_long_prefill_share"] == 0.5       # 300 ms gap [10.05, 10.35] overlaps o (10000 tokens)
-    assert r["retry_share"] == 0.5 and r["top_offender_session"] == "so"   # attributed to o (most computed), a retry
-    # gaps overlapping a long prefill: the 300 ms gap and the 50 ms gap [10.35, 10.40] (o runs to 10.38)
-    assert r["p50_with_long_prefill_ms"] == pytest.approx(175.0)   # median of 300, 50
-    assert r["p50_without_long_prefill_ms"] == pytest.approx(50.0)  # median of 50, 250, 50
-    off = compute("itl_tail", db=path, by="session", settings=Settings()).to_dicts()
-    assert [(x["session_id"], x["tail_gaps"]) for x in off] == [("so", 1)]
-
-
-def test_itl_percentiles_of_the_streamed_gaps(tmp_path):
-    # v on A: gaps 50, 300, 50, 250, 50 ms; w on B (another model, task type): 10, 20, 30, 40 ms; x on A streams
-    # nothing (no itl) and y's first token never came (no ttft): neither is in it
-    v = call("v", "sv", 9.5, 11, 100, 0, O=6, ttft=0.5, itl=[50, 300, 50, 250, 50], task="tv")
-    w = call("w", "sw", 20, 22, 100, 0, O=5, ttft=0.5, itl=[10, 20, 30, 40], inst="B:8000",
-             model="meta-llama/Llama-3.1-8B-Instruct", task="tw")
-    x = call("x", "sx", 30, 31, 100, 0, task="tx")
-    y = call("y", "sy", 40, 41, 100, 0, ttft=None, itl=[500], task="ty")
-    path = make_db(tmp_path, [v, w, x, y])
-    r = rows(compute("itl", db=path, settings=Settings()), "instance")
-    a, b = r["A:8000"], r["B:8000"]
-    assert (a["gaps"], a["calls"], b["gaps"], b["calls"]) == (5, 1, 4, 1)
-    # sorted A: 50 50 50 250 300 — p50 = 50; p90 at position 0.9·4 = 3.6: 250 + 0.6·(300 − 250) = 280;
-    # p99 at 3.96: 250 + 0.96·50 = 298; mean 700/5 = 140; over the 100 ms SLO: 300 and 250
-    assert a["p50_ms"] == 50 and a["p90_ms"] == pytest.approx(280) and a["p99_ms"] == pytest.approx(298)
-    assert a["max_ms"] == 300 and a["mean_ms"] == pytest.approx(140)
-    assert a["gaps_over_slo"] == 2 and a["share_over_slo"] == pytest.approx(0.4)
-    # B: 10 20 30 40 — p50 at 1.5: 25; p99 at 2.97: 30 + 0.97·10 = 39.7; nothing over the SLO
-    assert b["p50_ms"] == pytest.approx(25) and b["p99_ms"] == pytest.approx(39.7) and b["gaps_over_slo"] == 0
-    by_model = rows(compute("itl", db=path, by="model", settings=Settings()), "model")
-    assert by_model["Qwen/Qwen3-32B"]["p99_ms"] == pytest.approx(298)
-    # the same gaps and percentiles as itl_tail's per-chunk rows (which add the attribution)
-    tail = rows(compute("itl_tail", db=path, settings=Settings()), "instance")
-    assert (tail["A:8000"]["gaps"], tail["A:8000"]["p50_ms"], tail["A:8000"]["p99_ms"]) == (5, 50, a["p99_ms"])
-    assert [x["task_type"] for x in compute("itl", db=path, by="task_type", settings=Settings()).to_dicts()] == [None]
-
-
 def test_itl_tail_attribution_tie_goes_to_the_greater_call_id(tmp_path):
     # two prefills on A compute the same 5000 tokens and both overlap the one tail gap (300 ms, [10.05, 10.35]):
     # the attribution is the same every run — the greater call id, "p2" (session s2), not whichever the
@@ -302,7 +190,7 @@ def test_itl_tail_attribution_tie_goes_to_the_greater_call_id(tmp_path):
     p2 = call("p2", "s2", 10.1, 12, 5000, 0, ttft=0.2, task="t2")
     path = make_db(tmp_path, [v, p2, p1])
     for _ in range(3):
-        r = rows(compute("itl_tail", db=path, settings=Settings()), "instance")["A:8000"]
+        r = rows(compute("itl_tail", db=as_source(path), settings=Settings()), "instance")["A:8000"]
         assert r["tail_gaps"] == 1 and r["top_offender_session"] == "s2" and r["top_offender_task"] == "t2"
 
 
@@ -317,7 +205,7 @@ def test_itl_tail_top_offender_tie_goes_to_the_least_id(tmp_path):
     p2 = call("p2", "s1", 10.45, 13, 5000, 0, ttft=0.1, task="tA")
     path = make_db(tmp_path, [v, p1, p2])
     for _ in range(3):
-        r = rows(compute("itl_tail", db=path, settings=Settings()), "instance")["A:8000"]
+        r = rows(compute("itl_tail", db=as_source(path), settings=Settings()), "instance")["A:8000"]
         assert r["tail_gaps"] == 2 and r["unattributed_tail_gaps"] == 0
         assert r["top_offender_session"] == "s1" and r["top_offender_task"] == "tA"
 
@@ -332,7 +220,7 @@ def test_itl_coarse_histogram_fallback(tmp_path):
                     ("A:8000", t, f"{L}_bucket", {"le": "0.05"}, below / 2),
                     ("A:8000", t, "vllm:prompt_tokens_by_source_total", {"source": "local_compute"}, comp)]
     path = make_db(tmp_path, [call("x", "s", 0, 1, 10, 0)], samples=samples)
-    r = rows(compute("itl_tail", db=path, settings=Settings()), "instance")["A:8000"]
+    r = rows(compute("itl_tail", db=as_source(path), settings=Settings()), "instance")["A:8000"]
     assert r["method"] == "coarse_histogram" and r["intervals"] == 2 and "coarse" in r["note"]
     assert r["tail_share"] == pytest.approx(50 / 200) and r["threshold_ms"] == pytest.approx(100)
     assert r["tail_share_high_prefill"] == pytest.approx(0.4) and r["tail_share_low_prefill"] == pytest.approx(0.1)
@@ -340,20 +228,6 @@ def test_itl_coarse_histogram_fallback(tmp_path):
 
 
 # -- §2 fleet cross-check with a restart ---------------------------------------------------------------
-def test_fleet_hit_rate_handles_counter_resets(tmp_path):
-    q, h = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
-    lab = {"engine": "0", "model_name": "m"}
-    samples = []
-    # queries 100, 200, 50 (restart), 150 ; hits 50, 120, 10, 60
-    for t, qv, hv in ((0, 100, 50), (10, 200, 120), (20, 50, 10), (30, 150, 60)):
-        samples += [("A:8000", t, q, lab, qv), ("A:8000", t, h, lab, hv)]
-    path = make_db(tmp_path, [call("x", "s", 0, 1, 1000, 250)], samples=samples)
-    r = compute("fleet_hit_rate", db=path, settings=Settings()).to_dicts()[0]
-    # Δqueries = 100 + 50 (after the restart the increase is the new value) + 100 = 250; Δhits = 70 + 10 + 50 = 130
-    assert (r["query_tokens"], r["hit_tokens"], r["restarts"]) == (250, 130, 1)
-    assert r["hit_rate"] == pytest.approx(130 / 250) and r["span_hit_rate"] == pytest.approx(0.25)
-
-
 def test_fleet_hit_rate_counts_from_the_counters_creation(tmp_path):
     """Calls served before an instance's first scrape: vLLM's *_created sample (the counter's creation time) says the
     first scraped value is all increase since then."""
@@ -373,7 +247,7 @@ def test_fleet_hit_rate_counts_from_the_counters_creation(tmp_path):
         samples += [("C:8000", t, q, lab, qv), ("C:8000", t, h, lab, hv),
                     ("C:8000", t, qc, lab, T0 + c_c), ("C:8000", t, hc, lab, T0 + c_c)]
     path = make_db(tmp_path, [call("x", "s", 0, 1, 1000, 250)], samples=samples)
-    r = rows(compute("fleet_hit_rate", db=path, settings=Settings()), "instance")
+    r = rows(compute("fleet_hit_rate", db=as_source(path), settings=Settings()), "instance")
     # A: 1000 + 200 queries, 600 + 100 hits (was 200 / 100: the calls before the first scrape were lost)
     assert (r["A:8000"]["query_tokens"], r["A:8000"]["hit_tokens"], r["A:8000"]["restarts"]) == (1200, 700, 0)
     assert r["A:8000"]["hit_rate"] == pytest.approx(700 / 1200)
@@ -382,7 +256,7 @@ def test_fleet_hit_rate_counts_from_the_counters_creation(tmp_path):
     assert (r["C:8000"]["query_tokens"], r["C:8000"]["hit_tokens"], r["C:8000"]["restarts"]) == (2500, 1500, 1)
     # a window that starts after the creation (50 s): what came before the first scrape may be before the window,
     # so A's first value is not counted (200 / 100 as before); C's restart at 105 s is inside it
-    r = rows(compute("fleet_hit_rate", db=path, since=T0 + 50, settings=Settings()), "instance")
+    r = rows(compute("fleet_hit_rate", db=as_source(path), since=T0 + 50, settings=Settings()), "instance")
     assert (r["A:8000"]["query_tokens"], r["A:8000"]["hit_tokens"]) == (200, 100)
     assert (r["C:8000"]["query_tokens"], r["C:8000"]["hit_tokens"]) == (1500, 900)
 
@@ -402,7 +276,7 @@ def test_fleet_hit_rate_real_vllm_scraped_only_after_its_calls(tmp_path):
         scrape = prom.parse_text((fix / "metrics_after.txt").read_text(), "127.0.0.1:18000", T0 + 10**8)
         w.write("metric_samples", scrape.samples)
     con.close()
-    r = compute("fleet_hit_rate", db=path, settings=Settings()).to_dicts()[0]
+    r = compute("fleet_hit_rate", db=as_source(path), settings=Settings()).to_dicts()[0]
     assert (r["query_tokens"], r["hit_tokens"], r["scrapes"]) == (21639, 13824, 1)
     assert r["hit_rate"] == pytest.approx(13824 / 21639)
 
@@ -411,12 +285,12 @@ def test_fleet_hit_rate_real_vllm_scraped_only_after_its_calls(tmp_path):
 def test_concurrency_window_boundary_cuts_a_call_in_two(tmp_path):
     path = make_db(tmp_path, [call("a", "s", 50, 70, 10, 0), call("b", "s2", 0, 120, 10, 0)])
     s = Settings(values={"metrics_bucket_s": 60.0})
-    df = compute("concurrency", db=path, since=T0, until=T0 + 120, settings=s).to_dicts()
+    df = compute("concurrency", db=as_source(path), since=T0, until=T0 + 120, settings=s).to_dicts()
     # bucket [0,60): a overlaps 10 s, b 60 s -> 70/60; bucket [60,120): a 10 s, b 60 s -> 70/60
     assert [round(r["concurrency"], 6) for r in df] == [round(70 / 60, 6)] * 2
     assert [r["request_s"] for r in df] == [pytest.approx(70.0)] * 2
     # a window that starts mid-call clips it: [60, 90) sees a for 10 s and b for 30 s over 30 s
-    df = compute("concurrency", db=path, since=T0 + 60, until=T0 + 90, settings=s).to_dicts()
+    df = compute("concurrency", db=as_source(path), since=T0 + 60, until=T0 + 90, settings=s).to_dicts()
     assert len(df) == 1 and df[0]["concurrency"] == pytest.approx(40 / 30)
 
 
@@ -425,16 +299,16 @@ def test_duty_cycle_throughput_and_cost(tmp_path):
         call("d1", "s", 0, 10, 1000, 0, O=100), call("d2", "s", 5, 12, 2000, 992, O=100),
         call("d3", "s", 30, 40, 3000, 1984, O=200, sys_tokens=300, tool_tokens=300),
     ])
-    d = compute("duty_cycle", db=path, settings=Settings()).to_dicts()[0]
+    d = compute("duty_cycle", db=as_source(path), settings=Settings()).to_dicts()[0]
     # union [0, 12] + [30, 40] = 22 s over a 40 s life
     assert d["duty_cycle_p50"] == pytest.approx(22 / 40) and d["busy_s"] == pytest.approx(22)
-    th = compute("throughput", db=path, settings=Settings()).to_dicts()[0]
+    th = compute("throughput", db=as_source(path), settings=Settings()).to_dicts()[0]
     # processed = 6000 + 400; computed = (1000 + 1008 + 1016) + 400 = 3424; window 0..40 s
     assert th["processed_tokens"] == pytest.approx(6400) and th["computed_tokens"] == pytest.approx(3424)
     assert th["computed_tokens_per_s"] == pytest.approx(3424 / 40)
     cfg = Settings(values={"cost": {"usd_per_hour": 3600.0, "prefill_tokens_per_s": 1000.0, "decode_tokens_per_s": 100.0,
                                     "list_price": {"input": 1.0, "cached_input": 0.1, "output": 2.0}}})
-    t = compute("task_cost", db=path, settings=cfg).to_dicts()[0]
+    t = compute("task_cost", db=as_source(path), settings=cfg).to_dicts()[0]
     # GPU-time at $1/s: (3024 / 1000 + 400 / 100) s = 7.024 $
     assert t["cost_usd"] == pytest.approx(7.024) and t["gpu_s"] == pytest.approx(7.024)
     # d2 started before d1 ended, so it has no prev (cold); d3's prev is d2: R_eff = floor(2000 / 16) * 16 = 2000,
@@ -449,16 +323,6 @@ def test_duty_cycle_throughput_and_cost(tmp_path):
     assert "usd_per_hour=3,600 ([cost])" in t["cost_basis"]
 
 
-def test_capacity_idle_vs_running_kv(tmp_path):
-    path = make_db(tmp_path, [call("a", "s", 0, 10, 1000, 0, O=0), call("b", "s", 40, 50, 1200, 992, O=0)])
-    s = Settings(values={"metrics_bucket_s": 60.0})
-    r = compute("capacity", db=path, since=T0, until=T0 + 60, settings=s).to_dicts()[0]
-    # running: 1000 tokens × 10 s + 1200 × 10 s over 60 s; idle retained: K = 1000 over the 30 s gap
-    assert r["running_kv_tokens"] == pytest.approx(22000 / 60)
-    assert r["idle_kv_tokens"] == pytest.approx(30000 / 60)
-    assert r["note"] == "idle sessions hold more KV than running requests"
-
-
 # -- API properties -----------------------------------------------------------------------------------
 def test_read_only_and_sandboxed_connections_and_compute_all(tmp_path):
     from agentobs.store.db import sandboxed
@@ -466,20 +330,20 @@ def test_read_only_and_sandboxed_connections_and_compute_all(tmp_path):
     path = make_db(tmp_path, [call("a", "s", 0, 1, 1000, 0), call("b", "s", 2, 3, 1200, 992)])
     ro = duckdb.connect(path, read_only=True)
     try:
-        assert compute("reuse", db=ro, settings=Settings()).to_dicts()[0]["reuse_hit_rate"] == 1.0
+        assert compute("reuse", db=as_source(ro), settings=Settings()).to_dicts()[0]["reuse_hit_rate"] == 1.0
         # the caller's connection is left open and its catalog untouched by our temp tables
         assert ro.execute("SELECT count(*) FROM duckdb_tables() WHERE temporary").fetchone()[0] == 0
         # the preparation turns preserve_insertion_order off while it runs, and puts the caller's setting back
         setting = "SELECT current_setting('preserve_insertion_order')"
         assert ro.execute(setting).fetchone()[0] is True
         ro.execute("SET preserve_insertion_order = false")
-        assert compute("reuse", db=ro, settings=Settings()).to_dicts()[0]["reuse_hit_rate"] == 1.0
+        assert compute("reuse", db=as_source(ro), settings=Settings()).to_dicts()[0]["reuse_hit_rate"] == 1.0
         assert ro.execute(setting).fetchone()[0] is False
     finally:
         ro.close()
     sb = sandboxed(path)
     try:
-        suite = compute_all(db=sb, settings=Settings())
+        suite = compute_all(db=as_source(sb), settings=Settings())
     finally:
         sb.close()
     assert set(suite) >= {"reuse", "reprefill", "idle_kv_rent", "itl_tail", "capacity", "fleet_hit_rate"}
@@ -489,20 +353,20 @@ def test_filters_are_parameters_and_windows_use_start_time(tmp_path):
     path = make_db(tmp_path, [call("a", "s", 0, 1, 1000, 0, inst="A:8000"), call("b", "s", 2, 3, 1200, 0, inst="B:8000")])
     s = Settings()
     # routed_away is judged on all calls, the filter only picks which calls are reported
-    r = compute("reprefill", db=path, filters={"instance": "B:8000"}, settings=s).to_dicts()
+    r = compute("reprefill", db=as_source(path), filters={"instance": "B:8000"}, settings=s).to_dicts()
     assert [(x["cause"], x["calls"]) for x in r] == [("routed_away", 1)]
-    assert compute("reprefill", db=path, filters={"instance": "x' OR '1'='1"}, settings=s).is_empty()
-    assert compute("reprefill", db=path, since=T0 + 1, settings=s).to_dicts()[0]["cause"] == "routed_away"
+    assert compute("reprefill", db=as_source(path), filters={"instance": "x' OR '1'='1"}, settings=s).is_empty()
+    assert compute("reprefill", db=as_source(path), since=T0 + 1, settings=s).to_dicts()[0]["cause"] == "routed_away"
     from agentobs.errors import QueryError
 
     with pytest.raises(QueryError, match=r"cannot filter on 'instanse' \(did you mean 'instance'\?\)"):
-        compute("reuse", db=path, filters={"instanse": "A"}, settings=s)
+        compute("reuse", db=as_source(path), filters={"instanse": "A"}, settings=s)
     with pytest.raises(QueryError, match="cannot be grouped by 'cause'"):
-        compute("reuse", db=path, by="cause", settings=s)
+        compute("reuse", db=as_source(path), by="cause", settings=s)
     with pytest.raises(QueryError, match="until .* must be after since"):
-        compute("reuse", db=path, since=T0 + 10, until=T0, settings=s)
+        compute("reuse", db=as_source(path), since=T0 + 10, until=T0, settings=s)
     # T0 is 2027-01-15T08:00:00Z: from T0 + 1.5 s only call b (start T0 + 2) is in the window
-    assert compute("reuse", db=path, since="2027-01-15T08:00:01.5Z", settings=s).to_dicts()[0]["calls"] == 1
+    assert compute("reuse", db=as_source(path), since="2027-01-15T08:00:01.5Z", settings=s).to_dicts()[0]["calls"] == 1
     # relative windows use the injected clock: 10 s before T0 + 2.5 s covers both calls
-    assert compute("reuse", db=path, since="10s", clock=lambda: T0 + 2.5, settings=s).to_dicts()[0]["calls"] == 2
-    assert math.isclose(compute("reuse", db=path, since="1s", clock=lambda: T0 + 60, settings=s).height, 0)
+    assert compute("reuse", db=as_source(path), since="10s", clock=lambda: T0 + 2.5, settings=s).to_dicts()[0]["calls"] == 2
+    assert math.isclose(compute("reuse", db=as_source(path), since="1s", clock=lambda: T0 + 60, settings=s).height, 0)

@@ -11,11 +11,15 @@ A case file::
     config: [[instance, engine, key, value], ...]
     kv: [[instance, t, type, [hashes], session, parent hash?], ...]
     samples: [[instance, t, metric, {labels}, value], ...]
+    settings: {name: value}                              # optional: settings other than the defaults
+    window: [since s, until s]                           # optional: the run's window (relative to T0)
     expect:
       - table: m_calls | metric: NAME (by: GROUPING)     # a table of the run, or a metric
         key: column naming the rows                      # rows: {key value: {column: expected}}
         exact: true                                      # optional: these rows and no others
         rows: {...}
+      - metric: NAME
+        list: [{column: expected}, ...]                  # or: every row, in the order the metric gives them
 
 Floats compare to 1e-9 relative; null is SQL NULL."""
 
@@ -27,10 +31,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from builders import SPAN_TYPES, call, make_db
+from builders import SPAN_TYPES, T0, call, make_db
 
 from agentobs.config import Settings
 from agentobs.metrics import prepare
+from agentobs.source import as_source
 
 CASES = sorted((Path(__file__).parent / "golden").glob("*.yaml"))
 CALL_ARGS = set(inspect.signature(call).parameters)
@@ -40,7 +45,7 @@ def load_case(path: Path) -> dict:
     case = yaml.safe_load(path.read_text())
     if not isinstance(case, dict) or not str(case.get("why") or "").strip() or not case.get("expect"):
         raise ValueError(f"{path.name}: a case needs a non-empty 'why' and 'expect'")
-    unknown = set(case) - {"why", "calls", "config", "kv", "samples", "expect"}
+    unknown = set(case) - {"why", "calls", "config", "kv", "samples", "settings", "window", "expect"}
     if unknown:
         raise ValueError(f"{path.name}: unknown keys {sorted(unknown)}")
     return case
@@ -69,6 +74,13 @@ def check(run, path: Path, engine: str, expect: list[dict]) -> None:
             df = run.table(e["table"])
         else:
             df = run.compute(e["metric"], e.get("by"))
+        if "list" in e:
+            got_list = df.to_dicts()
+            assert len(got_list) == len(e["list"]), f"{what}: {len(got_list)} rows: {got_list}"
+            for n, (row, cols) in enumerate(zip(got_list, e["list"], strict=True)):
+                bad = {c: (row.get(c, "<no column>"), v) for c, v in cols.items() if not same(row.get(c), v)}
+                assert not bad, f"{what}: row {n}: (got, want) {bad}"
+            continue
         got = {r[e["key"]]: r for r in df.to_dicts()}
         if e.get("exact"):
             assert set(got) == set(e["rows"]), f"{what}: rows {sorted(map(str, got))}"
@@ -128,15 +140,16 @@ def test_golden_case(path, tmp_path, chdb_session):
     case = load_case(path)
     db = make_db(tmp_path, span_rows(case), config=[tuple(x) for x in case.get("config", [])],
                  kv=[tuple(x) for x in case.get("kv", [])], samples=[tuple(x) for x in case.get("samples", [])])
-    settings = Settings()
-    run, close = prepare(db, settings=settings)
+    settings = Settings(values=case.get("settings") or {})
+    since, until = (T0 + case["window"][0], T0 + case["window"][1]) if "window" in case else (None, None)
+    run, close = prepare(as_source(db), since=since, until=until, settings=settings)
     try:
         check(run, path, "duckdb", case["expect"])
     finally:
         close()
     ch = chdb_session
     _load_clickhouse(db, ch)
-    run, close = prepare(ch, settings=settings)
+    run, close = prepare(as_source(ch), since=since, until=until, settings=settings)
     try:
         check(run, path, "clickhouse", case["expect"])
     finally:

@@ -22,6 +22,8 @@ from agentobs.source import DuckDBSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from metrics_scale import GENERATE  # noqa: E402
 
+from agentobs.source import as_source
+
 T0 = 1.8e9  # the generator's first session starts here; sessions start uniformly over the next 86,400 s
 
 
@@ -69,10 +71,10 @@ def test_pruned_window_equals_the_full_working_set(store):
 def test_a_second_prepare_of_the_same_window_reuses_the_first(store):
     s = Settings()
     src = DuckDBSource(store)  # runs are shared on one Source (agentobs.metrics.runcache: its run_cache)
-    run1, close1 = prepare(src, since=T0, until=T0 + 43_200, settings=s)
-    run2, close2 = prepare(src, since=T0, until=T0 + 43_200, settings=s)      # e.g. findings inside the report
-    run3, close3 = prepare(src, since=T0, until=T0 + 43_201, settings=s)      # another window: its own run
-    run4, close4 = prepare(src, since=T0, until=T0 + 43_200, settings=Settings(values={"ttft_slo_s": 1.0}))
+    run1, close1 = prepare(as_source(src), since=T0, until=T0 + 43_200, settings=s)
+    run2, close2 = prepare(as_source(src), since=T0, until=T0 + 43_200, settings=s)      # e.g. findings inside the report
+    run3, close3 = prepare(as_source(src), since=T0, until=T0 + 43_201, settings=s)      # another window: its own run
+    run4, close4 = prepare(as_source(src), since=T0, until=T0 + 43_200, settings=Settings(values={"ttft_slo_s": 1.0}))
     try:
         assert run2 is run1 and run3 is not run1 and run4 is not run1
         other, close_other = prepare(DuckDBSource(store), since=T0, until=T0 + 43_200, settings=s)
@@ -89,7 +91,7 @@ def test_a_second_prepare_of_the_same_window_reuses_the_first(store):
 
     with pytest.raises(duckdb.Error):              # the last release closed the shared cursor
         run1.cur.sql("SELECT 1").fetchall()
-    run5, close5 = prepare(src, since=T0, until=T0 + 43_200, settings=s)
+    run5, close5 = prepare(as_source(src), since=T0, until=T0 + 43_200, settings=s)
     try:
         assert run5 is not run1                    # nothing is kept after the last user closed
     finally:
@@ -139,12 +141,12 @@ def test_findings_give_a_shared_run_back_with_its_own_window(store):
 
     s = Settings(values={"findings_default_window_s": 21_600.0})   # 6 h: narrower than the day of data
     src = DuckDBSource(store)  # runs are shared on one Source (its run_cache), as the report hands findings its own
-    run, close = prepare(src, settings=s)
+    run, close = prepare(as_source(src), settings=s)
     try:
         before = _suite(run)
         in_win = run.cur.sql("SELECT count(*) FILTER (WHERE in_win) FROM m_calls").fetchall()[0][0]
         assert in_win == 6000
-        findings(src, settings=s, simulate=False)          # shares `run` (same Source, window, settings)
+        findings(as_source(src), settings=s, simulate=False)          # shares `run` (same Source, window, settings)
         assert run.cur.sql("SELECT count(*) FILTER (WHERE in_win) FROM m_calls").fetchall()[0][0] == 6000
         after = _suite(run)
         for name in names():

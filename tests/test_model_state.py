@@ -13,6 +13,7 @@ import pytest
 from agentobs.config import Settings
 from agentobs.metrics import run as mr
 from agentobs.model import connect, itl, rollups, state
+from agentobs.source import as_source
 from agentobs.store.writer import insert_spans
 
 
@@ -190,10 +191,10 @@ def test_metric_run_over_state_equals_derived(sample_copy):
     s = Settings()
     lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
     cases = [{}, {"since": (lo + hi) / 2, "until": hi + 1, "filters": {"instance": [inst]}}]
-    derived = [mr.compute_all(con, settings=s, **c) for c in cases]
+    derived = [mr.compute_all(as_source(con), settings=s, **c) for c in cases]
     state.rebuild(con, s)
     for c, d in zip(cases, derived, strict=True):
-        run, close = mr.prepare(con, settings=s, **c)
+        run, close = mr.prepare(as_source(con), settings=s, **c)
         try:
             assert run.calls_table == "state"
             got = {n: run.compute(n, exact=True) for n in d}  # exact: no sketch percentiles (compared below)
@@ -214,7 +215,7 @@ def test_read_only_run_uses_current_state(sample_copy):
     state.rebuild(con, Settings())
     con.close()
     ro = duckdb.connect(str(sample_copy), read_only=True)
-    run, close = mr.prepare(ro, settings=Settings())
+    run, close = mr.prepare(as_source(ro), settings=Settings())
     try:
         assert run.calls_table == "state"
     finally:
@@ -231,7 +232,7 @@ def test_task_cost_from_rollup_equals_per_call(sample_copy):
     lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
     h = (int(lo) // 3600 + 1) * 3600  # the first whole hour after the first call
     for kw in ({}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}):
-        run, close = mr.prepare(con, settings=s, **kw)
+        run, close = mr.prepare(as_source(con), settings=s, **kw)
         try:
             for by in ("task", "task_type", "session", "model", "instance"):
                 got = run.compute("task_cost", by)
@@ -243,7 +244,7 @@ def test_task_cost_from_rollup_equals_per_call(sample_copy):
                 _same(want, got, f"task_cost by {by} {kw}")
         finally:
             close()
-    run, close = mr.prepare(con, settings=s, since=h + 1, until=h + 3600)
+    run, close = mr.prepare(as_source(con), settings=s, since=h + 1, until=h + 3600)
     try:
         run.compute("task_cost")
         assert "task_cost" not in run.from_rollup  # not whole hours: the per-call state
@@ -256,7 +257,7 @@ def test_duty_cycle_from_session_rollup_equals_per_call(sample_copy):
     con = connect(sample_copy)
     s = Settings()
     state.rebuild(con, s)
-    run, close = mr.prepare(con, settings=s)
+    run, close = mr.prepare(as_source(con), settings=s)
     try:
         got = run.compute("duty_cycle")
         assert run.from_rollup == {"duty_cycle"}
@@ -421,7 +422,7 @@ def test_rollup_metrics_equal_per_call(sample_copy):
     # capacity with 5-minute buckets: each sums five minutes of model_rollup_minute; open windows' bounds per call
     s5 = Settings(values={"metrics_bucket_s": 300.0})
     for kw in ({"since": h}, {"until": h, "filters": {"task_type": [tt]}}):
-        run, close = mr.prepare(con, settings=s5, **kw)
+        run, close = mr.prepare(as_source(con), settings=s5, **kw)
         try:
             got = run.compute("capacity")
             assert run.from_rollup == {"capacity"}
@@ -437,7 +438,7 @@ def test_rollup_metrics_equal_per_call(sample_copy):
                              ({"filters": {"agent_name": ["x"]}}, "idle_kv_rent", "instance", s),
                              ({}, "reprefill", "session", s),
                              ({}, "capacity", "instance", Settings(values={"metrics_bucket_s": 90.0}))):
-        run, close = mr.prepare(con, settings=st, **kw)
+        run, close = mr.prepare(as_source(con), settings=st, **kw)
         try:
             run.compute(name, by)
             assert run.from_rollup == set(), (kw, name, by)
@@ -450,7 +451,7 @@ def check_rollup_forms(con, s: Settings, cases, require_rows: bool = True) -> No
     """Every rollup form of _HOUR_FORMS, every grouping it serves, for each run of ``cases`` (prepare's keywords):
     from the rollup, equal to (sketch percentiles: within the bound of) the per-call state's; exact=True equal."""
     for kw in cases:
-        run, close = mr.prepare(con, settings=s, **kw)
+        run, close = mr.prepare(as_source(con), settings=s, **kw)
         try:
             for name, bys in _HOUR_FORMS.items():
                 for by in bys:

@@ -9,6 +9,7 @@ import pytest
 from test_report_store import WEEK, build_store, settings
 
 from agentobs.report import build, iso_week, write
+from agentobs.source import as_source
 
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = Path(__file__).resolve().parent.parent / "test-output" / "report"
@@ -27,8 +28,8 @@ pytestmark = [
 def reports(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report_browser")
     db = str(build_store(tmp / "r.duckdb", tmp))
-    full = write(build(db, WEEK, settings(), findings=None), tmp / "full")
-    empty = write(build(db, iso_week("2026-W40"), settings(), findings=None), tmp / "empty")
+    full = write(build(as_source(db), WEEK, settings(), findings=None), tmp / "full")
+    empty = write(build(as_source(db), iso_week("2026-W40"), settings(), findings=None), tmp / "empty")
     return full, empty
 
 

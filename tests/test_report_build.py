@@ -22,6 +22,7 @@ from test_report_store import (
 from agentobs.errors import QueryError
 from agentobs.metrics import compute
 from agentobs.report import build, console_link, iso_week, last_full_week, resolve
+from agentobs.source import as_source
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(store):
-    return build(store, WEEK, settings(), clock=lambda: WEEK.until + 3600, findings=None)
+    return build(as_source(store), WEEK, settings(), clock=lambda: WEEK.until + 3600, findings=None)
 
 
 def table(report, name):
@@ -79,17 +80,17 @@ def test_tables_equal_the_metrics_api(report, store):
                                   ("reprefill_by_instance", "reprefill", "instance", "instance"),
                                   ("idle_kv_rent_by_instance", "idle_kv_rent", "instance", "instance"),
                                   ("task_cost_by_task", "task_cost", "task", "task_id")):
-        api = compute(metric, store, by=by, settings=s, **w).to_dicts()
+        api = compute(metric, as_source(store), by=by, settings=s, **w).to_dicts()
         mine = table(report, name)
         assert [r[key] for r in mine] == [r[key] for r in api], name
         for a, b in zip(mine, api, strict=True):  # floats: DuckDB's parallel sums may differ in the last bit
             assert a == {k: pytest.approx(v) if isinstance(v, float) else v for k, v in b.items()}, (name, a[key])
     # spend by task type (over m_calls) adds up to task_cost by task type of the metrics API
-    api = {r["task_type"]: r["cost_usd"] for r in compute("task_cost", store, by="task_type", settings=s, **w).to_dicts()}
+    api = {r["task_type"]: r["cost_usd"] for r in compute("task_cost", as_source(store), by="task_type", settings=s, **w).to_dicts()}
     mine = {r["task_type"]: r["cost_usd"] for r in table(report, "spend_by_task_type")}
     assert mine == pytest.approx(api)
     # fleet reprefill $ = Σ over causes of the metric
-    by_cause = compute("reprefill", store, by="cause", settings=s, **w)
+    by_cause = compute("reprefill", as_source(store), by="cause", settings=s, **w)
     assert report.figure("reprefill_cost_usd").value == pytest.approx(by_cause["reprefill_cost_usd"].sum())
 
 
@@ -117,7 +118,7 @@ def test_top_sessions_order_and_console_links(report):
 
 
 def test_console_base_url_is_a_setting(store):
-    r = build(store, WEEK, settings(console_url="https://obs.example.com/console/"), findings=None)
+    r = build(as_source(store), WEEK, settings(console_url="https://obs.example.com/console/"), findings=None)
     assert table(r, "top_sessions")[0]["console_url"].startswith("https://obs.example.com/console/session?")
     assert console_link("http://h:1", "session", WEEK, session="a b") == (
         "http://h:1/session?since=2026-10-12T00%3A00%3A00&until=2026-10-19T00%3A00%3A00&session=a+b")
@@ -135,11 +136,11 @@ def test_findings_from_the_findings_module(store):
     from agentobs.findings import build as ledger_of
     from agentobs.findings.render import short_fix
 
-    r = build(store, WEEK, settings())  # the tax ledger (agentobs.findings.build) over the same week
+    r = build(as_source(store), WEEK, settings())  # the tax ledger (agentobs.findings.build) over the same week
     sec = next(s for s in r.sections if s.key == "findings")
     assert not any("left out" in n for n in sec.notes)
     try:
-        expected = ledger_of(store, since=WEEK.since, until=WEEK.until, settings=settings()).findings
+        expected = ledger_of(as_source(store), since=WEEK.since, until=WEEK.until, settings=settings()).findings
     except Exception as e:  # noqa: BLE001 - the report must say how findings failed and keep everything else
         assert sec.notes == [f"findings for {WEEK.label} failed: {type(e).__name__}: {e}"]
         assert "top_sessions" in {t.name for t in r.tables()}
@@ -157,7 +158,7 @@ def test_findings_left_out_is_said_plainly(report):
 
 
 def test_week_without_data(store):
-    r = build(store, iso_week("2026-W40"), settings(), findings=None)
+    r = build(as_source(store), iso_week("2026-W40"), settings(), findings=None)
     assert not r.has_data and r.calls == 0
     assert r.figure("cost_usd").value is None
     assert [s.key for s in r.sections] == ["answer", "findings", "headline"]

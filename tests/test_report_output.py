@@ -17,6 +17,7 @@ from test_report_store import TOTAL_USD, WEEK, build_store, settings
 from agentobs.cli import main
 from agentobs.report import Section, Table, build, iso_week, write
 from agentobs.report.render import fmt_value
+from agentobs.source import as_source
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def written(store, tmp_path_factory):
     out = tmp_path_factory.mktemp("out") / "2026-W42"
-    rep = build(store, WEEK, settings(), findings=None)
+    rep = build(as_source(store), WEEK, settings(), findings=None)
     write(rep, out)
     return rep, out
 
@@ -133,7 +134,7 @@ def test_rewrite_replaces_and_a_failed_write_keeps_the_old_report(written, store
     before = (out / "report.html").read_bytes()
     # a table CSV cannot hold (a union column) makes the write fail half-way
     bad = pa.table({"u": pa.UnionArray.from_sparse(pa.array([0], pa.int8()), [pa.array([1]), pa.array(["x"])])})
-    broken = build(store, WEEK, settings(), findings=None)
+    broken = build(as_source(store), WEEK, settings(), findings=None)
     broken.sections.append(Section("bad", "bad", "test", tables=[Table("zz_bad", "bad", "test", bad)]))
     with pytest.raises(pa.ArrowException):
         write(broken, out)
@@ -151,7 +152,7 @@ def test_out_must_be_a_directory(written, tmp_path):
 
 
 def test_empty_week_says_so(store, tmp_path):
-    rep = build(store, iso_week("2026-W40"), settings(), findings=None)
+    rep = build(as_source(store), iso_week("2026-W40"), settings(), findings=None)
     out = write(rep, tmp_path / "w40")
     html = (out / "report.html").read_text()
     assert 'id="no-data"' in html and "No model calls in 2026-09-28 – 2026-10-05" in html

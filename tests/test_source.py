@@ -35,6 +35,30 @@ def test_what_becomes_a_source(tmp_path, monkeypatch):
     assert isinstance(src, Source)  # the runtime-checkable protocol
 
 
+def test_the_entry_points_take_a_source_only(tmp_path):
+    """A path or a raw connection becomes a Source at the edge (as_source); the library refuses anything else,
+    naming the entry point, before it touches a store."""
+    from agentobs.exporter import compute_snapshot
+    from agentobs.findings import build as ledger
+    from agentobs.metrics import compute, compute_all, prepare
+    from agentobs.report import build as report
+    from agentobs.report import iso_week
+
+    path = str(tmp_path / "s.duckdb")
+    con = duckdb.connect()
+    calls = {
+        "agentobs.metrics.prepare": [lambda: prepare(path), lambda: compute("reuse", con), lambda: compute_all(path),
+                                     lambda: ledger(con, settings=Settings())],
+        "agentobs.report.build": [lambda: report(path, iso_week("2026-W48"), Settings())],
+        "agentobs.exporter.compute_snapshot": [lambda: compute_snapshot(path, Settings())],
+    }
+    for who, fns in calls.items():
+        for fn in fns:
+            with pytest.raises(QueryError, match=f"{who} takes a Source, got (str|DuckDBPyConnection)"):
+                fn()
+    assert not (tmp_path / "s.duckdb").exists()  # refused before anything opened the store
+
+
 def test_make_source_follows_the_flag_then_the_setting(tmp_path):
     s = Settings(values={"db": str(tmp_path / "set.duckdb")})
     assert make_source(s).label() == str(tmp_path / "set.duckdb")

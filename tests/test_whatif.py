@@ -12,6 +12,7 @@ from cli_run import run_cli
 from agentobs.config import Settings
 from agentobs.findings import build as ledger_of
 from agentobs.findings.whatif import Change, WhatIfError, quantile, run
+from agentobs.source import as_source
 
 V31, V32, S40, S41 = "10.42.7.31:8000", "10.42.7.32:8000", "10.42.7.40:30000", "10.42.7.41:30000"
 
@@ -56,7 +57,7 @@ def test_quantile_is_linear_interpolation():
 # -- the sample fleet -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cache_on(sample_db):
-    return run(str(sample_db), ["prefix_cache=on"], settings=Settings())
+    return run(as_source(str(sample_db)), ["prefix_cache=on"], settings=Settings())
 
 
 def test_unchanged_replay_is_calibrated(cache_on):
@@ -89,7 +90,7 @@ def test_prefix_cache_on_changes_only_the_cache_off_instance_config(cache_on):
 def test_prefix_cache_on_recovers_what_the_finding_says(sample_db, cache_on):
     # one replay path: the prefix_cache_off finding's simulated saving (recoverable, plus what is over its tax in
     # also_recovers) is the what-if's re-prefill saving on .32, per week
-    led = ledger_of(str(sample_db), settings=Settings())
+    led = ledger_of(as_source(str(sample_db)), settings=Settings())
     f = led.get(f"prefix_cache_off/instance={V32}")
     assert f.recoverable.method == "simulation (200 sessions replayed)"
     saved = f.recoverable.tokens_week + (f.also_recovers.tokens_week if f.also_recovers else 0.0)
@@ -98,13 +99,13 @@ def test_prefix_cache_on_recovers_what_the_finding_says(sample_db, cache_on):
 
 
 def test_scoped_and_engine_specific_changes(sample_db):
-    w = run(str(sample_db), [f"kv_capacity=x2@{V31}", "hicache=on"], settings=Settings(), sessions=50)
+    w = run(as_source(str(sample_db)), [f"kv_capacity=x2@{V31}", "hicache=on"], settings=Settings(), sessions=50)
     # HiCache is SGLang's: the vLLM instances are noted, not changed; .41 (HiCache off) gets it, .40 has it
     assert any(n.startswith(f"hicache=on: not applied to {V31} (vllm") for n in w.notes)
     assert w.row(V31).after.reprefill_tokens <= w.row(V31).before.reprefill_tokens
     assert w.row(S41).after.reprefill_tokens < w.row(S41).before.reprefill_tokens
     with pytest.raises(WhatIfError, match="instance 10.9.9.9:1 not replayed"):
-        run(str(sample_db), ["prefix_cache=on@10.9.9.9:1"], settings=Settings(), sessions=20)
+        run(as_source(str(sample_db)), ["prefix_cache=on@10.9.9.9:1"], settings=Settings(), sessions=20)
 
 
 def test_cli_json(sample_db):

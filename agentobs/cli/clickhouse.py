@@ -19,6 +19,20 @@ def _ch_url(f):
                              "default: setting clickhouse_url ($AGENTOBS_CLICKHOUSE_URL, chdb:///agentobs.chdb).")(f)
 
 
+def _connect(ctx: Ctx, url):
+    """The ClickHouse connection of a read command, with the settings' alias lists written to agentobs_aliases
+    when they differ (the spans view reads them at ingest: a changed ``session_keys`` needs no new ``init``).
+    A connection that may not write gets a warning naming the lists that differ instead."""
+    from ..backends.clickhouse import model
+    from ..backends.clickhouse.conn import ClickHouse
+
+    ch = ClickHouse(url or ctx.settings.clickhouse_url)
+    note = model.sync_aliases_note(ch, ctx.settings)
+    if note:
+        err_console.print(note, highlight=False)
+    return ch
+
+
 @clickhouse_grp.command("init")
 @_ch_url
 @common
@@ -84,11 +98,15 @@ def ch_load_cmd(ctx: Ctx, paths, instance, at, url):
 def ch_metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, url):
     """One agent metric computed on ClickHouse (the same SQL as `agentobs metrics`, transpiled)."""
     from ..metrics import compute
-    from ..source import open_source
+    from ..source import ClickHouseSource
 
     flt = _filters(filters)
-    with open_source(ctx.settings, "clickhouse", url) as src:
-        df = compute(name, src, since=since, until=until, by=by, filters=flt or None, settings=ctx.settings)
+    ch = _connect(ctx, url)
+    try:
+        df = compute(name, ClickHouseSource(ch=ch), since=since, until=until, by=by, filters=flt or None,
+                     settings=ctx.settings)
+    finally:
+        ch.close()
     _emit(df.to_arrow(), fmt, f"{name} (ClickHouse)" + (f" by {by}" if by else ""))
 
 
@@ -100,10 +118,9 @@ def ch_metrics_cmd(ctx: Ctx, name, since, until, by, filters, fmt, url):
 @common
 def ch_sql_cmd(ctx: Ctx, query, fmt, max_rows, url):
     """One read-only SELECT (ClickHouse SQL) over the model views (llm_calls, sessions, call_reuse, ...)."""
-    from ..backends.clickhouse.conn import ClickHouse
     from ..backends.clickhouse.sql import run_select
 
-    ch = ClickHouse(url or ctx.settings.clickhouse_url)
+    ch = _connect(ctx, url)
     try:
         table = run_select(ch, query, row_cap=max_rows or ctx.settings.sql_row_cap,
                            timeout_s=ctx.settings.sql_timeout_s)

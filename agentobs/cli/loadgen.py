@@ -94,7 +94,7 @@ def loadgen_cmd(ctx: Ctx, target, workload, traces, mix, from_store, since, samp
         raise click.UsageError("--target URL is required (or --compare A.duckdb B.duckdb)")
     try:
         from ..loadgen.runner import Options, preflight, run, size_check
-        from ..loadgen.tracing import Tracing
+        from ..loadgen.tracing import StoreExporter, Tracing
     except ImportError as e:
         raise ConfigError(f"agentobs loadgen needs the OpenTelemetry SDK and OTLP exporter ({e.name} is missing): "
                           "pip install 'agentobs[loadgen]'") from None
@@ -166,9 +166,9 @@ def loadgen_cmd(ctx: Ctx, target, workload, traces, mix, from_store, since, samp
                           f"1 %, mean |error| {sc.mean_abs_rel:.3%}, max {sc.max_abs_rel:.3%}", highlight=False)
     exp = tracing.exporter
     where = f"OTLP {otlp}" if otlp else f"store {into}"
-    extra = f" ({exp.accepted} spans stored, {exp.rejected} rejected)" if hasattr(exp, "accepted") else ""
+    extra = f" ({exp.accepted} spans stored, {exp.rejected} rejected)" if isinstance(exp, StoreExporter) else ""
     err_console.print(f"spans → {where}{extra}; session ids lg-{runner.run_id}-*", highlight=False)
-    for e in getattr(exp, "errors", [])[:5]:
-        err_console.print(f"  [red]error[/red] {e}", highlight=False)
+    for msg in getattr(exp, "errors", [])[:5]:
+        err_console.print(f"  [red]error[/red] {msg}", highlight=False)
     if st.calls and st.errors == st.calls:
         raise SystemExit(1)

@@ -93,9 +93,10 @@ def calls_cmd(ctx: Ctx, session_id, fmt):
     """The model calls of one session, in order: hit class, re-prefill tokens and miss cause of each (METRICS.md
     §1), the idle gap before it, retries (attempt > 1, or the same prompt re-sent after an error)."""
     from ..metrics import prepare
+    from ..source import as_source
 
     _open(ctx, read_only=True).close()  # one clear line if the store is missing
-    run, close = prepare(ctx.db, settings=ctx.settings)
+    run, close = prepare(as_source(ctx.db), settings=ctx.settings)
     try:
         table = run.cur.sql(CALLS_SQL, params={"sid": session_id}).to_arrow_table()
         similar = None if table.num_rows else run.cur.execute(

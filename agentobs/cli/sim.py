@@ -183,9 +183,10 @@ def _print_answer(con_or_db, settings: Settings, db: str | None = None) -> None:
     recompute tax per week with its scaling, what findings own of it, and the top fixes with their sessions."""
     from ..findings import build
     from ..findings.render import headline
+    from ..source import as_source
 
     try:
-        ledger = build(con_or_db, settings=settings)
+        ledger = build(as_source(con_or_db), settings=settings)
     except AgentobsError as e:
         err_console.print(f"[yellow]findings unavailable:[/yellow] {e}")
         return
@@ -213,7 +214,7 @@ def _fresh_demo_store(db: str, bundle: Path) -> None:
     except duckdb.Error as e:
         raise AgentobsError(f"cannot open {db!r} to rebuild the demo store: {e}") from e
     try:
-        data = sum(con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+        data = sum((con.execute(f"SELECT count(*) FROM {t}").fetchone() or (0,))[0]
                    for t in ("spans", "metric_samples", "kv_events", "engine_config", "scrapes"))
         sources = [x for (s,) in con.execute("SELECT source FROM ingest_log").fetchall() for x in s.split(",")]
     except duckdb.Error:
@@ -266,8 +267,9 @@ def demo_cmd(ctx: Ctx, no_console, live, otlp, speed, port):
     _emit(con.sql(HEADLINE_SQL).to_arrow_table(), "table", "sample fleet")
     try:
         from ..metrics import compute
+        from ..source import as_source
 
-        reuse = compute("reuse", db=con, by="instance", settings=ctx.settings)
+        reuse = compute("reuse", db=as_source(con), by="instance", settings=ctx.settings)
         keep = [c for c in ("instance", "sessions", "calls", "hit_rate", "reuse_hit_rate", "reprefill_tokens", "mode")
                 if c in reuse.columns]
         _emit(reuse.select(keep).to_arrow(), "table", "session reuse by instance (agentobs metrics reuse --by instance)")

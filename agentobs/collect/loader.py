@@ -35,7 +35,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from ..config import Settings
+from ..config import Settings, load_settings
 from ..errors import ConfigError, InputError
 from ..store import segments
 from ..store.writer import insert_spans
@@ -76,8 +76,9 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
     Protobuf bodies go through the native decoder (``otlp_native``: one Arrow pass over the whole batch)
     when ``loader_decoder`` is ``native``; the requests it leaves (rare shapes) and JSON bodies through
     ``otlp.py``. A batch ptars cannot parse is decoded by ``otlp.py`` request by request."""
-    settings = settings or _settings
-    tables, acc, rej, bad, notes = [], 0, 0, 0, []
+    settings = settings or _settings or load_settings()
+    tables, acc, rej, bad = [], 0, 0, 0
+    notes: list[str] = []
     reasons: dict[str, int] = {}
     bodies = _read_bodies(items)
     python_idx = list(range(len(items)))
@@ -183,7 +184,7 @@ def _read_bodies(items: list[tuple[str, int, int, str, str, int]]) -> list[bytes
     cur_path = None
     try:
         for path, off, n, *_ in items:
-            if path != cur_path:
+            if f is None or path != cur_path:
                 if f:
                     f.close()
                 f = open(path, "rb")
@@ -366,8 +367,8 @@ class Loader:
             h.spans_rejected.labels(reason).inc(n)
         if b.malformed:
             h.requests.labels("loader", "malformed").inc(b.malformed)
-        for n in b.notes:
-            log.info("spool: %s", n)
+        for note in b.notes:
+            log.info("spool: %s", note)
         self.loaded_requests += b.requests
         self.loaded_spans += inserted
         self.rejected_spans += b.rejected

@@ -503,8 +503,8 @@ def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: s
     if not isinstance(doc, dict):
         raise InputError(f"expected a JSON object with resourceSpans, got {type(doc).__name__}", where)
     if "resourceSpans" not in doc:
-        keys = ", ".join(k if k.isprintable() else _short(k) for k in list(doc)[:5]) or "nothing"
-        raise InputError(f"not an OTLP trace export: no 'resourceSpans' key (found: {keys})", where)
+        found = ", ".join(k if k.isprintable() else _short(k) for k in list(doc)[:5]) or "nothing"
+        raise InputError(f"not an OTLP trace export: no 'resourceSpans' key (found: {found})", where)
     rss = doc["resourceSpans"]
     if not isinstance(rss, list):
         raise InputError("'resourceSpans' must be a list", where)
@@ -564,12 +564,12 @@ def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: s
                     if message is not None:
                         message = _text(message, "status.message")
                     events = []
-                    for ei, e in enumerate(sp.get("events") or []):
-                        if not isinstance(e, dict):
+                    for ei, evd in enumerate(sp.get("events") or []):
+                        if not isinstance(evd, dict):
                             raise ValueError(f"events[{ei}] must be an object")
-                        ev = {"name": e.get("name", ""), "time_ns": _to_int(e.get("timeUnixNano", 0), f"events[{ei}].timeUnixNano")}
-                        if e.get("attributes"):
-                            ev["attributes"] = _json_attrs(e["attributes"], f"events[{ei}]", cap)
+                        ev = {"name": evd.get("name", ""), "time_ns": _to_int(evd.get("timeUnixNano", 0), f"events[{ei}].timeUnixNano")}
+                        if evd.get("attributes"):
+                            ev["attributes"] = _json_attrs(evd["attributes"], f"events[{ei}]", cap)
                         events.append(ev)
                     attr_list = sp.get("attributes")
                     _add(out, keys, source, w, tid, sid, parent, name, _to_int(kind, "kind"),

@@ -121,7 +121,7 @@ def parse_text(text: str, instance: str, at: float | dt.datetime, where: str = "
             cols["labels_key"].append(key)
             cols["value"].append(float(s.value))
             cols["engine"].append(eng)
-    engine = max(engines, key=engines.get) if engines else None
+    engine = max(engines, key=engines.__getitem__) if engines else None
     samples = pa.table(cols, schema=SAMPLE_SCHEMA)
     cfg_rows = served_model_config(cfg_rows, served)
     config = config_table(instance, ts, engine or "vllm", cfg_rows, source) if cfg_rows else empty_config()

@@ -135,6 +135,7 @@ class SeriesParser:
             self._layout = rows
             self._layout_cols = tuple(a.take(take) for a in self._arrays)
             self._layout_meta = self._meta(rows)
+        assert self._layout_cols is not None  # laid out above
         metric, labels, key, engine = self._layout_cols
         table = pa.Table.from_arrays(
             [pa.array([ts] * n, pa.timestamp("us")), pa.array([self.instance] * n, pa.string()),
@@ -158,6 +159,6 @@ class SeriesParser:
                 config = [kv for kv in self._labels[idx] if kv[0] not in self.extra]
             elif served is None and e == "vllm":
                 served = dict(self._labels[idx]).get("model_name") or None
-        return (max(counts, key=counts.get) if counts else None), (
+        return (max(counts, key=counts.__getitem__) if counts else None), (
             served_model_config(config, served) if config is not None else None)
 

@@ -68,16 +68,19 @@ def http_fetch(url: str, timeout: float) -> Response:
     deadline = time.monotonic() + timeout
     u = urlsplit(url)
     key = (u.scheme, u.netloc)
-    conns = getattr(_local, "conns", None)
+    if not u.hostname:
+        raise FetchError("connection_error", f"{url!r} names no host")
+    host = u.hostname
+    conns: dict[tuple[str, str], http.client.HTTPConnection] | None = getattr(_local, "conns", None)
     if conns is None:
         conns = _local.conns = {}
     path = (u.path or "/") + (f"?{u.query}" if u.query else "")
     for attempt in (0, 1):
         conn = conns.get(key)
         fresh = conn is None
-        if fresh:
+        if conn is None:
             cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
-            conn = conns[key] = cls(u.hostname, u.port, timeout=timeout)
+            conn = conns[key] = cls(host, u.port, timeout=timeout)
         else:
             conn.timeout = timeout
             if conn.sock is not None:

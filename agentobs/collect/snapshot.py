@@ -54,7 +54,8 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
     for f in path.parent.glob(path.name + ".tmp*"):  # this one's, and any a killed collector left
         f.unlink(missing_ok=True)
     own = cur is None
-    cur = con.cursor() if own else cur
+    if cur is None:
+        cur = con.cursor()
     try:
         src = cur.execute("SELECT current_database()").fetchall()[0][0]
         cur.execute("ATTACH ? AS agentobs_snapshot", [str(tmp)])

@@ -69,6 +69,7 @@ def _ns(ts: object, where: str) -> int:
 
 
 def _attr(key: str, v) -> dict:
+    val: dict[str, object]
     if isinstance(v, bool):
         val = {"boolValue": v}
     elif isinstance(v, int):
@@ -200,7 +201,7 @@ def read(path: Path, res: ImportResult) -> list[dict]:
                 try:
                     row = json.loads(line)
                 except ValueError as e:
-                    raise InputError(f"not JSON ({e.msg})", where) from e
+                    raise InputError(f"not JSON ({e.msg if isinstance(e, json.JSONDecodeError) else e})", where) from e
                 rounds.append(_round(row, where))
             except InputError as e:
                 res.errors.append(str(e))

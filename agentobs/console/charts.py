@@ -46,7 +46,7 @@ def timeline_calls(calls: pl.DataFrame, reuse: pl.DataFrame | None) -> pl.DataFr
     )
 
 
-def timeline(calls: pl.DataFrame, tools: pl.DataFrame) -> alt.Chart:
+def timeline(calls: pl.DataFrame, tools: pl.DataFrame) -> alt.LayerChart | alt.FacetChart:
     lanes = list(dict.fromkeys(calls["lane"].to_list()))
     call_bars = calls.select(
         "lane", "kind", "label", "call_id", "start_ts", "end_ts", "prompt_tokens", "cached_tokens", "reprefill_tokens",
@@ -189,7 +189,7 @@ def waterfall_data(trace) -> pl.DataFrame:
                                       "duration_s": pl.Float64, "detail": pl.String})
 
 
-def waterfall(df: pl.DataFrame, select=None) -> alt.Chart:
+def waterfall(df: pl.DataFrame, select=None) -> alt.LayerChart | alt.FacetChart:
     order = df.filter(pl.col("layer") == "span").sort("order")["row"].to_list()
     color = alt.Color("kind:N", title="span role / engine phase",
                       scale=alt.Scale(domain=list(ROLE_COLORS), range=list(ROLE_COLORS.values())),

@@ -58,7 +58,7 @@ def _values(qp: Mapping, key: str) -> list[str]:
     else:
         v = qp.get(key)
         vals = [] if v is None else (list(v) if isinstance(v, (list, tuple)) else [v])
-    out = []
+    out: list[str] = []
     for v in vals:  # accept both repeated keys and comma lists
         out.extend(p.strip() for p in str(v).split(",") if p.strip())
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Mapping
 
 import polars as pl
 import streamlit as st
@@ -137,7 +138,7 @@ def _pair(name: str, by: str | None) -> tuple[str, str]:
     return (name, by or catalogue()[name].default_by)
 
 
-def suite(ctx: Context, wanted: dict[str, str | None], period: str = "current") -> dict[str, pl.DataFrame] | None:
+def suite(ctx: Context, wanted: Mapping[str, str | None], period: str = "current") -> dict[str, pl.DataFrame] | None:
     """{metric: grouping} → {metric: DataFrame} for the view, from the metrics API. Metrics the installed API
     does not have are left out. None for ``period='previous'`` when the view is open-ended (no previous
     period of the same length)."""

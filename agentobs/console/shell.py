@@ -162,8 +162,8 @@ def _sidebar_filters(stamp: data.Stamp) -> Filters:
     want = to_query_params(f)
     for k in FILTER_KEYS:
         have = qp.get_all(k)
-        w = want.get(k)
-        w_list = [] if w is None else ([w] if isinstance(w, str) else list(w))
+        wanted = want.get(k)
+        w_list = [] if wanted is None else ([wanted] if isinstance(wanted, str) else list(wanted))
         if have != w_list:
             if w_list:
                 qp[k] = w_list if len(w_list) > 1 else w_list[0]

@@ -43,7 +43,7 @@ def _hicache(f: Finding, ctx: Context) -> tuple[list[Change], str]:
 
 def _offload(f: Finding, ctx: Context) -> tuple[list[Change], str] | None:
     i = f.scope.instance
-    cfg = ctx.instances.get(i) or {}
+    cfg = (ctx.instances.get(i) if i is not None else None) or {}
     gib = f.evidence.get("suggested_offloading_gib")
     if not gib or not cfg.get("bytes_per_token") or not cfg.get("kv_capacity_tokens"):
         return None
@@ -130,7 +130,7 @@ def _simulated(f: Finding, fix: Fix, replay: Replay, ctx: Context):
         base = replay.reprefill(pool)[inst]
         fixed = replay.reprefill(pool, fix)[inst]
         base_sum, fixed_sum = base_sum + base, fixed_sum + fixed
-        d = (base - fixed) * pool.scale
+        d = (base - fixed) * pool.factor
         tokens += d
         cfg = ctx.instances.get(inst) or {}
         if cfg.get("usd_per_s") and cfg.get("prefill_tps"):

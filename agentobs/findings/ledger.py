@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import Settings, load_settings
+from ..source import Source
 from .acks import active
 from .context import Context, default_since, fmt_duration, fmt_usd
 from .finding import SEVERITIES, Finding, Tax
@@ -232,8 +233,11 @@ def _claims_sql(found: list[tuple[int, Finding]]) -> tuple[str, dict]:
     calls it owns (the first rank claiming a call owns it), their tokens and $."""
     ctes, parts, params = [], [], {}
     for k, f in found:
-        own = dict(f.claim.params)
-        sql = _PARAM.sub(lambda m, k=k: f"$c{k}_{m.group(1)}", f.claim.sql.strip().rstrip(";"))
+        claim = f.claim
+        if claim is None:  # _settle passes claiming findings only
+            continue
+        own = dict(claim.params)
+        sql = _PARAM.sub(f"$c{k}_\\1", claim.sql.strip().rstrip(";"))  # $name → $c<k>_name
         params.update({f"c{k}_{n}": v for n, v in own.items()})
         ctes.append(f"c{k} AS (\n{sql}\n)")
         parts.append(f"SELECT {k} AS k, call_id, session_id, CAST(tokens AS DOUBLE) AS tokens, "
@@ -328,7 +332,8 @@ def _cap(f: Finding, ctx: Context) -> Finding:
     ex_tok = max((rec.tokens_window or 0.0) - (tax.tokens_window or 0.0), 0.0)
     ex_usd = None if rec.usd_window is None or tax.usd_window is None else max(rec.usd_window - tax.usd_window, 0.0)
     capped = _rescale(rec, min(rec.tokens_window or 0.0, tax.tokens_window or 0.0),
-                      None if ex_usd is None else min(rec.usd_window, tax.usd_window), ctx)
+                      None if rec.usd_window is None or tax.usd_window is None else min(rec.usd_window, tax.usd_window),
+                      ctx)
     capped = dataclasses.replace(capped, basis=f"{rec.basis}; capped at this finding's tax (the rest is "
                                                  "'also recovers')")
     also = _rescale(dataclasses.replace(
@@ -362,12 +367,12 @@ def _coverage_text(ctx: Context, since_given: bool) -> str:
     return base
 
 
-def build(db, since=None, until=None, filters: dict | None = None, settings: Settings | None = None, *,
+def build(db: Source, since=None, until=None, filters: dict | None = None, settings: Settings | None = None, *,
           include_acked: bool = False, simulate: bool = True, clock: Callable[[], float] = time.time,
           run=None) -> Ledger:
     """The ledger of calls starting in ``[since, until)`` under the attribute ``filters`` (as agentobs.metrics
     takes them). Without ``since`` the window is ``findings_default_window_s`` (7 days) ending at ``until`` or at
-    the newest call. ``db``: a Source (agentobs.source), or what agentobs.metrics.prepare turns into one. Acknowledged findings
+    the newest call. ``db``: a Source (agentobs.source). Acknowledged findings
     are left out unless ``include_acked``. ``simulate``: recoverable tax by replaying the observed sessions through
     the simulator (agentobs.findings.estimate), else the analytical estimate. ``run``: a prepared
     agentobs.metrics MetricRun already on this window (and these filters) to read instead of preparing one — the

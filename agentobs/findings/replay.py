@@ -89,6 +89,13 @@ class Pool:
     skip: str | None = None                        # why this pool cannot be simulated
     observed: list = field(default_factory=list)   # the replayed sessions' observed calls (CALLS_SQL rows)
 
+    @property
+    def factor(self) -> float:
+        """``scale`` of a pool whose sessions were picked (the replay sets it before anything is simulated)."""
+        if self.scale is None:
+            raise ReplayError(f"pool {', '.join(self.instances)}: no sessions picked, nothing to scale")
+        return self.scale
+
 
 @dataclass
 class SimResult:
@@ -154,7 +161,8 @@ def _simulate(pool: Pool, fix: Fix | None, seed: int) -> SimResult:
     fleet = Fleet(FleetSpec(specs, router=router, snapshot_s=0.0, seed=seed), sink, pool.ids)
     fleet.run(pool.sessions)
     names = [s.name for s in specs]
-    res = SimResult(*({n: 0 for n in names} for _ in range(5)), resume_ttft={n: [] for n in names})
+    z = [{n: 0 for n in names} for _ in range(5)]
+    res = SimResult(z[0], z[1], z[2], z[3], z[4], resume_ttft={n: [] for n in names})
     B = pool.block_size
     for c in sink.calls:
         if c.rejected:
@@ -216,7 +224,7 @@ def build(ctx, max_sessions: int, seed: int) -> Replay:
         ch = changed.setdefault(id(p), [0, 0])
         ch[0] += sum(1 for c in calls if c["follow_up"] and c["changed"])
         ch[1] += sum(1 for c in calls if c["follow_up"])
-    picked = {p_id: [] for p_id in map(id, pools)}
+    picked: dict[int, list[str]] = {p_id: [] for p_id in map(id, pools)}
     for sid in chosen:
         picked[id(pool_of[by_sid[sid][0]["instance"]])].append(sid)
     t0 = by_sid[chosen[0]][0]["start_s"]
@@ -226,8 +234,8 @@ def build(ctx, max_sessions: int, seed: int) -> Replay:
 
     for p in pools:
         _configure(ctx, p)
-        ch, fu = changed.get(id(p), (0, 0))
-        p.changed_share = ch / fu if fu else None
+        n_changed, n_follow = changed.get(id(p), (0, 0))
+        p.changed_share = n_changed / n_follow if n_follow else None
         p.router = "session_affinity" if len(p.instances) > 1 and p.changed_share is not None \
             and p.changed_share < AFFINE_BELOW else "round_robin"
         sids = picked[id(p)]
@@ -341,7 +349,7 @@ def _session(sid: str, calls: list[dict], t0: float, B: int, ids, heads: dict):
             ready = par_ends.get(b, main_end)    # a branch's first call starts from the fork point
         gap = max(0.0, c["start_s"] - ready)
         R = c["r"]
-        if st is None or (b != "main" and b not in par):
+        if st is None or (b != "main" and par is not None and b not in par):
             if b != "main" and main_chain[1] and R:
                 chain = main_chain[0].prefix(min(int(R) // B, main_chain[1], n))
             else:
@@ -357,9 +365,11 @@ def _session(sid: str, calls: list[dict], t0: float, B: int, ids, heads: dict):
         spec = CallSpec(chain, n, P, int(c["o"]), gap)
         state[b] = {"chain": chain, "nblk": n}
         if b == "main":
+            assert seq is not None  # opened above when the main thread resumed
             seq.append(spec)
             main_end, main_chain = c["end_s"], (chain, n)
         else:
+            assert par is not None  # opened above for the first branch call
             par.setdefault(b, []).append(spec)
             par_ends[b] = c["end_s"]
     if par is not None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ..config import Settings, load_settings
 from ..errors import AgentobsError
+from ..source import Source
 from .context import Context, default_since, fmt_duration
 from .replay import Fix, Pool, Replay, ReplayError, SimResult, build
 
@@ -102,7 +103,7 @@ class Change:
         if self.key == "hicache":
             return f"HiCache {'on (write_through)' if _ON[v] else 'off'}{where}"
         if self.key == "kv_capacity":
-            kind, x = _capacity(v)
+            kind, x = _capacity_of(v)
             return f"KV pool {'×' + format(x, 'g') if kind == 'factor' else format(int(x), ',') + ' tokens'}{where}"
         if self.key == "offload_gib":
             return f"a {float(v):g} GiB CPU KV tier{where}" if float(v) > 0 else f"no CPU KV tier{where}"
@@ -128,6 +129,14 @@ def _capacity(v: str) -> tuple[str, float] | None:
     if v.isdigit() and int(v) > 0:
         return ("tokens", float(v))
     return None
+
+
+def _capacity_of(v: str) -> tuple[str, float]:
+    """A kv_capacity value that parsing accepted (``Change`` checks it with ``_capacity``)."""
+    c = _capacity(v)
+    if c is None:
+        raise ValueError(f"kv_capacity {v!r} is neither a factor nor a token count")
+    return c
 
 
 # -- resolving changes into a replay fix -------------------------------------------------------------------
@@ -187,7 +196,7 @@ def resolve(changes: Iterable[Change], replay: Replay, ctx: Context, label: str 
                     continue
                 offload[inst] = float(v)
             elif ch.key == "kv_capacity":
-                kind, x = _capacity(v)
+                kind, x = _capacity_of(v)
                 cap = o.get("kv_capacity_tokens") or spec.kv_capacity_tokens or preset(spec.preset).kv_capacity_tokens
                 o["kv_capacity_tokens"] = int(cap * x) if kind == "factor" else int(x)
             elif ch.key == "schedule_policy":
@@ -375,9 +384,9 @@ def _side(replay: Replay, pools: list[Pool], insts: list[str], fix: Fix | None, 
         for i in p.instances:
             if i not in insts:
                 continue
-            c = res.computed(i) * p.scale * scale
+            c = res.computed(i) * p.factor * scale
             comp += c
-            rep += res.reprefill[i] * p.scale * scale
+            rep += res.reprefill[i] * p.factor * scale
             ttft += res.resume_ttft[i]
             calls += res.calls[i]
             cfg = ctx.instances.get(i) or {}
@@ -430,7 +439,7 @@ def report(replay: Replay, ctx: Context, changes: list[Change], label: str | Non
                   replay.calls_replayed, replay.seed, rows, cal, notes, time.perf_counter() - t0)
 
 
-def run(db, changes: Iterable[Change | str], since=None, until=None, filters: dict | None = None,
+def run(db: Source, changes: Iterable[Change | str], since=None, until=None, filters: dict | None = None,
         settings: Settings | None = None, *, sessions: int | None = None, seed: int | None = None,
         clock: Callable[[], float] = time.time) -> WhatIf:
     """Replay the sessions of ``[since, until)`` (the findings' window rules: default 7 days before the newest call)

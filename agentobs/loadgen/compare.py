@@ -94,10 +94,11 @@ def measure(db, reps: int = 200, seed: int = 0, settings=None) -> tuple[dict[str
     """Per replicate ('0' = the sample), every quantity: {rep: {quantity: value}}; and the sessions' workload keys
     in resampling order. Two runs of the same workload get the same draws with the same seed (paired)."""
     from ..metrics.run import prepare
+    from ..source import as_source  # compare's inputs are two runs' stores (paths), or Sources
 
     if isinstance(db, str | Path) and not Path(db).exists():
         raise ConfigError(f"--compare: no store at {db}")
-    run, close = prepare(str(db) if isinstance(db, Path) else db, settings=settings)
+    run, close = prepare(as_source(str(db) if isinstance(db, Path) else db), settings=settings)
     try:
         cur = run.cur
         sessions = sorted((r[0] for r in cur.sql("SELECT DISTINCT session_id FROM m_calls WHERE in_win AND "

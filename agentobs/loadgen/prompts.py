@@ -70,6 +70,8 @@ class RemoteTokenizer(Tokenizer):
     def __init__(self, base: str, model: str, headers: dict[str, str], timeout_s: float = 30.0):
         self.base, self.model, self.headers, self.timeout_s = base, model, headers, timeout_s
         u = urlsplit(base)
+        if not u.hostname:
+            raise ConfigError(f"tokenizer URL {base!r} names no host")
         self._host, self._port, self._path = u.hostname, u.port or 80, u.path.rstrip("/") + "/tokenize"
         self._conn: http.client.HTTPConnection | None = None
 

@@ -25,6 +25,7 @@ import urllib.request
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -169,7 +170,8 @@ def preflight(opts: Options, plan: Plan) -> Preflight:
     except (OSError, ValueError) as e:
         reason = getattr(e, "reason", None) or e
         raise ConfigError(f"--target {opts.target}: cannot reach GET /v1/models ({reason})") from e
-    models = {m.get("id"): m for m in (doc.get("data") or []) if isinstance(m, dict)} if isinstance(doc, dict) else {}
+    models: dict[str, dict] = {str(m["id"]): m for m in (doc.get("data") or []) if isinstance(m, dict) and m.get("id")} \
+        if isinstance(doc, dict) else {}
     if not models:
         raise ConfigError(f"--target {opts.target}: GET /v1/models lists no model")
     model = opts.model or next(iter(models))
@@ -404,7 +406,7 @@ class Runner:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         headers = {"x-session-id": sid, "X-Request-Id": rid, **self._auth}
-        attrs = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
+        attrs: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "openai",
                  "gen_ai.request.model": pf.model, "gen_ai.conversation.id": sid, "app.task.id": task_id,
                  "agentobs.attempt": attempt, "server.address": pf.target.host, "server.port": pf.target.port,
                  "gen_ai.request.max_tokens": n_out, "gen_ai.request.temperature": opts.temperature,
@@ -481,7 +483,7 @@ class Runner:
             usage = doc.get("usage")
             ch = (doc.get("choices") or [{}])[0]
             finish = ch.get("finish_reason")
-        attrs = {}
+        attrs: dict[str, Any] = {}
         if rec.response_id:
             attrs["gen_ai.response.id"] = rec.response_id
             attrs["gen_ai.response.model"] = self.pf.model

@@ -25,6 +25,7 @@ import asyncio
 import json
 import threading
 from collections import OrderedDict
+from typing import Any
 
 CHAT_OVERHEAD = 3
 
@@ -85,7 +86,7 @@ class StubEngine:
 
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, object]:
         """(status, content type, payload): a dict (JSON), or a list of SSE events (streamed)."""
-        doc = None
+        doc: Any = None
         if method == "POST" and path == "/v1/traces":  # an OTLP/HTTP sink (the overhead bench exports here)
             self.spans_bytes = getattr(self, "spans_bytes", 0) + len(body)
             return 200, "application/x-protobuf", b""
@@ -96,6 +97,8 @@ class StubEngine:
                 return 400, "application/json", {"error": {"message": "body is not JSON"}}
         if self.record:
             self.requests.append({"method": method, "path": path, "headers": headers, "body": doc})
+        if method == "POST" and not isinstance(doc, dict):
+            return 400, "application/json", {"error": {"message": "body is not a JSON object"}}
         if method == "GET" and path == "/v1/models":
             return 200, "application/json", {"object": "list", "data": [
                 {"id": self.model, "object": "model", "max_model_len": self.max_model_len}]}
@@ -118,10 +121,10 @@ class StubEngine:
             self.n += 1
             rid = "chatcmpl-" + (headers.get("x-request-id") or f"stub-{self.n}")
             n_out = int(doc.get("max_tokens") or 16)
-            usage = {"prompt_tokens": len(toks), "completion_tokens": n_out, "total_tokens": len(toks) + n_out,
+            usage: dict[str, object] = {"prompt_tokens": len(toks), "completion_tokens": n_out, "total_tokens": len(toks) + n_out,
                      "prompt_tokens_details": {"cached_tokens": cached}}
             if doc.get("stream"):
-                evs = [{"id": rid, "object": "chat.completion.chunk", "model": self.model,
+                evs: list[dict[str, object]] = [{"id": rid, "object": "chat.completion.chunk", "model": self.model,
                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
                 for i in range(n_out):
                     evs.append({"id": rid, "object": "chat.completion.chunk", "model": self.model,
@@ -219,7 +222,8 @@ class StubEngine:
             loop.stop()
 
         asyncio.run_coroutine_threadsafe(_close(), loop)
-        self._thread.join(10)
+        if self._thread is not None:
+            self._thread.join(10)
         loop.close()
         self._loop = None
 

@@ -1,8 +1,10 @@
 """Agent metrics (METRICS.md) as tested SQL: one ``.sql`` file per metric under ``defs/``.
 
     from agentobs.metrics import compute, compute_all
-    df = compute("reuse", db="agentobs.duckdb", since="24h", by="task_type")
-    suite = compute_all(db=con)            # every metric from one preparation
+    from agentobs.source import as_source
+    src = as_source("agentobs.duckdb")     # a Source, made once at the edge (a path or an open connection)
+    df = compute("reuse", src, since="24h", by="task_type")
+    suite = compute_all(src)               # every metric from one preparation
 
 See docs/metrics.md for the catalogue, formulas, assumptions and the cost model.
 """

@@ -109,14 +109,14 @@ def parse_metric(name: str, text: str, where: str | None = None,
     if bad:
         raise ConfigError(f"{where}: unknown grouping(s) {', '.join(map(repr, bad))} in 'by:' (known: {', '.join(BY_COLUMNS)})")
     own = con is None  # the parser only: one in-memory connection serves every file (catalogue)
-    con = duckdb.connect() if own else con
+    parser = duckdb.connect() if con is None else con
     try:
-        stmts = con.extract_statements(body)
+        stmts = parser.extract_statements(body)
     except duckdb.ParserException as e:
         raise ConfigError(f"{where}: SQL does not parse: {str(e).splitlines()[0]}") from e
     finally:
         if own:
-            con.close()
+            parser.close()
     if len(stmts) != 1 or stmts[0].type != duckdb.StatementType.SELECT:
         raise ConfigError(f"{where}: the body must be exactly one SELECT statement")
     params = frozenset(stmts[0].named_parameters)

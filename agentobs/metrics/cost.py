@@ -26,6 +26,7 @@ the ``[cost]`` default > the built-in default. Every value carries its source in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -78,7 +79,7 @@ def parse_cost(section: dict | None) -> CostModel:
         w = f'[cost.instances."{name}"]'
         if not isinstance(spec, dict):
             raise ConfigError(f"{w} must be a table (usd_per_hour = …)")
-        out = {}
+        out: dict[str, Any] = {}
         for k, v in spec.items():
             if k not in INSTANCE_KEYS:
                 raise ConfigError(f"{w}: unknown key {k!r}{did_you_mean(k, sorted(INSTANCE_KEYS), 'known:')}")
@@ -154,7 +155,7 @@ def cost_table(con: duckdb.DuckDBPyConnection, model: CostModel) -> pa.Table:
         over = model.instances.get(inst, {})
         obs = observed.get(inst, (None, 0, None))
         cfg = config.get(inst, (None, None, None))
-        basis = []
+        basis: list[str] = []
 
         def pick(key, data_value=None, data_label="", over=over, basis=basis):
             if key in over:

@@ -34,9 +34,11 @@ class Geometry:
         return self.kv_lora_rank is not None
 
     def bytes_per_token(self, dtype_bytes: float = 2) -> float:
-        if self.mla:
-            return self.layers * (self.kv_lora_rank + self.qk_rope_head_dim) * dtype_bytes
-        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+        if self.kv_lora_rank is not None:  # MLA: the latent plus the rope part, once per layer
+            return self.layers * (self.kv_lora_rank + _need(self.qk_rope_head_dim, self.name, "qk_rope_head_dim")) \
+                * dtype_bytes
+        kv_heads, head_dim = _need(self.kv_heads, self.name, "kv_heads"), _need(self.head_dim, self.name, "head_dim")
+        return 2 * self.layers * kv_heads * head_dim * dtype_bytes
 
     def formula(self, dtype_bytes: float = 2) -> str:
         if self.mla:
@@ -150,3 +152,9 @@ def dtype_bytes_of(cache_dtype: str | None) -> float:
     if "32" in d:
         return 4
     return 2
+
+
+def _need(v: int | None, name: str, key: str) -> int:
+    if v is None:
+        raise ConfigError(f"model geometry {name!r}: {key} is missing")
+    return v

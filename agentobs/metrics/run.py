@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from ..config import Settings
 from ..errors import QueryError
+from ..source import Source
 from .catalog import catalogue, get_metric
 from .prepare import FILTER_COLUMNS, MetricRun, parse_time
 from .runcache import prepare
@@ -33,10 +34,10 @@ def names() -> list[str]:
     return [n for n in ORDER if n in cat] + sorted(set(cat) - set(ORDER))
 
 
-def compute(name: str, db=None, since=None, until=None, by: str | None = None, filters: dict | None = None,
+def compute(name: str, db: Source, since=None, until=None, by: str | None = None, filters: dict | None = None,
             settings: Settings | None = None, clock: Callable[[], float] = time.time, exact: bool = False
             ) -> pl.DataFrame:
-    """One metric as a DataFrame. ``db``: a Source, or what prepare takes. ``exact``: exact percentiles where the
+    """One metric as a DataFrame from the Source ``db``. ``exact``: exact percentiles where the
     rollups would read them from the hourly sketches (MetricRun.compute)."""
     metric = get_metric(name)
     if by is not None and by not in metric.by:
@@ -48,7 +49,7 @@ def compute(name: str, db=None, since=None, until=None, by: str | None = None, f
         close()
 
 
-def compute_all(db=None, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
+def compute_all(db: Source, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
                 metrics: Iterable[str] | None = None, by: dict[str, str] | None = None,
                 clock: Callable[[], float] = time.time, exact: bool = False) -> dict[str, pl.DataFrame]:
     """Every metric (or ``metrics``) from one preparation: the suite the bench, console and report use.

@@ -15,14 +15,13 @@ in-memory stores are not shared.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..config import Settings, load_settings
-from ..source import RunCache, Source, as_source
+from ..source import RunCache, Source, require
 from .cost import parse_cost
 from .prepare import MetricRun, _normalize_filters, parse_time
 
@@ -61,16 +60,15 @@ def _release(cache: RunCache, key: tuple | None, shared: _Shared) -> Callable[[]
     return close
 
 
-def prepare(db: Source | str | os.PathLike | None = None, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
+def prepare(db: Source, since=None, until=None, filters: dict | None = None, settings: Settings | None = None,
             clock: Callable[[], float] = time.time) -> tuple[MetricRun, Callable[[], None]]:
     """A MetricRun and the function that closes what this call opened (or releases a shared run, above). ``db``:
-    a Source (agentobs.source), or what agentobs.source.as_source turns into one (a store path, None for the
-    setting ``db``, an open DuckDB or ClickHouse connection; a new Source each call, so such calls share nothing)."""
+    a Source (agentobs.source; a store path or a connection becomes one at the edge, agentobs.source.as_source)."""
     settings = settings if settings is not None else load_settings()
     cost = parse_cost(settings.cost)
     t_since, t_until = parse_time(since, clock, "since"), parse_time(until, clock, "until")
     flt = _normalize_filters(filters)
-    src = as_source(db)
+    src = require(db, "agentobs.metrics.prepare")
     cache = src.run_cache
     key = _share_key(src, t_since, t_until, flt, settings)
     with cache.lock:

@@ -1,7 +1,7 @@
 """The weekly cost-attribution report (docs/report.md).
 
     from agentobs.report import build, iso_week, write
-    report = build("agentobs.duckdb", iso_week("2026-W48"))
+    report = build(as_source("agentobs.duckdb"), iso_week("2026-W48"))  # agentobs.source.as_source
     write(report, "reports/2026-W48")    # report.html, summary.md, manifest.json, tables/*.csv|parquet
 """
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from ..config import Settings, load_settings
 from ..metrics import prepare
 from ..metrics.usual import usual_cte
-from ..source import as_source
+from ..source import Source, require
 from .period import Period
 from .query_files import load
 
@@ -536,9 +536,9 @@ def _histogram(values: list[float], title: str, bins: int = 20) -> Chart:
     return Chart("histogram", title, unit="usd", edges=edges, counts=counts)
 
 
-def build(db, period: Period, settings: Settings | None = None, clock: Callable[[], float] = time.time,
+def build(db: Source, period: Period, settings: Settings | None = None, clock: Callable[[], float] = time.time,
           findings: Callable | None | bool = True) -> Report:
-    """The report of ``period`` from ``db``: a Source (agentobs.source), or what agentobs.metrics.prepare takes.
+    """The report of ``period`` from the Source ``db`` (agentobs.source).
     ``findings``: True = the tax ledger of agentobs.findings (``build``); None/False = leave out (a note says so); a
     callable = use it (it takes ``db, since=, until=, settings=, simulate=`` and returns a Ledger)."""
     settings = settings if settings is not None else load_settings()
@@ -547,7 +547,7 @@ def build(db, period: Period, settings: Settings | None = None, clock: Callable[
         from ..findings import build as fn
     else:
         fn = findings or None
-    src = as_source(db)
+    src = require(db, "agentobs.report.build")
     t0 = time.perf_counter()
     prev = period.previous()
     run, close = prepare(src, since=period.since, until=period.until, settings=settings, clock=clock)

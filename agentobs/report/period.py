@@ -80,6 +80,8 @@ def resolve(week: str | None = None, since=None, until=None, clock: Callable[[],
         raise QueryError("--until needs --since (the report covers [since, until))")
     s = parse_time(since, clock, "since")
     u = parse_time(until, clock, "until") if until is not None else clock()
+    if s is None or u is None:
+        raise QueryError("--since/--until must not be empty")
     if u <= s:
         raise QueryError(f"empty period: until ({_iso(u)}) must be after since ({_iso(s)})")
     return Period(f"{_iso(s)}..{_iso(u)}", s, u)

@@ -29,7 +29,7 @@ from itertools import repeat
 from operator import add
 from operator import sub as sub_
 
-EventFn = Callable[[str, list, str, object], None]
+EventFn = Callable[[str, Sequence[int], str, object], None]
 
 
 class BlockKVCache:
@@ -179,7 +179,7 @@ class BlockKVCache:
         sub = chain[start:end]
         present = list(map(ref.__contains__, sub))
         if True in present:
-            new = [h for h, p in zip(sub, present, strict=False) if not p]
+            new: Sequence[int] = [h for h, p in zip(sub, present, strict=False) if not p]
             dup = [h for h, p in zip(sub, present, strict=False) if p]
             self.acquire(dup, len(dup))
             self.used -= len(dup)

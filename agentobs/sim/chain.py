@@ -10,6 +10,7 @@ it follows ``x`` in both, and a range of consecutive ids is a piece of one prefi
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
+from typing import Any
 
 
 class Chain:
@@ -51,7 +52,7 @@ class Chain:
         """Id ranges ``[a, b)`` covering positions ``lo … hi-1``, in chain order."""
         ends, starts = self.ends, self.starts
         hi = min(hi, ends[-1] if ends else 0)
-        out = []
+        out: list[tuple[int, int]] = []
         if lo >= hi:
             return out
         k = bisect_right(ends, lo)
@@ -126,7 +127,7 @@ class RangeMap:
             e[0] = x
             ks.insert(i + 1, x)
 
-    def pop_range(self, a: int, b: int) -> list[tuple[int, int, object]]:
+    def pop_range(self, a: int, b: int) -> list[tuple[int, int, Any]]:
         """Remove and return the (clipped) pieces inside ``[a, b)``."""
         if not self.ks:
             return []

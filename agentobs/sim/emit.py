@@ -18,6 +18,7 @@ import json
 import os
 from importlib import resources
 from pathlib import Path
+from typing import Any, Protocol
 
 import msgspec
 import pyarrow as pa
@@ -76,6 +77,14 @@ def itl_ms(runs) -> list[float]:
     return out
 
 
+class _Sink(Protocol):
+    """Where the OTLP/JSON lines go: the bundle's gzip file, or a poster (``sim/live.py``)."""
+
+    def write(self, data: bytes, /) -> object: ...
+
+    def close(self) -> None: ...
+
+
 class BundleSink:
     """Writes a bundle while the fleet runs. ``prom_every`` keeps one scrape in N (a lean committed
     copy), ``gzip_prom`` compresses snapshots, ``kv_events`` turns the KV-event capture on."""
@@ -92,9 +101,9 @@ class BundleSink:
         self.spans_per_line = spans_per_line
         self.workload, self.seed = workload, seed
         self._otlp_path = self.dir / "otlp" / "spans-0001.jsonl.gz"
-        self._otlp = gzip.GzipFile(self._otlp_path, "wb", 6, mtime=0)  # mtime 0: same bytes every run
+        self._otlp: _Sink = gzip.GzipFile(self._otlp_path, "wb", 6, mtime=0)  # mtime 0: same bytes every run
         self._buf: dict[str, list] = {}
-        self._kv: dict[str, object] = {}
+        self._kv: dict[str, gzip.GzipFile] = {}
         self._epoch = 0.0
         self._kv_seq: dict[str, int] = {}
         self._snap_n = 0
@@ -167,7 +176,7 @@ class BundleSink:
                     "attributes": _attrs({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call.spec.tool,
                                           "gen_ai.tool.type": "function", "app.task.id": sess.task_id})})
         ok = r.status == "ok"
-        attrs = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": inst.spec.engine,
+        attrs: dict[str, Any] = {"gen_ai.operation.name": "chat", "gen_ai.provider.name": inst.spec.engine,
                  "gen_ai.request.model": model, **common,
                  "agentobs.attempt": call.attempt if call.attempt > 1 else None,
                  "agentobs.branch": call.branch if call.branch != "main" else None,
@@ -244,6 +253,7 @@ class BundleSink:
         sess = st.sess
         if not st.calls:
             return
+        assert st.first_t is not None and st.last_t is not None  # set with the first call
         trace = fleet.trace_id(sess.task_id)
         P = sum(c.req.P for c in st.calls if not c.rejected)
         C = sum(c.req.C for c in st.calls if not c.rejected)
@@ -347,7 +357,7 @@ class BundleSink:
             if kind == "BlockStored":
                 if vllm:  # vLLM 0.32 map-encoded BlockStored (docs/real-vllm.md §2): fields in declaration
                     # order, defaults omitted, session_id last and absent when the request carried none
-                    ev = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+                    ev: Any = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
                           "token_ids": token_ids(hashes, B), "block_size": B, "lora_id": None, "medium": medium,
                           "lora_name": None, "extra_keys": [None] * len(hashes), "group_idx": 0,
                           "kv_cache_spec_kind": "full_attention"}

@@ -20,6 +20,7 @@ import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 from .cache import KVCache
 from .chain import RangeMap
@@ -58,6 +59,45 @@ class Req:
         "preempted", "itl", "prefill_s", "queue_s", "status", "finish", "R", "prev", "evict_first",
         "evicted_blocks", "call", "seq", "out_ids", "order", "ctx", "evict_log",
     )
+    # the slots' types (set by the fleet when the call is made, then by the engine as it runs)
+    cid: str
+    sess: str | None
+    branch: Any
+    attempt: int
+    chain: Any
+    nblk: int
+    P: int
+    O: int  # noqa: E741 -- the output-token count, named like P
+    fail: Any
+    t0: float
+    inst: Any
+    C: int
+    C_host: int
+    t_arrive: float
+    t_admit: Any
+    t_first: float
+    t_end: float
+    rem: float
+    v_first: float
+    v_end: float
+    n_alloc: int
+    n_cached: int
+    preempted: int
+    itl: Any
+    prefill_s: float
+    queue_s: float
+    status: str
+    finish: str
+    R: Any
+    prev: Any
+    evict_first: Any
+    evicted_blocks: int
+    call: Any
+    seq: Any
+    out_ids: Any
+    order: int
+    ctx: float
+    evict_log: Any
 
     def __init__(self):
         self.C = 0
@@ -118,7 +158,7 @@ class Instance:
         self.t = 0.0
         self.step_s = 0.0
         self.chunk = 0.0
-        self.ctx_dec = 0
+        self.ctx_dec = 0.0
         self.version = 0
         self.admit_seq = 0
         self.now = 0.0
@@ -126,7 +166,7 @@ class Instance:
         self.seg_V: list[float] = [0.0]
         self.seg_s: list[float] = [0.0]
         self.blocked = False
-        self.cur_sess = None
+        self.cur_sess: str | None = None
         self.s = Stats(spec.engine)
 
     # -- KV events / eviction bookkeeping ----------------------------------------------------

@@ -30,7 +30,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "agentobs-sim"
 
     def do_GET(self):  # noqa: N802 - http.server API
-        live: LiveFleet = self.server.live  # type: ignore[attr-defined]
+        live: LiveFleet = self.server.live
         inst = live.by_port.get(self.server.server_address[1])
         if inst is None:
             self.send_error(404)
@@ -75,7 +75,7 @@ class OTLPPoster(BundleSink):
         except (urllib.error.URLError, OSError):
             self.failed += 1
 
-    def close(self, fleet=None) -> None:  # type: ignore[override]
+    def close(self, fleet=None) -> None:
         if fleet is None:
             return
         for res in list(self._buf):

@@ -9,6 +9,8 @@ sample stays small.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
@@ -26,7 +28,7 @@ def _hist(name: str, doc: str, h: Hist, labels: dict[str, str]) -> HistogramMetr
     return f
 
 
-def _counter(name: str, doc: str, labels: dict[str, str], series: list[tuple[dict[str, str], float]]):
+def _counter(name: str, doc: str, labels: dict[str, str], series: Sequence[tuple[dict[str, str], float]]):
     keys = list(labels) + (list(series[0][0]) if series else [])
     f = CounterMetricFamily(name, doc, labels=keys)
     for extra, v in series:

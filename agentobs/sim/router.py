@@ -81,11 +81,11 @@ class Router:
         if p == "least_loaded":
             return min(insts, key=lambda x: (x.load(), x.idx))
         if p == "session_affinity":
-            i = self.affinity.get(session_id)
-            if i is None:
+            k = self.affinity.get(session_id)
+            if k is None:
                 j = bisect.bisect(pool.ring_keys, _h(session_id)) % len(pool.ring_keys)
-                i = self.affinity[session_id] = pool.ring_vals[j]
-            return insts[i]
+                k = self.affinity[session_id] = pool.ring_vals[j]
+            return insts[k]
         # cache_aware
         loads = [x.load() for x in insts]
         lo, hi = min(loads), max(loads)

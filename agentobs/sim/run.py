@@ -60,7 +60,6 @@ def simulate(sc: Scenario, seed: int = 1, out: str | Path | None = None, progres
         sink = BundleSink(out, kv_events=kv_events, prom_every=prom_every, gzip_prom=gzip_prom,
                           block_hashes=block_hashes, workload=sc.name, seed=seed) if out else NullSink()
     fleet = Fleet(fleet_spec(sc, seed, cache_impl), sink, ids)
-    fleet.total_calls = sum(s.n_calls for s in sessions)
     fleet.run(sessions, progress=progress)
     return fleet
 

@@ -273,7 +273,7 @@ def _synthetic_session(tt: TaskType, i: int, t0: float, rng: random.Random, ids:
             for b in range(rng.randint(*tt.branches)):
                 ch = _Chain(ids, B, base)
                 bp = P + prevO + _tokens(tt.growth, rng)
-                bcalls = []
+                bcalls: list[CallSpec] = []
                 for j in range(rng.randint(*tt.branch_turns)):
                     if j:
                         bp += bcalls[-1].O + _tokens(tt.growth, rng)

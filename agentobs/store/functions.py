@@ -17,6 +17,7 @@ given (``ensure``), so the SQL a finding shows as evidence runs as shown in the 
 from __future__ import annotations
 
 import duckdb
+from duckdb.func import PythonUDFType
 
 CUMSUM = "agentobs_cumsum"
 
@@ -44,7 +45,7 @@ def ensure(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
     opens a connection per listing.)"""
     try:
         con.create_function(CUMSUM, _cumsum, [duckdb.list_type("DOUBLE")], duckdb.list_type("DOUBLE"),
-                            type="arrow", side_effects=False)
+                            type=PythonUDFType.ARROW, side_effects=False)
     except (duckdb.NotImplementedException, duckdb.CatalogException) as e:
         # a second registration: on this connection ("already created"), or on another open connection to the same
         # file, which shares this one's catalog ("already exists"; it stays usable after that one closes)

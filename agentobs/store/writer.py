@@ -160,9 +160,9 @@ class Writer:
         t0 = time.perf_counter()
         per_table: dict[str, int] = {}
         err: BaseException | None = None
-        ignore = {t for t, left in self._ignore_left.items() if left > 0}
-        for t in ignore:
-            self._ignore_left[t] -= 1
+        ignore = {table for table, left in self._ignore_left.items() if left > 0}
+        for table in ignore:
+            self._ignore_left[table] -= 1
         try:
             batches = {table: _concat(parts) for table, parts in pending.items()}
             while True:
@@ -175,11 +175,11 @@ class Writer:
                     self._rollback()
                     more = c.tables - ignore
                     if not more:  # not a duplicate key (e.g. NOT NULL): OR IGNORE cannot help
-                        raise c.__cause__ from None
+                        raise (c.__cause__ or c) from None
                     self.stats.conflict_retries += 1
                     ignore |= more
-                    for t in more:
-                        self._ignore_left[t] = IGNORE_AFTER_CONFLICT
+                    for table in more:
+                        self._ignore_left[table] = IGNORE_AFTER_CONFLICT
         except BaseException as e:  # noqa: BLE001 - reported through every ticket
             err = e
             self._rollback()

@@ -114,7 +114,7 @@ def _rewrite(node: exp.Expression) -> exp.Expression:
         if f.args.get("offset") is not None:
             args.append(f.args["offset"])
         node.set("this", _fn(name, *args))
-        if node.args.get("spec") is None and not node.args.get("alias"):
+        if node.args.get("spec") is None:  # a named window (OVER t) too: its ORDER BY frame ends at the row
             node.set("spec", exp.WindowSpec(kind="ROWS", start="UNBOUNDED", start_side="PRECEDING",
                                             end="UNBOUNDED", end_side="FOLLOWING"))
         return node
@@ -295,7 +295,7 @@ def _to_clickhouse(sql: str, schema_items: tuple) -> str:
     for cte in tree.find_all(exp.CTE):
         alias = cte.args.get("alias")
         cols = alias.args.get("columns") if alias is not None else None
-        if cols:
+        if cols and alias is not None:
             first = cte.this
             while isinstance(first, exp.SetOperation):
                 first = first.this

@@ -60,6 +60,73 @@ def _first_str(keys, merged: bool = True) -> str:
     return f"multiIf({', '.join(parts)}, NULL)" if parts else "CAST(NULL AS Nullable(String))"
 
 
+# -- the alias table: the settings' attribute lists (session, task, task type, tenant), read by the spans
+#    view at ingest, so a changed list applies to spans ingested after it is written (sync_aliases) ---------------
+ALIAS_FIELDS = {"session_id": "session_keys", "task_id": "task_keys", "task_type": "task_type_keys",
+                "tenant": "tenant_keys"}
+ALIASES_DDL = ("CREATE TABLE IF NOT EXISTS agentobs_aliases (field String, keys Array(String), written DateTime64(6)) "
+               "ENGINE = ReplacingMergeTree(written) ORDER BY field")
+# the latest list of each field (ReplacingMergeTree keeps the newest row; argMax reads it before a merge too)
+STORED_ALIASES_SQL = "SELECT field, argMax(keys, written) AS keys FROM agentobs_aliases GROUP BY field ORDER BY field"
+
+
+def alias_lists(settings: Settings) -> dict[str, list[str]]:
+    """field → the settings' attribute keys, first match wins (the lists normalize.alias_keys reads on DuckDB)."""
+    return {field: [str(k) for k in getattr(settings, name)] for field, name in ALIAS_FIELDS.items()}
+
+
+def stored_aliases(ch: ClickHouse) -> dict[str, list[str]]:
+    """The lists the spans view reads now ({} before the table exists)."""
+    try:
+        t = ch.arrow(STORED_ALIASES_SQL)
+    except Exception:  # noqa: BLE001 - no table yet (a store from before the alias table, or none)
+        return {}
+    return dict(zip(t.column("field").to_pylist(), t.column("keys").to_pylist(), strict=True))
+
+
+def alias_differences(ch: ClickHouse, settings: Settings) -> list[str]:
+    """The fields whose stored alias list is not the settings' (in ALIAS_FIELDS order)."""
+    want, have = alias_lists(settings), stored_aliases(ch)
+    return [f for f in want if have.get(f) != want[f]]
+
+
+def sync_aliases(ch: ClickHouse, settings: Settings) -> list[str]:
+    """Write the settings' alias lists where they differ from the stored ones; returns the fields written."""
+    ch.command(ALIASES_DDL)
+    want = alias_lists(settings)
+    changed = alias_differences(ch, settings)
+    for f in changed:
+        ch.command(f"INSERT INTO agentobs_aliases (field, keys, written) VALUES ({_q(f)}, {_arr(want[f])}, now64(6))")
+    return changed
+
+
+def sync_aliases_note(ch: ClickHouse, settings: Settings) -> str | None:
+    """sync_aliases at connect, on a store that has the alias table: what to tell the user (the lists written; or,
+    on a connection that may not write, the lists that differ and stay), None when there is nothing to say."""
+    from ...errors import AgentobsError
+
+    has_table = ch.arrow("SELECT count() AS n FROM system.tables WHERE database = currentDatabase() "
+                         "AND name = 'agentobs_aliases'").column(0)[0].as_py()
+    if not has_table:  # no agentobs model here (init writes the lists), or one from before the table (docs)
+        return None
+    try:
+        changed = sync_aliases(ch, settings)
+    except AgentobsError as e:
+        differ = alias_differences(ch, settings)
+        return (f"the stored alias lists of {', '.join(differ)} differ from the settings and could not be updated "
+                f"({e}): spans ingested now resolve them with the stored lists") if differ else None
+    return (f"alias lists of {', '.join(changed)} updated from the settings: spans ingested from now on resolve "
+            "them so (those already stored keep their ids)") if changed else None
+
+
+def _first_str_of(field: str) -> str:
+    """``_first_str`` over the alias table's keys for ``field``: the first key whose value (span attribute, else
+    resource attribute; an array's first element) is not empty."""
+    keys = f"(SELECT argMax(keys, written) FROM agentobs_aliases WHERE field = {_q(field)})"
+    v = "if(mapContains(SpanAttributes, k), SpanAttributes[k], ResourceAttributes[k])"
+    return f"nullIf(arrayFirst(x -> x != '', arrayMap(k -> {_first_elem(v)}, {keys})), '')"
+
+
 def _num(keys, as_int: bool) -> str:
     """The first key present; a value that is not a number is unknown (NULL), as normalize._num."""
     parts = []
@@ -123,10 +190,10 @@ SELECT
     ResourceAttributes AS resource, SpanAttributes AS attributes,
     _role AS role,
     if(_is_engine, coalesce(_op_attr, 'engine'), _op2) AS op,
-    {_first_str(settings.session_keys)} AS session_id,
-    {_first_str(settings.task_keys)} AS task_id,
-    {_first_str(settings.task_type_keys)} AS task_type,
-    {_first_str(settings.tenant_keys)} AS tenant,
+    {_first_str_of('session_id')} AS session_id,
+    {_first_str_of('task_id')} AS task_id,
+    {_first_str_of('task_type')} AS task_type,
+    {_first_str_of('tenant')} AS tenant,
     {_first_str(('gen_ai.agent.name',), merged=False)} AS agent_name,
     CAST({_num(('agentobs.attempt', 'gen_ai.request.attempt'), True)} AS Nullable(Int32)) AS attempt,
     {_first_str(('agentobs.branch',), merged=False)} AS branch,
@@ -258,10 +325,12 @@ def create_tables(ch: ClickHouse, settings: Settings | None = None, backfill: bo
     """The exporter's tables (IF NOT EXISTS), agentobs' side tables, and the two resolved tables the
     model reads: ``spans`` and ``metric_samples``, each fed by materialized views on insert into the
     exporter's tables (normalization at ingest, as the DuckDB store does). ``backfill`` resolves rows
-    that were already there. Changing the alias settings needs ``recreate`` (docs/clickhouse.md)."""
+    that were already there. The alias lists are written to ``agentobs_aliases`` (sync_aliases), which the spans
+    view reads at ingest: a changed list needs no new ``init`` (docs/clickhouse.md)."""
     settings = settings if settings is not None else load_settings()
     for stmt in exporter_ddl():
         ch.command(stmt)
+    sync_aliases(ch, settings)
     spans_sql = spans_select_sql(settings)
     ch.command("CREATE TABLE IF NOT EXISTS spans ENGINE = MergeTree "
                "PARTITION BY toDate(fromUnixTimestamp64Nano(start_ns)) ORDER BY (trace_id, span_id) "

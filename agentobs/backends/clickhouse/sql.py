@@ -29,7 +29,7 @@ REFUSED_FUNCTIONS = frozenset({
 REFUSED_PREFIXES = ("s3", "azureblob", "hdfs", "iceberg", "deltalake", "hudi")
 
 
-def _refused_function(node: exp.Expression) -> str | None:
+def _refused_function(node: exp.Func) -> str | None:
     name = node.name if isinstance(node, exp.Anonymous) else ""
     if not name:
         return None
@@ -55,9 +55,9 @@ def check_select(query: str) -> str:
         if name is not None:
             raise QueryError(f"refused: {name}() reaches outside the database (files, network, other "
                              "databases, processes); agentobs SQL reads the database only")
-    for node in stmts[0].find_all(exp.Query):
+    for q in stmts[0].find_all(exp.Query):
         for clause in ("settings", "format"):
-            if node.args.get(clause):
+            if q.args.get(clause):
                 raise QueryError(f"a {clause.upper()} clause is not allowed")
     return query.strip().rstrip(";")
 

@@ -16,14 +16,15 @@ ctx = ui.page("Engines", "Raw samples scraped from each engine's /metrics (vLLM 
 
 def series_chart(df: pl.DataFrame, title: str, fraction: bool = False) -> alt.Chart:
     fmt = ".0%" if fraction else ",.3~g"
-    scrapes = df.group_by("instance").agg(pl.col("ts").n_unique().alias("k"))
+    top = df.group_by("instance").agg(pl.col("ts").n_unique().alias("k"))["k"].max()
+    per_instance = top if isinstance(top, int) else 0  # the most scrapes of one instance
     tooltip = ["instance", "metric", "ts", alt.Tooltip("value:Q", format=fmt)]
-    if scrapes["k"].max() <= 1:  # one snapshot per instance: a bar per instance reads better than a dot
+    if per_instance <= 1:  # one snapshot per instance: a bar per instance reads better than a dot
         return alt.Chart(df).mark_bar().encode(
             x=alt.X("value:Q", title=title, axis=alt.Axis(format=fmt)), y=alt.Y("instance:N"),
             color=charts.instance_color(), tooltip=tooltip)
     # a dot per scrape only while they can be told apart: thousands of dots cost the browser seconds to draw
-    line = alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=12)) if scrapes["k"].max() <= 60 \
+    line = alt.Chart(df).mark_line(point=alt.OverlayMarkDef(size=12)) if per_instance <= 60 \
         else alt.Chart(df).mark_line(strokeWidth=1.2)
     return line.encode(
         x=alt.X("ts:T", title="time (UTC)"), y=alt.Y("value:Q", title=title, axis=alt.Axis(format=fmt)),

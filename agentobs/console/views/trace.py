@@ -5,6 +5,7 @@ spans), the attributes of the span clicked. Reached from the session timeline (e
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import altair as alt
 import streamlit as st
@@ -57,7 +58,8 @@ pick = alt.selection_point(fields=["span_id"], name="span", on="click")
 event = st.altair_chart(charts.waterfall(df, pick), width="stretch", on_select="rerun", key="waterfall")
 clicked = None
 try:
-    sel = (event or {}).get("selection", {}).get("span") or []
+    state: Any = event or {}
+    sel = state.get("selection", {}).get("span") or []
     clicked = sel[0].get("span_id") if sel else None
 except AttributeError:
     clicked = None
@@ -66,8 +68,8 @@ ids = [n.span_id for n in tr.nodes]
 labels = {n.span_id: f"{n.prefix}{n.span.get('name') or ''} ({n.role}, {n.span_id})" for n in tr.nodes}
 if clicked in ids:
     st.session_state["trace_span"] = clicked
-chosen = st.selectbox("Span", ids, format_func=labels.get, key="trace_span")
-node = tr.node(chosen)
+chosen = st.selectbox("Span", ids, format_func=labels.__getitem__, key="trace_span")
+node = tr.node(chosen) if chosen is not None else None
 if node is not None:
     left, right = st.columns(2)
     with left:

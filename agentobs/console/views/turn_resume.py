@@ -29,7 +29,8 @@ if df is not None and not ui.empty(df, "turn-resume calls"):
     ui.to_url("stat", stat, default="p50")
     rows = charts.ttft_by_gap_data(df)
     col = charts.TTFT_STATS[stat]
-    y_max = rows[col].max() if rows.height else None
+    top = rows[col].max() if rows.height else None
+    y_max = float(top) if isinstance(top, (int, float)) else None
     groups = rows[group].unique(maintain_order=True).to_list()
     # one small chart per group, on one y scale: each bar is the metric's percentile over the calls of one
     # group × gap bucket × hit class (never a sum or mean over groups)

@@ -107,8 +107,8 @@ def _pow2_below(n: int) -> int:
 def check(ctx: Context) -> list[Finding]:
     out = []
     mode = str(ctx.setting("itl_tail_threshold"))
-    params_base = {"mode": mode, "slo_ms": float(ctx.setting("itl_slo_ms")),
-                   "long_tokens": int(ctx.setting("long_prefill_tokens"))}
+    long_tokens = int(ctx.setting("long_prefill_tokens"))
+    params_base = {"mode": mode, "slo_ms": float(ctx.setting("itl_slo_ms")), "long_tokens": long_tokens}
     min_tail = int(ctx.setting("findings_itl_min_tail_gaps"))
     counts = {r["instance"]: r for r in ctx.rows(PRECHECK, {"slo_ms": params_base["slo_ms"]})}
     wanted = [inst for inst in ctx.instances if inst in counts
@@ -126,7 +126,7 @@ def check(ctx: Context) -> list[Finding]:
         share = r["tail_gaps_long_prefill"] / tail
         if share < float(ctx.setting("findings_itl_long_prefill_share")):
             continue
-        L = params["long_tokens"]
+        L = long_tokens
         if cfg["engine"] == "sglang":
             cur = cfg["chunked_prefill_size"]
             chunk = _pow2_below(max(1024, (cur or 8192) // 2))
