@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
 import polars as pl
@@ -24,22 +26,54 @@ def _rows_differ(con, a: str, b: str, cols: list[str]) -> tuple[int, int]:
     return one[0][0], two[0][0]
 
 
+@dataclass(frozen=True)
+class Built:
+    """The sample with its maintained model rebuilt once (default settings): the file, whether a state was current
+    before the rebuild, and the rebuild's result."""
+    path: Path
+    current_before: bool
+    rebuilt: state.Refreshed
+
+
+@pytest.fixture(scope="module")
+def built(sample_db, tmp_path_factory) -> Built:
+    """One rebuild of the sample's maintained model for the module (a full rebuild is several CPU-seconds): the tests
+    that only read the state open it read-only (``ro``); one that changes it works on a file copy (``state_copy``)."""
+    path = tmp_path_factory.mktemp("state") / "state.duckdb"
+    shutil.copyfile(sample_db, path)
+    con = connect(path)
+    s = Settings()
+    before = state.current(con, s)
+    r = state.rebuild(con, s)
+    con.close()
+    return Built(path, before, r)
+
+
+def ro(path: Path):
+    """A read-only connection to a store file (tests sharing one file never write it)."""
+    return connect(path, read_only=True)
+
+
 @pytest.fixture
-def sample_copy(sample_db, tmp_path):
-    path = tmp_path / "copy.duckdb"
-    shutil.copy(sample_db, path)
+def state_copy(built, tmp_path) -> Path:
+    """A file copy of the rebuilt sample, for a test that refreshes or rebuilds it with other settings."""
+    path = tmp_path / "state.duckdb"
+    shutil.copyfile(built.path, path)
     return path
 
 
-def test_rebuild_equals_call_reuse_view(sample_copy):
-    con = connect(sample_copy)
+def test_rebuild_equals_call_reuse_view(built, state_copy):
     s = Settings()
-    assert not state.current(con, s)
-    r = state.rebuild(con, s)
+    # the copy of the sample had no state; the rebuild derived every call
+    assert not built.current_before
+    con = ro(built.path)
+    r = built.rebuilt
     assert r.mode == "rebuild" and r.calls == con.execute("SELECT count(*) FROM llm_calls").fetchall()[0][0]
     assert state.current(con, s)
     cols = [c[0] for c in con.execute("DESCRIBE call_reuse").fetchall()]
     assert _rows_differ(con, "model_calls", "call_reuse", cols) == (0, 0)
+    con.close()
+    con = connect(state_copy)
     assert state.refresh(con, s).mode == "current"
     # another setting: stale, and refresh rebuilds
     assert not state.current(con, Settings(values={"hit_tolerance_blocks": 2}))  # the tolerance is in it too
@@ -186,13 +220,15 @@ def _same(a: pl.DataFrame, b: pl.DataFrame, name: str) -> None:
                 assert u == v, (name, c, u, v)
 
 
-def test_metric_run_over_state_equals_derived(sample_copy):
-    con = connect(sample_copy)
+def test_metric_run_over_state_equals_derived(sample_db, built):
     s = Settings()
-    lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
+    # derived: from the sample itself (no maintained state), read-only
+    sample = ro(sample_db)
+    lo, hi, inst = sample.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
     cases = [{}, {"since": (lo + hi) / 2, "until": hi + 1, "filters": {"instance": [inst]}}]
-    derived = [mr.compute_all(as_source(con), settings=s, **c) for c in cases]
-    state.rebuild(con, s)
+    derived = [mr.compute_all(as_source(sample), settings=s, **c) for c in cases]
+    sample.close()
+    con = ro(built.path)
     for c, d in zip(cases, derived, strict=True):
         run, close = mr.prepare(as_source(con), settings=s, **c)
         try:
@@ -210,25 +246,21 @@ def test_metric_run_over_state_equals_derived(sample_copy):
     con.close()
 
 
-def test_read_only_run_uses_current_state(sample_copy):
-    con = connect(sample_copy)
-    state.rebuild(con, Settings())
-    con.close()
-    ro = duckdb.connect(str(sample_copy), read_only=True)
-    run, close = mr.prepare(as_source(ro), settings=Settings())
+def test_read_only_run_uses_current_state(built):
+    con = duckdb.connect(str(built.path), read_only=True)
+    run, close = mr.prepare(as_source(con), settings=Settings())
     try:
         assert run.calls_table == "state"
     finally:
         close()
-        ro.close()
+        con.close()
 
 
-def test_task_cost_from_rollup_equals_per_call(sample_copy):
+def test_task_cost_from_rollup_equals_per_call(built):
     """task_cost from model_rollup_task equals task_cost from the per-call state, for every grouping, an hour-aligned
     window and a filter on a rollup key; an unaligned window reads the per-call state."""
-    con = connect(sample_copy)
+    con = ro(built.path)
     s = Settings()
-    state.rebuild(con, s)
     lo, hi, inst = con.execute("SELECT min(start_s), max(start_s), min(instance) FROM llm_calls").fetchall()[0]
     h = (int(lo) // 3600 + 1) * 3600  # the first whole hour after the first call
     for kw in ({}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}):
@@ -253,10 +285,9 @@ def test_task_cost_from_rollup_equals_per_call(sample_copy):
     con.close()
 
 
-def test_duty_cycle_from_session_rollup_equals_per_call(sample_copy):
-    con = connect(sample_copy)
+def test_duty_cycle_from_session_rollup_equals_per_call(built):
+    con = ro(built.path)
     s = Settings()
-    state.rebuild(con, s)
     run, close = mr.prepare(as_source(con), settings=s)
     try:
         got = run.compute("duty_cycle")
@@ -281,11 +312,10 @@ def _quantile_cont(values: list[float], q: float) -> float:
     return lo + (h - math.floor(h)) * (hi - lo)
 
 
-def test_sketch_quantiles_within_stated_error(sample_copy):
+def test_sketch_quantiles_within_stated_error(built):
     """Quantiles from the hourly sketches, merged over hours and keys, are within the stated relative error of the
     exact ones (quantile_cont of the same population), for TTFT by hit class, e2e, ITL and the idle gaps."""
-    con = connect(sample_copy)
-    state.rebuild(con, Settings())
+    con = ro(built.path)
     qs = (0.5, 0.9, 0.99)
     exact_sql = {
         "ttft": ("SELECT hit_class AS g, list_sort(list(ttft_s)) FROM model_calls WHERE prev_call_id IS NOT NULL "
@@ -348,36 +378,39 @@ def test_budget_interrupts_a_running_statement():
     con.close()
 
 
-def test_itl_gaps_from_state_equal_derived(sample_copy):
+def test_itl_gaps_from_state_equal_derived(sample_db, built, state_copy):
     """m_itl_gap read from model_itl_gap (a run over the state without filters) equals the one itl_gaps.sql derives:
     the whole store and a window, with the SLO threshold and the p99 one; a run with a filter derives it."""
-    con = connect(sample_copy)
-    lo, hi = con.execute("SELECT min(start_s), max(start_s) FROM llm_calls").fetchall()[0]
+    sample = ro(sample_db)  # no maintained state: derived
+    lo, hi = sample.execute("SELECT min(start_s), max(start_s) FROM llm_calls").fetchall()[0]
     cases = [({}, {}), ({"itl_tail_threshold": "p99", "long_prefill_tokens": 2000}, {"since": (lo + hi) / 2})]
     cols = "call_id, instance, model, g_ms, thr_ms, tail, long_overlap, off_call_id, off_computed"
     derived = []
     for values, kw in cases:
-        run, close = mr.prepare(con, settings=Settings(values=values), **kw)
+        run, close = mr.prepare(as_source(sample), settings=Settings(values=values), **kw)
         try:
             assert run.calls_table != "state"
             derived.append(run.cur.sql(f"SELECT {cols} FROM {run.itl_gaps()}").pl())
         finally:
             close()
-    state.rebuild(con, Settings())
+    sample.close()
     for (values, kw), want in zip(cases, derived, strict=True):
         s = Settings(values=values)
-        if values:
+        if values:  # other settings: a state rebuilt with them, on a copy
+            con = connect(state_copy)
             state.rebuild(con, s)
-        run, close = mr.prepare(con, settings=s, **kw)
+        else:  # the default settings: the module's state
+            con = ro(built.path)
+        run, close = mr.prepare(as_source(con), settings=s, **kw)
         try:
             assert run.calls_table == "state"
             got = run.cur.sql(f"SELECT {cols} FROM {run.itl_gaps()}").pl()
         finally:
             close()
+            con.close()
         assert want.height > 0 and want["tail"].sum() > 0 and want["off_call_id"].drop_nulls().len() > 0
         order = want.columns
         assert want.sort(order, nulls_last=True).equals(got.sort(order, nulls_last=True)), (values, kw)
-    con.close()
 
 
 # the groupings each rollup form serves (agentobs/metrics/rollup.py)
@@ -406,15 +439,14 @@ def _same_or_within(want: pl.DataFrame, got: pl.DataFrame, name: str) -> None:
                 assert abs(p - x) <= err * x * (1 + 1e-9) + 1e-9, (name, c, x, p)
 
 
-def test_rollup_metrics_equal_per_call(sample_copy):
+def test_rollup_metrics_equal_per_call(built):
     """reuse (model_rollup_task), reprefill, idle_kv_rent (model_rollup_hour), turn_resume_ttft (the sketches) and
     capacity (model_rollup_minute) equal the same metrics from the per-call state, rows in the same order — counts and sums exactly (doubles to
     1e-9 relative), each sketch percentile within its stated bound of the exact one — for every grouping the rollup serves, over the whole store, an hour-aligned
     window with an instance filter, and a task-type filter; exact=True gives the per-call percentiles; a grouping,
     window or filter off the rollup's grain reads the per-call state."""
-    con = connect(sample_copy)
+    con = ro(built.path)
     s = Settings()
-    state.rebuild(con, s)
     lo, inst, tt = con.execute("SELECT min(start_s), min(instance), max(task_type) FROM llm_calls").fetchall()[0]
     h = (int(lo) // 3600 + 1) * 3600  # the first whole hour after the first call (sample_data: 2.3 hours of calls)
     cases = ({}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}, {"filters": {"task_type": [tt]}})
