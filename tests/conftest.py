@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -10,6 +11,19 @@ import pytest
 from agentobs.config import load_settings
 from agentobs.model import connect
 from agentobs.store.writer import Writer
+
+# Streamlit's AppTest runs the console script as ``__main__`` (sys.modules["__main__"] = the app's module) and leaves
+# it there; a collector started later in the same worker gets decoder processes from a forkserver, whose spawn
+# preparation re-runs the main module's file — the console app — and breaks the pool. Each test starts with
+# pytest's own ``__main__`` back.
+_MAIN = sys.modules["__main__"]
+
+
+@pytest.fixture(autouse=True)
+def _pytest_main_module():
+    sys.modules["__main__"] = _MAIN
+    yield
+    sys.modules["__main__"] = _MAIN
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -64,16 +64,20 @@ def _one(attrs: dict, name: str = "chat m", resource: dict | None = None, scope:
 def test_fixtures_and_real_captures_decode_the_same():
     reqs = _fixture_requests()
     assert sum(name.endswith(".pb") for name, _ in reqs) >= 40
-    native = fallback = 0
-    for _name, body in reqs:
+    native = 0
+    fallback = []
+    for name, body in reqs:
         res = _same([body])
         if res.fallback_requests:
-            fallback += 1
+            fallback.append(name)
         elif res.accepted[0]:
             native += 1
-    # the LiteLLM captures that carry stringified usage dicts (metadata.usage_object) go to the Python path;
-    # every vLLM capture and JSON fixture is decoded natively
-    assert native >= 60 and fallback <= 5, (native, fallback)
+    # the Python path (same rows, checked above) takes only: the LiteLLM captures that carry stringified usage dicts
+    # (metadata.usage_object), and the recorded vLLM e2e run's agent-driver requests whose chat spans carry
+    # agentobs.prompt.block_hashes arrays (vllm_real/e2e_starved); every other vLLM capture and JSON fixture is
+    # decoded natively
+    assert native >= 60, native
+    assert fallback and [n for n in fallback if "litellm" not in n and "e2e_starved" not in n] == [], fallback
 
 
 def test_bench_payloads_decode_natively_and_the_same():
