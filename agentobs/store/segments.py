@@ -111,7 +111,8 @@ def add(cur: duckdb.DuckDBPyConnection, seq: int, file: str, seg: SegmentFile, s
 def next_seq(cur: duckdb.DuckDBPyConnection) -> int:
     """The seq the next published segment gets (above every one published, merged ones included)."""
     return int(cur.execute("SELECT coalesce(greatest((SELECT max(seq) FROM span_segments), "
-                           "(SELECT max(max_seq) FROM span_compactions)), 0) + 1").fetchall()[0][0])
+                           "(SELECT max(max_seq) FROM span_compactions), (SELECT max(max_seq) FROM span_merged)), 0) "
+                           "+ 1").fetchall()[0][0])
 
 
 def _lit(s: str) -> str:
@@ -123,40 +124,96 @@ def read_sql(files: list[str]) -> str:
     return f"read_parquet([{', '.join(_lit(f) for f in files)}], filename = true, union_by_name = true)"
 
 
-def _window(rows: list[tuple]) -> str:
-    """The ``start_ns`` range of catalog rows, as a condition on ``p`` (spans_part) for the anti-join."""
-    los = [r[1] for r in rows if r[1] is not None]
-    his = [r[2] for r in rows if r[2] is not None]
-    if not los or any(r[1] is None for r in rows):
-        return "TRUE"
-    return f"p.start_ns BETWEEN {int(min(los))} AND {int(max(his))}"
+def _bounds(rows: list[tuple]) -> tuple[int, int] | None:
+    """The ``start_ns`` range of catalog rows (``(file, min_start_ns, max_start_ns, ...)``); None: unbounded (a
+    file without start times)."""
+    if not rows or any(r[1] is None or r[2] is None for r in rows):
+        return None
+    return int(min(r[1] for r in rows)), int(max(r[2] for r in rows))
 
 
-def _dedupe_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple]) -> str:
-    """The tail's rows once each (first segment wins) and not already in spans_part, in spans_part's columns."""
-    cols = cur.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = "
-                       "current_database() AND schema_name = 'main' AND table_name = 'spans_part' "
-                       "ORDER BY column_index").fetchall()
+def _in(alias: str, bounds: tuple[int, int] | None) -> str:
+    return "TRUE" if bounds is None else f"{alias}.start_ns BETWEEN {bounds[0]} AND {bounds[1]}"
+
+
+def _overlapping(merged: list[tuple], bounds: tuple[int, int] | None) -> list[str]:
+    """The merged files whose ``start_ns`` range meets ``bounds`` (those a tail span could repeat)."""
+    return [m[0] for m in merged
+            if bounds is None or m[1] is None or m[2] is None or (m[1] <= bounds[1] and m[2] >= bounds[0])]
+
+
+def _columns(cur: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """spans_part's columns and types (what every part of the ``spans`` view gives)."""
+    return [(str(c), str(t)) for c, t in cur.execute(
+        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() AND "
+        "schema_name = 'main' AND table_name = 'spans_part' ORDER BY column_index").fetchall()]
+
+
+def _merged_rows(cur: duckdb.DuckDBPyConnection) -> list[tuple]:
+    return cur.execute("SELECT file, min_start_ns, max_start_ns, min_seq, max_seq FROM span_merged "
+                       "ORDER BY min_seq").fetchall()
+
+
+def _tail_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple], merged: list[tuple],
+                 with_seq: bool = False) -> str:
+    """The tail segments ``rows`` (catalog rows, seq order), each span once (the first segment's copy) and none
+    already stored (in spans_part or a merged file, looked up in the tail's ``start_ns`` range only, so DuckDB
+    reads only the row groups there), in spans_part's columns (``with_seq``: and ``_seg``, each row's segment)."""
+    cols = _columns(cur)
     src = read_sql([r[0] for r in rows])
     have = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
     sel = ", ".join(f'CAST(t."{c}" AS {ty}) AS "{c}"' if c in have else f'CAST(NULL AS {ty}) AS "{c}"'
                     for c, ty in cols)
-    return (f"SELECT {sel} FROM {src} t "
-            f"WHERE NOT EXISTS (SELECT 1 FROM spans_part p WHERE {_window(rows)} "
-            "AND p.trace_id = t.trace_id AND p.span_id = t.span_id) "
+    if with_seq:  # the file names are <seq>.parquet (seg_name)
+        sel += ", CAST(parse_filename(t.filename, true) AS BIGINT) AS _seg"
+    b = _bounds(rows)
+    cond = (f"NOT EXISTS (SELECT 1 FROM spans_part p WHERE {_in('p', b)} "
+            "AND p.trace_id = t.trace_id AND p.span_id = t.span_id)")
+    over = _overlapping(merged, b)
+    if over:
+        cond += (f" AND NOT EXISTS (SELECT 1 FROM read_parquet([{', '.join(_lit(f) for f in over)}]) m "
+                 f"WHERE {_in('m', b)} AND m.trace_id = t.trace_id AND m.span_id = t.span_id)")
+    return (f"SELECT {sel} FROM {src} t WHERE {cond} "
             "QUALIFY row_number() OVER (PARTITION BY t.trace_id, t.span_id ORDER BY t.filename) = 1")
 
 
+def _merged_select(cols: list[tuple[str, str]], files: list[str]) -> str:
+    """The merged files' rows (each span once by construction) in spans_part's columns."""
+    sel = ", ".join(f'"{c}"' for c, _ty in cols)
+    return f"SELECT {sel} FROM read_parquet([{', '.join(_lit(f) for f in files)}])"
+
+
 def view_sql(cur: duckdb.DuckDBPyConnection) -> str:
-    """The ``spans`` view for the catalog as ``cur`` sees it."""
+    """The ``spans`` view for the catalog as ``cur`` sees it: spans_part, the merged files, the deduplicated tail."""
     rows = cur.execute("SELECT file, min_start_ns, max_start_ns FROM span_segments ORDER BY seq").fetchall()
-    if not rows:
-        return "SELECT * FROM spans_part"
-    return f"SELECT * FROM spans_part UNION ALL {_dedupe_select(cur, rows)}"
+    merged = _merged_rows(cur)
+    sql = "SELECT * FROM spans_part"
+    if merged:
+        sql += f" UNION ALL {_merged_select(_columns(cur), [m[0] for m in merged])}"
+    if rows:
+        sql += f" UNION ALL {_tail_select(cur, rows, merged)}"
+    return sql
 
 
 def ensure_view(cur: duckdb.DuckDBPyConnection) -> None:
     cur.execute(f"CREATE OR REPLACE VIEW spans AS {view_sql(cur)}")
+
+
+def since_sql(cur: duckdb.DuckDBPyConnection, cols: str, seq: int) -> str | None:
+    """The rows (``cols``) of the segments published after segment ``seq`` (the session model's mark): the tail's
+    segments above it and the merged files' rows that came from them (column ``_seg``); None: none. A span can
+    come twice (a retried export in two tail segments)."""
+    parts = []
+    files = [r[0] for r in cur.execute("SELECT file FROM span_segments WHERE seq > ? ORDER BY seq",
+                                       [int(seq)]).fetchall()]
+    if files:
+        parts.append(f"SELECT {cols} FROM {read_sql(files)}")
+    merged = [r[0] for r in cur.execute("SELECT file FROM span_merged WHERE max_seq > ? ORDER BY min_seq",
+                                        [int(seq)]).fetchall()]
+    if merged:
+        parts.append(f"SELECT {cols} FROM read_parquet([{', '.join(_lit(f) for f in merged)}]) "
+                     f"WHERE _seg > {int(seq)}")
+    return " UNION ALL ".join(parts) if parts else None
 
 
 def directories(cur: duckdb.DuckDBPyConnection) -> list[str]:
@@ -165,18 +222,24 @@ def directories(cur: duckdb.DuckDBPyConnection) -> list[str]:
         rows = cur.execute("SELECT DISTINCT file FROM span_segments").fetchall()
     except duckdb.CatalogException:  # not an agentobs store (or before migration 0004)
         return []
+    try:
+        rows += cur.execute("SELECT DISTINCT file FROM span_merged").fetchall()
+    except duckdb.CatalogException:  # before migration 0005
+        pass
     return sorted({os.path.dirname(r[0]) + os.sep for r in rows})
 
 
 def recover(cur: duckdb.DuckDBPyConnection, directory: str) -> int:
-    """At start: delete the files under ``directory`` that no catalog row lists (unpublished batches and
-    retired files); a catalog row whose file is missing is a StoreError. Returns the files deleted."""
-    listed = {r[0] for r in cur.execute("SELECT file FROM span_segments").fetchall()}
+    """At start: delete the files under ``directory`` that no catalog row lists (unpublished batches, merged files
+    whose compaction never committed, retired files); a catalog row whose file is missing is a StoreError.
+    Returns the files deleted."""
+    listed = {r[0] for r in cur.execute("SELECT file FROM span_segments UNION ALL SELECT file FROM span_merged"
+                                        ).fetchall()}
     missing = sorted(f for f in listed if not os.path.exists(f))
     if missing:
-        raise StoreError(f"span segment file(s) listed in the store's catalog (span_segments) are missing: "
-                         f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''} — restore them, or the "
-                         "store was moved without its .segments directory")
+        raise StoreError(f"span segment file(s) listed in the store's catalog (span_segments, span_merged) are "
+                         f"missing: {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''} — restore them, or "
+                         "the store was moved without its .segments directory")
     deleted = 0
     d = Path(directory)
     if d.is_dir():
@@ -191,17 +254,53 @@ def recover(cur: duckdb.DuckDBPyConnection, directory: str) -> int:
 @dataclass
 class Compacted:
     segments: int = 0
-    rows: int = 0  # rows inserted into spans_part (duplicates skipped)
+    rows: int = 0  # rows written to merged files (copies of stored spans skipped)
     seconds: float = 0.0
     left: int = 0  # segments still in the tail
+    files: int = 0  # merged files written
+
+
+def _crash_point(step: str) -> None:
+    """Between the steps of a compaction (the crash-safety test stops the process here)."""
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def merged_name(lo: int, hi: int) -> str:
+    return f"merged-{lo:016d}-{hi:016d}{SUFFIX}"
+
+
+def _merge_group(cur: duckdb.DuckDBPyConnection, rows: list[tuple], directory: str) -> tuple[str | None, int, tuple]:
+    """Write the group's new spans (once each, none already stored), sorted by ``start_ns``, to a temporary file
+    in ``directory``, fsync'd; returns (file or None when every span was stored already, rows, (min, max))."""
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
+    sel = _tail_select(cur, rows, _merged_rows(cur), with_seq=True)
+    cur.execute(f"COPY ({sel} ORDER BY start_ns) TO {_lit(tmp)} (FORMAT parquet, COMPRESSION {COMPRESSION})")
+    n, lo, hi = cur.execute(f"SELECT count(*), min(start_ns), max(start_ns) FROM read_parquet({_lit(tmp)})"
+                            ).fetchall()[0]
+    if not n:
+        os.unlink(tmp)
+        return None, 0, (None, None)
+    _fsync(tmp)
+    return tmp, int(n), (lo, hi)
 
 
 def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, group: int = 16,
             keep: int = 0) -> Compacted:
-    """Merge the oldest segments into ``spans_part``, ``group`` files per transaction, until ``keep`` are left
-    or ``max_seconds`` have passed (checked between groups). Each group: the rows not yet in spans_part, once
-    each, appended; the catalog rows deleted; ``span_compactions`` told the rowids; the ``spans`` view
-    re-made; the files retired (:func:`sweep` deletes them)."""
+    """Merge the oldest tail segments, ``group`` at a time, into merged Parquet files until ``keep`` are left or
+    ``max_seconds`` have passed (checked between groups). Each group: its spans not stored already (in spans_part
+    or an earlier merged file), once each (the first segment's copy), written sorted by ``start_ns`` with column
+    ``_seg`` (each row's segment: the session model's marks) under a temporary name, fsync'd, renamed to
+    ``merged-<first seq>-<last seq>.parquet``; then one transaction: the ``span_merged`` row, the tail's catalog
+    rows deleted and their files retired (:func:`sweep` deletes them), a ``span_compactions`` row, the ``spans``
+    view re-made. A crash before the commit leaves files no catalog row lists (:func:`recover` deletes them; the
+    tail segments are still listed), after it retired files (deleted too): nothing lost, nothing read twice."""
     t0 = time.perf_counter()
     out = Compacted()
     cur = con.cursor()
@@ -213,17 +312,23 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
                 break
             rows = cur.execute("SELECT file, min_start_ns, max_start_ns, seq FROM span_segments ORDER BY seq "
                                "LIMIT ?", [min(group, n - keep)]).fetchall()
+            first, top = min(r[3] for r in rows), max(r[3] for r in rows)
+            directory = os.path.dirname(rows[0][0])
+            tmp, written, (lo, hi) = _merge_group(cur, rows, directory)
+            _crash_point("written")
+            final = None
+            if tmp is not None:
+                final = os.path.join(directory, merged_name(first, top))
+                os.rename(tmp, final)
+                _fsync_dir(directory)
+                _crash_point("renamed")
             cur.execute("BEGIN")
             try:
-                before = cur.execute("SELECT coalesce(max(rowid), -1) FROM spans_part").fetchall()[0][0]
-                res = cur.execute(f"INSERT INTO spans_part {_dedupe_select(cur, rows)}").fetchone()
-                inserted = int(res[0]) if res else 0
-                top = max(r[3] for r in rows)
-                # spans_part is append-only with one writer: the rows get the rowids after the committed ones
-                # (checked after the commit; inside the transaction they have transaction-local rowids)
-                cur.execute("INSERT INTO span_compactions VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
-                            [top, len(rows), before + 1 if inserted else None,
-                             before + inserted if inserted else None, inserted])
+                if final is not None:
+                    cur.execute("INSERT INTO span_merged VALUES (?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                                [final, written, lo, hi, first, top])
+                cur.execute("INSERT INTO span_compactions VALUES (?, ?, NULL, NULL, ?, now()::TIMESTAMP)",
+                            [top, len(rows), written])
                 cur.execute("INSERT INTO span_segments_retired SELECT file, now()::TIMESTAMP FROM span_segments "
                             "WHERE seq <= ?", [top])
                 cur.execute("DELETE FROM span_segments WHERE seq <= ?", [top])
@@ -234,12 +339,13 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
                     cur.execute("ROLLBACK")
                 except duckdb.Error:
                     pass
+                if final is not None:
+                    Path(final).unlink(missing_ok=True)
                 raise
-            if inserted and cur.execute("SELECT max(rowid) FROM spans_part").fetchall()[0][0] != before + inserted:
-                # another writer appended meanwhile: the range is not known, so the model reads them as new
-                cur.execute("UPDATE span_compactions SET rowid_lo = NULL, rowid_hi = NULL WHERE max_seq = ?", [top])
+            _crash_point("committed")
             out.segments += len(rows)
-            out.rows += inserted
+            out.rows += written
+            out.files += final is not None
     finally:
         cur.close()
     out.seconds = time.perf_counter() - t0
