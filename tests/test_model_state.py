@@ -143,8 +143,9 @@ def _publish_segment(con, path, table) -> None:
 
 def test_incremental_reads_segment_rows_and_skips_compacted_ones(sample_db, tmp_path):
     """The same arrivals as above, stored as Parquet segments (span_store = segments), a part twice (a retried
-    export in two segments) and compactions in between: every refresh incremental, the result a rebuild's, and a
-    compaction of segments already read re-derives nothing."""
+    export in two segments) and compactions into merged Parquet files in between: every refresh incremental, the
+    result a rebuild's, a compaction of segments already read leaves the model current, and segments merged before
+    they were read are read from the merged file."""
     from agentobs.store import segments
 
     path = tmp_path / "seg.duckdb"
@@ -158,14 +159,16 @@ def test_incremental_reads_segment_rows_and_skips_compacted_ones(sample_db, tmp_
     for part in range(4):
         _publish_segment(con, path, con.sql("SELECT * EXCLUDE (part) FROM sp WHERE part = ?",
                                             params=[part]).to_arrow_table())
-        if part == 2:  # part 0 again, in a segment of its own
+        if part == 2:  # part 0 again, in a segment of its own; segments 3 and 4 (not read yet) merged before
+            # the refresh: part 2's rows are read from the merged file (part 0's copies are not written to it)
             _publish_segment(con, path, con.sql("SELECT * EXCLUDE (part) FROM sp WHERE part = 0").to_arrow_table())
+            assert segments.compact(con).segments == 2
         assert state.refresh(con, s).mode == "incremental"
-        if part == 1:  # segments 1 and 2 (both read) merged into spans_part: nothing to re-derive
+        if part == 1:  # segments 1 and 2 (both read) merged into a Parquet file: the marks hold, nothing to derive
             assert segments.compact(con).segments == 2
             r = state.refresh(con, s)
-            assert (r.mode, r.derived) == ("incremental", 0)
-    assert con.sql("SELECT count(*) FROM span_segments").fetchall() == [(3,)]  # parts 2, 0 again, 3
+            assert (r.mode, r.derived) == ("current", 0)
+    assert con.sql("SELECT count(*) FROM span_segments").fetchall() == [(1,)]  # part 3; the others merged
     n_spans = con.sql("SELECT count(*) FROM src.main.spans").fetchall()[0][0]
     assert con.sql("SELECT count(*) FROM spans").fetchall()[0][0] == n_spans  # the repeated part read once
     con.execute("CREATE TEMP TABLE inc AS SELECT * FROM model_calls")
