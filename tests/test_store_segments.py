@@ -66,7 +66,7 @@ def test_a_retried_export_in_two_segments_is_read_once_and_compaction_keeps_the_
     assert (out.segments, out.files, out.rows, out.left) == (2, 1, 3, 0)  # s1, s2, s3 merged; t0/s0 in the part
     assert rows(con) == want
     assert con.sql("SELECT count(*) FROM spans_part").fetchall() == [(1,)]  # the table part did not grow
-    # one merged file: 3 spans, start_ns 10..30, from segments 1..2; rows sorted by start_ns, each with its segment
+    # one merged file: 3 spans, start_ns 10..30, from segments 1..2; rows in seq order, each with its segment
     assert merged(con) == [(3, 10, 30, 1, 2)]
     (mf,) = con.sql("SELECT file FROM span_merged").fetchall()[0]
     assert os.path.basename(mf) == "merged-0000000000000001-0000000000000002.parquet"

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -154,18 +155,19 @@ def _merged_rows(cur: duckdb.DuckDBPyConnection) -> list[tuple]:
                        "ORDER BY min_seq").fetchall()
 
 
-def _tail_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple], merged: list[tuple],
-                 with_seq: bool = False) -> str:
-    """The tail segments ``rows`` (catalog rows, seq order), each span once (the first segment's copy) and none
-    already stored (in spans_part or a merged file, looked up in the tail's ``start_ns`` range only, so DuckDB
-    reads only the row groups there), in spans_part's columns (``with_seq``: and ``_seg``, each row's segment)."""
-    cols = _columns(cur)
-    src = read_sql([r[0] for r in rows])
-    have = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
-    sel = ", ".join(f'CAST(t."{c}" AS {ty}) AS "{c}"' if c in have else f'CAST(NULL AS {ty}) AS "{c}"'
-                    for c, ty in cols)
-    if with_seq:  # the file names are <seq>.parquet (seg_name)
-        sel += ", CAST(parse_filename(t.filename, true) AS BIGINT) AS _seg"
+# a tail row's place: its segment's seq (the file name, seg_name) in the high bits, its row in the file below
+_ORD = "(CAST(parse_filename(t.filename, true) AS BIGINT) * 4294967296 + t.file_row_number)"
+
+
+def _src(files: list[str]) -> str:
+    return (f"read_parquet([{', '.join(_lit(f) for f in files)}], filename = true, file_row_number = true, "
+            "union_by_name = true)")
+
+
+def _keep_sql(rows: list[tuple], merged: list[tuple]) -> str:
+    """The tail segments ``rows`` (catalog rows): each span's first copy (lowest seq, then row: column ``o``,
+    as ``_ORD``) that is not stored already (in spans_part or a merged file, looked up in the tail's ``start_ns``
+    range only, so DuckDB reads only the row groups there). Reads the key columns only."""
     b = _bounds(rows)
     cond = (f"NOT EXISTS (SELECT 1 FROM spans_part p WHERE {_in('p', b)} "
             "AND p.trace_id = t.trace_id AND p.span_id = t.span_id)")
@@ -173,14 +175,29 @@ def _tail_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple], merged: list
     if over:
         cond += (f" AND NOT EXISTS (SELECT 1 FROM read_parquet([{', '.join(_lit(f) for f in over)}]) m "
                  f"WHERE {_in('m', b)} AND m.trace_id = t.trace_id AND m.span_id = t.span_id)")
-    return (f"SELECT {sel} FROM {src} t WHERE {cond} "
-            "QUALIFY row_number() OVER (PARTITION BY t.trace_id, t.span_id ORDER BY t.filename) = 1")
+    return (f"SELECT t.trace_id, t.span_id, min({_ORD}) AS o FROM {_src([r[0] for r in rows])} t WHERE {cond} "
+            "GROUP BY t.trace_id, t.span_id")
 
 
-def _merged_select(cols: list[tuple[str, str]], files: list[str]) -> str:
-    """The merged files' rows (each span once by construction) in spans_part's columns."""
-    sel = ", ".join(f'"{c}"' for c, _ty in cols)
-    return f"SELECT {sel} FROM read_parquet([{', '.join(_lit(f) for f in files)}])"
+def _tail_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple], merged: list[tuple]) -> str:
+    """The tail's rows, each span once (:func:`_keep_sql`), in spans_part's columns: the key columns pick the
+    rows, the wide ones stream through a join (no window over whole rows: memory stays that of the keys)."""
+    src = _src([r[0] for r in rows])
+    have = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+    sel = ", ".join(f'CAST(t."{c}" AS {ty}) AS "{c}"' if c in have else f'CAST(NULL AS {ty}) AS "{c}"'
+                    for c, ty in _columns(cur))
+    return (f"SELECT {sel} FROM {src} t JOIN ({_keep_sql(rows, merged)}) k "
+            f"ON t.trace_id = k.trace_id AND t.span_id = k.span_id AND {_ORD} = k.o")
+
+
+def _merged_select(cur: duckdb.DuckDBPyConnection, files: list[str]) -> str:
+    """The merged files' rows (each span once by construction) in spans_part's columns. Every merged file has the
+    columns of the newest (the decoders' schema); a column the first lacks reads as NULL."""
+    src = f"read_parquet([{', '.join(_lit(f) for f in files)}])"
+    have = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM read_parquet({_lit(files[0])})").fetchall()}
+    sel = ", ".join(f'CAST("{c}" AS {ty}) AS "{c}"' if c in have else f'CAST(NULL AS {ty}) AS "{c}"'
+                    for c, ty in _columns(cur))
+    return f"SELECT {sel} FROM {src}"
 
 
 def view_sql(cur: duckdb.DuckDBPyConnection) -> str:
@@ -189,7 +206,7 @@ def view_sql(cur: duckdb.DuckDBPyConnection) -> str:
     merged = _merged_rows(cur)
     sql = "SELECT * FROM spans_part"
     if merged:
-        sql += f" UNION ALL {_merged_select(_columns(cur), [m[0] for m in merged])}"
+        sql += f" UNION ALL {_merged_select(cur, [m[0] for m in merged])}"
     if rows:
         sql += f" UNION ALL {_tail_select(cur, rows, merged)}"
     return sql
@@ -277,26 +294,53 @@ def merged_name(lo: int, hi: int) -> str:
 
 
 def _merge_group(cur: duckdb.DuckDBPyConnection, rows: list[tuple], directory: str) -> tuple[str | None, int, tuple]:
-    """Write the group's new spans (once each, none already stored), sorted by ``start_ns``, to a temporary file
-    in ``directory``, fsync'd; returns (file or None when every span was stored already, rows, (min, max))."""
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
-    sel = _tail_select(cur, rows, _merged_rows(cur), with_seq=True)
-    cur.execute(f"COPY ({sel} ORDER BY start_ns) TO {_lit(tmp)} (FORMAT parquet, COMPRESSION {COMPRESSION})")
-    n, lo, hi = cur.execute(f"SELECT count(*), min(start_ns), max(start_ns) FROM read_parquet({_lit(tmp)})"
-                            ).fetchall()[0]
-    if not n:
-        os.unlink(tmp)
+    """Write the group's new spans (:func:`_keep_sql`: once each, none already stored) to a temporary file in
+    ``directory``, fsync'd, with column ``_seg`` (each row's segment); returns (file or None when every span was
+    stored already, rows, (min, max start_ns)). DuckDB picks the rows on the key columns; pyarrow copies them
+    segment by segment (one row group each: the rows arrive in time order, so a row group's ``start_ns`` range is
+    narrow and the lookups of later merges read few), so memory is one segment's."""
+    res = cur.execute(f"SELECT o FROM ({_keep_sql(rows, _merged_rows(cur))}) ORDER BY o").fetchnumpy()
+    o = np.asarray(res["o"], dtype=np.int64)
+    if not len(o):
         return None, 0, (None, None)
+    seqs, rownums = o >> 32, o & 0xFFFFFFFF
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
+    writer: pq.ParquetWriter | None = None
+    lo = hi = None
+    try:
+        for file, _lo, _hi, seq in rows:
+            take = rownums[seqs == seq]
+            if not len(take):
+                continue
+            t = pq.ParquetFile(file).read()  # (not pq.read_table: its dataset layer costs ~1 µs/span more)
+            if len(take) < t.num_rows:  # copies dropped (the usual segment has none: no copy of its rows)
+                t = t.take(pa.array(take))
+            t = t.append_column("_seg", pa.array(np.full(t.num_rows, seq, np.int64)))
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, t.schema, compression=COMPRESSION)
+            writer.write_table(t.cast(writer.schema))
+            mm = pc.min_max(t["start_ns"])
+            for v in (mm["min"].as_py(), mm["max"].as_py()):
+                if v is not None:
+                    lo, hi = (v if lo is None else min(lo, v)), (v if hi is None else max(hi, v))
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    assert writer is not None
+    writer.close()
     _fsync(tmp)
-    return tmp, int(n), (lo, hi)
+    return tmp, len(o), (lo, hi)
 
 
 def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, group: int = 16,
             keep: int = 0) -> Compacted:
     """Merge the oldest tail segments, ``group`` at a time, into merged Parquet files until ``keep`` are left or
     ``max_seconds`` have passed (checked between groups). Each group: its spans not stored already (in spans_part
-    or an earlier merged file), once each (the first segment's copy), written sorted by ``start_ns`` with column
-    ``_seg`` (each row's segment: the session model's marks) under a temporary name, fsync'd, renamed to
+    or an earlier merged file), once each (the first segment's copy), written in seq order (a row group per
+    segment) with column ``_seg`` (each row's segment: the session model's marks) under a temporary name, fsync'd,
+    renamed to
     ``merged-<first seq>-<last seq>.parquet``; then one transaction: the ``span_merged`` row, the tail's catalog
     rows deleted and their files retired (:func:`sweep` deletes them), a ``span_compactions`` row, the ``spans``
     view re-made. A crash before the commit leaves files no catalog row lists (:func:`recover` deletes them; the
