@@ -1,23 +1,28 @@
-"""Span storage layout: ``spans`` is a view over a compacted DuckDB table and a tail of Parquet segments.
+"""Span storage layout: ``spans`` is a view over a DuckDB table part, merged Parquet files and a tail of Parquet segments.
 
-- ``spans_part``: the compacted part, a DuckDB table. Importers, sim bundles and the ``table`` layout of the
-  collector append to it (agentobs.store.writer.insert_spans: a span already stored there is skipped).
+- ``spans_part``: a DuckDB table. Importers, sim bundles and the ``table`` layout of the collector append to it
+  (agentobs.store.writer.insert_spans: a span already stored there is skipped). With ``span_store = segments``
+  OTLP spans never go there (a store may keep rows merged there by older releases: they stay readable).
 - ``span_segments``: the catalog of the tail, one row per Parquet file the collector's loader published
   (``span_store = segments``): seq, absolute file path, rows, min/max ``start_ns`` and the spool position
   loaded with it. A decoder process writes the file under a temporary name and fsyncs it
   (:func:`write_segment`); the loader renames it to ``<seq>.parquet`` and then commits, in one DuckDB
   transaction, the catalog row, the ``spool_loaded`` mark and the new ``spans`` view (:func:`add`). At start
   (:func:`recover`) a file without a catalog row (a batch whose commit never happened: its requests are
-  still in the spool and load again) is deleted, and a catalog row whose file is missing is an error.
-- ``spans`` (:func:`view_sql`): ``spans_part`` UNION ALL the segments (``read_parquet`` over the catalog's
-  file list), the tail deduplicated span by span: a span repeated in two segments (a re-batched or retried
-  export) is read from the first, and a tail span already in ``spans_part`` (in the tail's ``start_ns``
-  range, so DuckDB reads only the row groups there) is not read again. The view is re-made in the
-  transaction that changes the catalog, so a reader sees a catalog and its view together.
-- :func:`compact` merges the oldest segments into ``spans_part`` (same dedupe) in one transaction per group,
-  records the rowids the rows got in ``span_compactions`` (the session model's marks read it), and moves the
-  files to ``span_segments_retired``; :func:`sweep` deletes retired files once no read snapshot can list
-  them (the collector's snapshots copy the catalog and read the live files).
+  still in the spool and load again; a merged file whose compaction never committed) is deleted, and a catalog
+  row whose file is missing is an error.
+- ``span_merged``: the catalog of the merged files (:func:`compact`): each holds the spans of a run of tail
+  segments (``min_seq``..``max_seq``) that no other part holds, once each, with column ``_seg`` (the segment
+  each row came from: the session model's marks, :func:`since_sql`).
+- ``spans`` (:func:`view_sql`): ``spans_part`` UNION ALL the merged files UNION ALL the tail deduplicated span
+  by span: a span repeated in two segments (a re-batched or retried export) is read from the first, and a tail
+  span already in ``spans_part`` or a merged file (looked up in the tail's ``start_ns`` range, so DuckDB reads
+  only the row groups there) is not read again. The view is re-made in the transaction that changes a catalog,
+  so a reader sees a catalog and its view together.
+- :func:`compact` merges the oldest tail segments into one merged file per group (same dedupe), lists it and
+  unlists the segments in one transaction, and moves their files to ``span_segments_retired``; :func:`sweep`
+  deletes retired files once no read snapshot can list them (the collector's snapshots copy the catalogs and
+  read the live files).
 """
 
 from __future__ import annotations
