@@ -127,6 +127,16 @@ def test_rows_since_a_segment_come_from_the_tail_and_the_merged_files(con):
     assert segments.since_sql(con, "trace_id", 4) is None
 
 
+def test_a_segment_from_an_older_schema_reads_and_merges_with_nulls(con):
+    """A release added a span column between two segments (here: the older file lacks ``name``): the tail reads
+    both by column name, the missing value is NULL, and the merged file has every column."""
+    publish(con, spans([("t1", "s1", 10)], "old").drop_columns(["name"]))
+    publish(con, spans([("t1", "s2", 20)], "new"))
+    assert rows(con) == [("t1", "s1", None), ("t1", "s2", "new")]
+    assert segments.compact(con).files == 1
+    assert rows(con) == [("t1", "s1", None), ("t1", "s2", "new")]
+
+
 _CRASH = """
 import os, sys
 from agentobs.store import segments

@@ -164,12 +164,27 @@ def _merged_rows(cur: duckdb.DuckDBPyConnection) -> list[tuple]:
 _ORD = "(CAST(parse_filename(t.filename, true) AS BIGINT) * 4294967296 + t.file_row_number)"
 
 
-def _src(files: list[str]) -> str:
-    return (f"read_parquet([{', '.join(_lit(f) for f in files)}], filename = true, file_row_number = true, "
-            "union_by_name = true)")
+def _schema(cur: duckdb.DuckDBPyConnection, file: str) -> list[tuple[str, str]]:
+    return [(str(r[0]), str(r[1])) for r in
+            cur.execute(f"DESCRIBE SELECT * FROM read_parquet({_lit(file)})").fetchall()]
 
 
-def _keep_sql(rows: list[tuple], merged: list[tuple]) -> str:
+def _columns_of(cur: duckdb.DuckDBPyConnection, files: list[str]) -> tuple[set[str], bool]:
+    """The columns ``files`` have, and whether their schemas differ (a release that changed the span columns
+    between the oldest and the newest file; they are in publication order). Reads two footers: reading the files
+    by name (``union_by_name``) binds every footer, ~10 ms for the tail's 32 on every commit, so it is used only
+    when the schemas differ."""
+    first = _schema(cur, files[0])
+    last = _schema(cur, files[-1]) if len(files) > 1 else first
+    return {c for c, _ty in first} | {c for c, _ty in last}, first != last
+
+
+def _src(files: list[str], by_name: bool) -> str:
+    return (f"read_parquet([{', '.join(_lit(f) for f in files)}], filename = true, file_row_number = true"
+            f"{', union_by_name = true' if by_name else ''})")
+
+
+def _keep_sql(rows: list[tuple], merged: list[tuple], by_name: bool) -> str:
     """The tail segments ``rows`` (catalog rows): each span's first copy (lowest seq, then row: column ``o``,
     as ``_ORD``) that is not stored already (in spans_part or a merged file, looked up in the tail's ``start_ns``
     range only, so DuckDB reads only the row groups there). Reads the key columns only."""
@@ -180,26 +195,25 @@ def _keep_sql(rows: list[tuple], merged: list[tuple]) -> str:
     if over:
         cond += (f" AND NOT EXISTS (SELECT 1 FROM read_parquet([{', '.join(_lit(f) for f in over)}]) m "
                  f"WHERE {_in('m', b)} AND m.trace_id = t.trace_id AND m.span_id = t.span_id)")
-    return (f"SELECT t.trace_id, t.span_id, min({_ORD}) AS o FROM {_src([r[0] for r in rows])} t WHERE {cond} "
-            "GROUP BY t.trace_id, t.span_id")
+    return (f"SELECT t.trace_id, t.span_id, min({_ORD}) AS o FROM {_src([r[0] for r in rows], by_name)} t "
+            f"WHERE {cond} GROUP BY t.trace_id, t.span_id")
 
 
 def _tail_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple], merged: list[tuple]) -> str:
     """The tail's rows, each span once (:func:`_keep_sql`), in spans_part's columns: the key columns pick the
     rows, the wide ones stream through a join (no window over whole rows: memory stays that of the keys)."""
-    src = _src([r[0] for r in rows])
-    have = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+    have, by_name = _columns_of(cur, [r[0] for r in rows])
     sel = ", ".join(f'CAST(t."{c}" AS {ty}) AS "{c}"' if c in have else f'CAST(NULL AS {ty}) AS "{c}"'
                     for c, ty in _columns(cur))
-    return (f"SELECT {sel} FROM {src} t JOIN ({_keep_sql(rows, merged)}) k "
+    return (f"SELECT {sel} FROM {_src([r[0] for r in rows], by_name)} t "
+            f"JOIN ({_keep_sql(rows, merged, by_name)}) k "
             f"ON t.trace_id = k.trace_id AND t.span_id = k.span_id AND {_ORD} = k.o")
 
 
 def _merged_select(cur: duckdb.DuckDBPyConnection, files: list[str]) -> str:
-    """The merged files' rows (each span once by construction) in spans_part's columns. Every merged file has the
-    columns of the newest (the decoders' schema); a column the first lacks reads as NULL."""
-    src = f"read_parquet([{', '.join(_lit(f) for f in files)}])"
-    have = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM read_parquet({_lit(files[0])})").fetchall()}
+    """The merged files' rows (each span once by construction) in spans_part's columns."""
+    have, by_name = _columns_of(cur, files)
+    src = f"read_parquet([{', '.join(_lit(f) for f in files)}]{', union_by_name = true' if by_name else ''})"
     sel = ", ".join(f'CAST("{c}" AS {ty}) AS "{c}"' if c in have else f'CAST(NULL AS {ty}) AS "{c}"'
                     for c, ty in _columns(cur))
     return f"SELECT {sel} FROM {src}"
@@ -304,12 +318,16 @@ def _merge_group(cur: duckdb.DuckDBPyConnection, rows: list[tuple], directory: s
     stored already, rows, (min, max start_ns)). DuckDB picks the rows on the key columns; pyarrow copies them
     segment by segment (one row group each: the rows arrive in time order, so a row group's ``start_ns`` range is
     narrow and the lookups of later merges read few), so memory is one segment's."""
-    res = cur.execute(f"SELECT o FROM ({_keep_sql(rows, _merged_rows(cur))}) ORDER BY o").fetchnumpy()
+    files = [r[0] for r in rows]
+    res = cur.execute(f"SELECT o FROM ({_keep_sql(rows, _merged_rows(cur), _columns_of(cur, files)[1])}) "
+                      "ORDER BY o").fetchnumpy()
     o = np.asarray(res["o"], dtype=np.int64)
     if not len(o):
         return None, 0, (None, None)
     seqs, rownums = o >> 32, o & 0xFFFFFFFF
     tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
+    # the group's columns (a release may have added some between its segments): the union, missing ones null
+    schema = pa.unify_schemas([pq.read_schema(f) for f in files]).append(pa.field("_seg", pa.int64()))
     writer: pq.ParquetWriter | None = None
     lo = hi = None
     try:
@@ -322,8 +340,11 @@ def _merge_group(cur: duckdb.DuckDBPyConnection, rows: list[tuple], directory: s
                 t = t.take(pa.array(take))
             t = t.append_column("_seg", pa.array(np.full(t.num_rows, seq, np.int64)))
             if writer is None:
-                writer = pq.ParquetWriter(tmp, t.schema, compression=COMPRESSION)
-            writer.write_table(t.cast(writer.schema))
+                writer = pq.ParquetWriter(tmp, schema, compression=COMPRESSION)
+            if t.schema != schema:
+                t = pa.table([t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+                              for f in schema], schema=schema)
+            writer.write_table(t)
             mm = pc.min_max(t["start_ns"])
             for v in (mm["min"].as_py(), mm["max"].as_py()):
                 if v is not None:
