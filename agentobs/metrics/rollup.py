@@ -5,10 +5,10 @@ of ``m_calls`` when the metric has a rollup form here, the run's window is whole
 are on the rollup's keys; otherwise (an arbitrary window, a filter on agent or engine) it reads the per-call state
 as any metric does. Same columns, same values (tests/test_model_state.py compares them).
 
-One definition: a form of reuse, reprefill, idle_kv_rent, turn_resume_ttft or capacity is only the source part
-(its rollup file: the relations of partial sums the metric's final part reads, from the rollups and sketches) put
-before the final part of the metric's own definition (defs/<name>.sql, from its ``-- final:`` line on). The sketch
-forms state each percentile's bound in a column beside it (``_BOUNDS``). task_cost and duty_cycle have whole forms.
+One definition: a rollup form is only the source part (its rollup file: the relations of partial sums the metric's
+final part reads, from the rollups and sketches) put before the final part of the metric's own definition
+(defs/<name>.sql, from its ``-- final:`` line on). The sketch forms state each percentile's bound in a column beside
+it (``_BOUNDS``).
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ _GROUPINGS = {"reprefill": ("cause", "instance", "model", "task_type"),
               "idle_kv_rent": ("instance", "model", "task_type")}
 # the forms whose percentiles come from the sketches (stated error bound): not used when exact ones are asked for
 SKETCHED = frozenset({"idle_kv_rent", "turn_resume_ttft"})
-# the forms that are a source part before the definition's final part (the line FINAL starts it)
-SPLICED = frozenset({"reuse", "reprefill", "idle_kv_rent", "turn_resume_ttft", "capacity"})
+# the line that starts a definition's final part (the part its rollup form shares)
 FINAL = "\n-- final:"
 # per sketched form: each column of the final SELECT it reads from a sketch (a line of its own there) -> its bound,
 # stated beside it as <column less _s>_rel_err
@@ -61,20 +60,17 @@ _SNIPPETS = {
 
 @cache
 def form_text(name: str) -> str:
-    """The SQL text of metric ``name``'s rollup form before its parameters and snippets are put in: the rollup file,
-    and for a SPLICED form the final part of the metric's definition after it (with the sketch bounds)."""
+    """The SQL text of metric ``name``'s rollup form before its parameters and snippets are put in: the rollup file
+    (the source part), then the final part of the metric's definition (with the sketch bounds)."""
     text = resources.files(__package__).joinpath(FORMS[name][0]).read_text()
-    if name not in SPLICED:
-        return text
     _, sep, final = get_metric(name).sql.partition(FINAL)
     if not sep:
         raise RuntimeError(f"defs/{name}.sql has no {FINAL.strip()!r} line: its rollup form has no final part")
     sql = text.rstrip() + sep + final
     for col, bound in _BOUNDS.get(name, {}).items():
         err = col.rpartition(".")[2].removesuffix("_s") + "_rel_err"
-        sql, n = re.subn(rf"(?m)^(\s+){re.escape(col)}(,?)$",
-                         lambda m, c=col, b=bound, e=err: f"{m[1]}{c}, CASE WHEN {c} IS NOT NULL THEN {b} END AS {e}{m[2]}",
-                         sql)
+        beside = f"{col}, CASE WHEN {col} IS NOT NULL THEN {bound} END AS {err}"
+        sql, n = re.subn(rf"(?m)^(\s+){re.escape(col)}(,?)$", rf"\g<1>{beside}\g<2>", sql)
         if n != 1:
             raise RuntimeError(f"defs/{name}.sql: the final SELECT has {n} lines of {col!r} (one wanted)")
     return sql
