@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError, StoreError
+from .db import transaction
 
 SUFFIX = ".parquet"
 TMP_PREFIX = ".tmp-"
@@ -392,24 +393,19 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
                 os.rename(tmp, final)
                 _fsync_dir(directory)
                 _crash_point("renamed")
-            cur.execute("BEGIN")
             try:
-                if final is not None:
-                    cur.execute("INSERT INTO span_merged VALUES (?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
-                                [final, written, lo, hi, first, top])
-                cur.execute("INSERT INTO span_compactions VALUES (?, ?, NULL, NULL, ?, now()::TIMESTAMP)",
-                            [top, len(rows), written])
-                cur.execute("INSERT INTO span_segments_retired SELECT file, now()::TIMESTAMP FROM span_segments "
-                            "WHERE seq <= ?", [top])
-                cur.execute("DELETE FROM span_segments WHERE seq <= ?", [top])
-                ensure_view(cur)
-                cur.execute("COMMIT")
+                with transaction(cur):
+                    if final is not None:
+                        cur.execute("INSERT INTO span_merged VALUES (?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                                    [final, written, lo, hi, first, top])
+                    cur.execute("INSERT INTO span_compactions VALUES (?, ?, NULL, NULL, ?, now()::TIMESTAMP)",
+                                [top, len(rows), written])
+                    cur.execute("INSERT INTO span_segments_retired SELECT file, now()::TIMESTAMP FROM span_segments "
+                                "WHERE seq <= ?", [top])
+                    cur.execute("DELETE FROM span_segments WHERE seq <= ?", [top])
+                    ensure_view(cur)
             except BaseException:
-                try:
-                    cur.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
-                if final is not None:
+                if final is not None:  # rolled back: the file no catalog row lists goes now (recover() would)
                     Path(final).unlink(missing_ok=True)
                 raise
             _crash_point("committed")
