@@ -241,7 +241,7 @@ class Loader:
                                     ).fetchall()[0][0]
             self.segment_dir = segments.segments_dir(path or ":memory:")
         self.compact_after = max(1, int(settings.segment_compact_after))
-        self.retire_grace_s = retire_grace_s  # merged files are deleted this long after (read snapshots list them)
+        self.retire_grace_s = retire_grace_s  # merged small files are deleted this long after (snapshots list them)
         self.compacted_segments = 0
         self.settings = settings
         self.health = health or Health()
