@@ -112,6 +112,17 @@ def test_a_segment_from_an_older_schema_reads_and_merges_with_nulls(con):
     assert rows(con) == [("t1", "s1", None), ("t1", "s2", "new")]
 
 
+def test_an_insert_into_the_table_part_skips_spans_stored_in_parquet(con):
+    """An import (or span_store = table after segments) of spans the collector already stored in a merged file or
+    a tail segment: insert_spans skips them, so readers still see each span once."""
+    publish_segment(con, span_rows([("t1", "s1", 10), ("t1", "s2", 20)], "merged"))
+    segments.compact(con)
+    publish_segment(con, span_rows([("t1", "s3", 30)], "tail"))
+    # s1 (merged), s3 (tail) again, and a new s4; the window 10..40 meets both files
+    assert insert_spans(con, span_rows([("t1", "s1", 10), ("t1", "s3", 30), ("t1", "s4", 40)], "part")) == 1
+    assert rows(con) == [("t1", "s1", "merged"), ("t1", "s2", "merged"), ("t1", "s3", "tail"), ("t1", "s4", "part")]
+
+
 _CRASH = """
 import os, sys
 from agentobs.store import segments

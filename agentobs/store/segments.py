@@ -253,6 +253,23 @@ def since_sql(cur: duckdb.DuckDBPyConnection, cols: str, seq: int) -> str | None
     return " UNION ALL ".join(parts) if parts else None
 
 
+def not_in_files_sql(cur: duckdb.DuckDBPyConnection, alias: str, lo: int | None, hi: int | None) -> str:
+    """A condition (`` AND NOT EXISTS …``, or ``""``) that the span ``alias``.(trace_id, span_id) is in no merged
+    file or tail segment whose ``start_ns`` range meets ``lo``..``hi`` (None: all): what an insert into
+    ``spans_part`` adds so that a span already stored in Parquet is not stored twice."""
+    # (a query of a missing table would abort the caller's transaction: looked up first)
+    if cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name "
+                   "= 'main' AND table_name IN ('span_merged', 'span_segments')").fetchall()[0][0] < 2:
+        return ""  # not a store migrated to 0005
+    rows = _merged_rows(cur) + cur.execute("SELECT file, min_start_ns, max_start_ns FROM span_segments").fetchall()
+    b = None if lo is None or hi is None else (int(lo), int(hi))
+    files = _overlapping(rows, b)
+    if not files:
+        return ""
+    return (f" AND NOT EXISTS (SELECT 1 FROM read_parquet([{', '.join(_lit(f) for f in files)}], union_by_name = true)"
+            f" f WHERE {_in('f', b)} AND f.trace_id = {alias}.trace_id AND f.span_id = {alias}.span_id)")
+
+
 def directories(cur: duckdb.DuckDBPyConnection) -> list[str]:
     """The directories the ``spans`` view reads files from (a sandbox allows exactly those)."""
     try:
