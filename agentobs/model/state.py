@@ -430,12 +430,11 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     cur.step("calls")
     # the spans of T1; the traces paired with them (T2 less T1) are read from them, and their spans added (a
     # second scan only when there are such traces). ``spans`` is a view (table part + segments): no rowid
-    cur.execute("CREATE OR REPLACE TEMP TABLE inc_spans AS SELECT * FROM spans "
-                "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
+    _spans_of(cur, "inc_spans", "inc_t1", create=True)
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_t2 AS SELECT trace_id FROM inc_t1")
     if _widen(cur, "inc_spans", "inc_t2"):
-        cur.execute("INSERT INTO inc_spans SELECT * FROM spans WHERE trace_id IN ("
-                    "SELECT trace_id FROM inc_t2 WHERE trace_id NOT IN (SELECT trace_id FROM inc_t1))")
+        cur.execute("DELETE FROM inc_t2 WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
+        _spans_of(cur, "inc_spans", "inc_t2", create=False)
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_calls AS {_call_views_sql()}"
                 f"SELECT {CALL_COLUMNS} FROM llm_calls WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
     # the sessions to re-derive
@@ -518,6 +517,20 @@ def _new_spans_sql(cur, old: Marks) -> str:
     if files:
         sql += f" UNION ALL SELECT {cols} FROM {segments.read_sql(files)}"
     return sql
+
+
+def _spans_of(cur, out: str, traces: str, create: bool) -> None:
+    """Into temp table ``out`` (made, or added to), every span of the traces in temp table ``traces``: those of
+    ``spans_part`` found by a scan of its ``trace_id`` alone and then read by row id (a semi join on the whole row
+    would read every column of every row), and those of the segment tail (agentobs.store.segments) by trace id."""
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_sr AS SELECT rowid AS r FROM spans_part "
+                f"WHERE trace_id IN (SELECT trace_id FROM {traces})")
+    sql = "SELECT * FROM spans_part WHERE rowid IN (SELECT r FROM inc_sr)"
+    tail = segments.tail_sql(cur)
+    if tail is not None:
+        sql += f" UNION ALL SELECT * FROM ({tail}) WHERE trace_id IN (SELECT trace_id FROM {traces})"
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE {out} AS {sql}" if create else f"INSERT INTO {out} {sql}")
+    cur.execute("DROP TABLE inc_sr")
 
 
 def _widen(cur, spans_rel: str, traces: str) -> int:

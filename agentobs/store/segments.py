@@ -147,12 +147,16 @@ def _dedupe_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple]) -> str:
             "QUALIFY row_number() OVER (PARTITION BY t.trace_id, t.span_id ORDER BY t.filename) = 1")
 
 
+def tail_sql(cur: duckdb.DuckDBPyConnection) -> str | None:
+    """The rows the ``spans`` view adds to ``spans_part`` (the segments', deduplicated), or None: no segments."""
+    rows = cur.execute("SELECT file, min_start_ns, max_start_ns FROM span_segments ORDER BY seq").fetchall()
+    return _dedupe_select(cur, rows) if rows else None
+
+
 def view_sql(cur: duckdb.DuckDBPyConnection) -> str:
     """The ``spans`` view for the catalog as ``cur`` sees it."""
-    rows = cur.execute("SELECT file, min_start_ns, max_start_ns FROM span_segments ORDER BY seq").fetchall()
-    if not rows:
-        return "SELECT * FROM spans_part"
-    return f"SELECT * FROM spans_part UNION ALL {_dedupe_select(cur, rows)}"
+    tail = tail_sql(cur)
+    return "SELECT * FROM spans_part" if tail is None else f"SELECT * FROM spans_part UNION ALL {tail}"
 
 
 def ensure_view(cur: duckdb.DuckDBPyConnection) -> None:
