@@ -54,7 +54,7 @@ META = "model_state_meta"
 KV_DIGEST = "model_state_kv"
 KV_END = "model_state_kv_end"
 CFG = "model_state_cfg"
-TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG, *rollups.TABLES, itl.TABLE)
+TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG, *rollups.TABLES, *itl.TABLES)
 # views.sql's views a call is made from, in dependency order (each becomes a CTE over the chosen spans)
 _CALL_VIEWS = ("trace_context", "_gateway_spans", "_gateway_calls", "_engine_match", "_calls_joined", "llm_calls")
 _CALL_COLS = [c.strip() for c in CALL_COLUMNS.split(",")]
@@ -440,9 +440,11 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     # the sessions to re-derive
     cur.step("sessions")
     ab = float(seconds_literal(settings.abandoned_after_s))
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_old AS SELECT rowid AS r, skey FROM {TABLE} "
+    # the stored calls of T1: their row ids by a scan of trace_id alone, then their sessions by row id
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_old AS SELECT rowid AS r FROM {TABLE} "
                 "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
-    parts = [f"SELECT {SKEY} AS skey FROM inc_calls", "SELECT skey FROM inc_old"]
+    parts = [f"SELECT {SKEY} AS skey FROM inc_calls",
+             f"SELECT skey FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_old)"]
     # KV: sessions whose removals or stored blocks changed
     parts.append(f"""SELECT coalesce(a.session_id, b.session_id) FROM ({_KV_DIGEST_SQL}) a
         FULL JOIN {KV_DIGEST} b ON a.instance = b.instance AND a.session_id = b.session_id
@@ -480,23 +482,27 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
         WHERE rowid IN (SELECT r FROM inc_rows) AND trace_id NOT IN (SELECT trace_id FROM inc_t1))""")
     kv = kvindex.usable(cur)
     fin = _fin_columns(cur, kv, settings)
+    # every read of model_calls and model_itl_gap by row id comes before the transaction changes them (after a
+    # change, such a read scans the table whole)
     cur.step("delete")
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_gone AS SELECT * FROM {TABLE} "
-                "WHERE rowid IN (SELECT r FROM inc_rows UNION ALL SELECT r FROM inc_old)")
-    cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_rows UNION ALL SELECT r FROM inc_old)")
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_del AS SELECT r FROM inc_rows UNION SELECT r FROM inc_old")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_gone AS SELECT * FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_del)")
     cur.step("derive")
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_out AS {_derive_sql('inc_src', kv, settings, fin, now.data_end_ns)}")
+    cur.step("itl_gaps")
+    itl.apply_delta(cur, TABLE, "inc_del", "inc_gone", "inc_out")
+    cur.step("delete")
+    cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_del)")
+    cur.step("derive")
     cur.execute(f"INSERT INTO {TABLE} SELECT * FROM inc_out")
     cur.step("rollups")
     rollups.apply_delta(cur, "inc_gone", "inc_out")
-    cur.step("itl_gaps")
-    itl.apply_delta(cur, TABLE, "inc_gone", "inc_out")
     cur.step("other")
     derived = cur.execute("SELECT count(*) FROM inc_src").fetchall()[0][0]
     units = cur.execute("SELECT count(*) FROM inc_keys").fetchall()[0][0]
     n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
     for t in ("inc_new", "inc_t1", "inc_t2", "inc_spans", "inc_calls", "inc_keys", "inc_src", "inc_old",
-              "inc_rows", "inc_inst", "inc_cfg", "inc_gone", "inc_out"):
+              "inc_rows", "inc_del", "inc_inst", "inc_cfg", "inc_gone", "inc_out"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
     cur.step("marks")
     _write_marks(cur, settings, now, "incremental", time.perf_counter() - t0)
