@@ -465,8 +465,14 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
         cur.execute("CREATE OR REPLACE TEMP TABLE inc_cfg AS SELECT unnest(?::VARCHAR[]) AS instance", [changed])
         parts.append(f"SELECT skey FROM {TABLE} WHERE instance IN (SELECT instance FROM inc_cfg)")
     if now.data_end_ns != old.data_end_ns and now.data_end_ns is not None:
-        # the end of the data moved: the last calls whose abandoned flag it flips
-        parts.append(f"SELECT skey FROM {TABLE} WHERE is_last AND session_id IS NOT NULL "
+        # the end of the data moved: the last calls whose abandoned flag it flips. Every stored flag is that of the
+        # old end (each refresh re-derives the flips of its own), and the end only grows (older spans changed: a
+        # rebuild), so they end in (old end − abandoned_after_s, new end − abandoned_after_s]: a range on end_s
+        # (a filter of the scan, widened by a second against rounding) before the exact test
+        rng = f"end_s <= {now.data_end_ns / 1e9 - ab + 1.0!r}"
+        if old.data_end_ns is not None:
+            rng += f" AND end_s > {old.data_end_ns / 1e9 - ab - 1.0!r}"
+        parts.append(f"SELECT skey FROM {TABLE} WHERE {rng} AND is_last AND session_id IS NOT NULL "
                      f"AND abandoned <> ({now.data_end_ns} / 1e9 - end_s >= {ab!r})")
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_keys AS SELECT DISTINCT skey FROM (" + "\nUNION ALL\n".join(parts)
                 + ") WHERE skey IS NOT NULL")
