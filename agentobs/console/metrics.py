@@ -209,7 +209,7 @@ def _call_reuse(stamp, session_id: str, default_block_size: int, hit_tolerance_b
             settings = load_settings()
             if int(settings.default_block_size) == default_block_size and state.current(cur, settings):
                 # the maintained session model: the session's rows as stored (agentobs/model/state.py)
-                df = cur.sql(f"SELECT * EXCLUDE (skey, block_hashes) FROM {state.TABLE} WHERE session_id = $sid "
+                df = cur.sql(f"SELECT * EXCLUDE (skey, kh, th, block_hashes) FROM {state.TABLE} WHERE session_id = $sid "
                              "ORDER BY start_s, call_id", params={"sid": session_id}).pl()
                 return df.rename({"reusable_tokens_eff": "r_eff"}, strict=False)
         cur.execute(f"""CREATE TEMP TABLE m_src AS

@@ -364,7 +364,7 @@ class MetricRun:
         cost_cols = ",\n".join(_cost_columns(lambda c: f"k.{c}", "r"))
         self.cur.execute(f"""
             CREATE OR REPLACE TEMP VIEW m_calls AS
-            SELECT r.* EXCLUDE (skey, block_hashes), {cost_cols},
+            SELECT r.* EXCLUDE (skey, kh, th, block_hashes), {cost_cols},
                    ({in_filter}) AS in_filter,
                    ({in_filter}) AND (w.since IS NULL OR r.start_s >= w.since)
                        AND (w.until IS NULL OR r.start_s < w.until) AS in_win

@@ -3,7 +3,7 @@
 ``model_calls`` holds one row per model call: the call's columns (``llm_calls``, with ``block_hashes``) and every
 column ``call_reuse`` computes (agentobs/model/call_reuse.sql, read as a black box: whatever its narrow result
 ``fin`` selects is stored), plus ``skey``, the unit of re-derivation: the session (a call without one is its own
-unit). Metric runs read it instead of deriving ``call_reuse`` again (agentobs.metrics.prepare: ``MetricRun`` uses it
+unit), and the hashes ``kh`` of ``skey`` and ``th`` of ``trace_id`` (integers a refresh finds a key's rows by). Metric runs read it instead of deriving ``call_reuse`` again (agentobs.metrics.prepare: ``MetricRun`` uses it
 when ``current``; otherwise it derives as before).
 
 ``refresh`` brings it up to date incrementally; ``rebuild`` derives it whole (a changed setting or a new release:
@@ -68,6 +68,8 @@ def skey(t: str = "") -> str:
 
 
 SKEY = skey()
+# model_calls' own columns besides call_reuse's (a change of them is a new release of the state: it rebuilds)
+_LAYOUT = "skey, kh = hash(skey), th = hash(trace_id)"
 # the call's row number inside call_reuse (its tie-breaks order by it): the same order whatever set is derived
 _RID = "row_number() OVER (ORDER BY start_s, call_id, trace_id)"
 
@@ -103,6 +105,7 @@ def _call_views_sql() -> str:
 def version() -> str:
     """The SQL the state is derived with (a release that changes it rebuilds)."""
     h = hashlib.sha256()
+    h.update(_LAYOUT.encode())
     for name in ("call_reuse.sql", "views.sql"):
         h.update(resources.files(__package__).joinpath(name).read_bytes())
     for name in ("rollups.py", "itl.py"):
@@ -199,7 +202,8 @@ def _derive_sql(src: str, kv_index: bool, settings: Settings, fin_cols: list[str
 
 
 def _reuse(src: str, settings: Settings, call: str, own: str, kv_index: bool) -> str:
-    return reuse_sql(src, str(int(settings.default_block_size)), f"{skey('cs')} AS skey, {call}, {own}",
+    return reuse_sql(src, str(int(settings.default_block_size)),
+                     f"{skey('cs')} AS skey, hash({skey('cs')}) AS kh, hash(cs.trace_id) AS th, {call}, {own}",
                      "JOIN calls_src cs ON cs.rid = r.rid",
                      abandoned_after_s=settings.abandoned_after_s, has_rid=True, rid="rid", narrow=True,
                      kv_index=kv_index, hit_tolerance_blocks=int(settings.hit_tolerance_blocks))
@@ -440,9 +444,9 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     # the sessions to re-derive
     cur.step("sessions")
     ab = float(seconds_literal(settings.abandoned_after_s))
-    # the stored calls of T1: their row ids by a scan of trace_id alone, then their sessions by row id
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_old AS SELECT rowid AS r FROM {TABLE} "
-                "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
+    # the stored calls of T1: their row ids by a scan of the trace's hash alone (th: an integer), then their
+    # sessions by row id
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_old AS {_by_hash('th', 'trace_id', 'inc_t1')}")
     parts = [f"SELECT {SKEY} AS skey FROM inc_calls",
              f"SELECT skey FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_old)"]
     # KV: sessions whose removals or stored blocks changed
@@ -478,8 +482,7 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
                 + ") WHERE skey IS NOT NULL")
     cur.step("inputs")
     # the stored rows of those sessions, by row id (one narrow column scanned)
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_rows AS SELECT rowid AS r FROM {TABLE} "
-                "WHERE skey IN (SELECT skey FROM inc_keys)")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_rows AS {_by_hash('kh', 'skey', 'inc_keys')}")
     # their calls: the fresh ones of T1, the stored call columns of the others (their traces did not change)
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE inc_src AS SELECT {_RID} AS rid, * FROM (
         SELECT {CALL_COLUMNS} FROM inc_calls WHERE {SKEY} IN (SELECT skey FROM inc_keys)
@@ -513,6 +516,13 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     cur.step("marks")
     _write_marks(cur, settings, now, "incremental", time.perf_counter() - t0)
     return n, derived, units
+
+
+def _by_hash(h: str, key: str, keys: str) -> str:
+    """The row ids (``r``) of the stored calls whose ``key`` is in temp table ``keys``: found by a scan of the key's
+    hash ``h`` (an integer column: a string key's scan hashes every string), the key compared on those rows."""
+    return (f"SELECT r FROM (SELECT rowid AS r, {key} FROM {TABLE} WHERE {h} IN (SELECT hash({key}) FROM {keys})) "
+            f"WHERE {key} IN (SELECT {key} FROM {keys})")
 
 
 def _new_spans_sql(cur, old: Marks) -> str:
