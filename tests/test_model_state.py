@@ -467,6 +467,19 @@ def test_rollup_metrics_equal_per_call(built):
                 _same(want, got, f"{name} 300 s {kw}")
             finally:
                 close()
+    # 7-minute buckets: an hour-aligned window starts inside a bucket (its first instant is the window's start)
+    s7 = Settings(values={"metrics_bucket_s": 420.0})
+    for kw in ({"since": h}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}):
+        run, close = mr.prepare(as_source(con), settings=s7, **kw)
+        try:
+            got = run.compute("concurrency", "model")
+            assert run.from_rollup == {"concurrency"}
+            run.rollups = False
+            want = run.compute("concurrency", "model")
+            assert want.height > 0 and want["calls"].sum() > 0
+            _same(want, got, f"concurrency 420 s {kw}")
+        finally:
+            close()
     # off the grain: a window not of whole hours, a filter on a column the rollup lacks, a grouping it lacks, a
     # bucket that is not whole minutes
     for kw, name, by, st in (({"since": h + 1}, "reprefill", "cause", s),
