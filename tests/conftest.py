@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from stores import new_store
 
 from agentobs.config import load_settings
 from agentobs.model import connect
@@ -66,7 +67,7 @@ def db_path(tmp_path) -> Path:
 @pytest.fixture
 def store(db_path):
     """A fresh read-write store and its writer: (connection, writer)."""
-    con = connect(db_path)
+    con = new_store(db_path)
     w = Writer(con, batch_rows=10_000, flush_s=0.05)
     yield con, w
     w.close()
