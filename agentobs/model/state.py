@@ -45,6 +45,7 @@ import duckdb
 
 from ..config import Settings
 from ..store import segments
+from ..store.db import transaction
 from ..store.functions import ensure as functions
 from . import itl, kvindex, rollups, split_statements
 from .reuse import CALL_COLUMNS, reuse_sql, seconds_literal
@@ -297,14 +298,10 @@ def _transaction(con, fn, budget: _Budget = _NO_BUDGET):
     functions(con)  # agentobs_cumsum (the ITL gaps): a registration inside the transaction would abort it
     cur = con.cursor()
     budget.watch(cur)
-    cur.execute("BEGIN")
     try:
-        out = fn(cur)
-        budget.check()
-        cur.execute("COMMIT")
-    except BaseException:
-        cur.execute("ROLLBACK")
-        raise
+        with transaction(cur):
+            out = fn(cur)
+            budget.check()
     finally:
         cur.close()
     return out
