@@ -25,6 +25,9 @@
 --   hit_class        hit (C ≥ R_eff − tolerance·B) | partial | miss (C = 0) | NULL
 --   window_outcome   the idle window before c: retained | evicted | routed_away | unknown
 --   rent_*           token-seconds of KV at rest K = P(prev)+O(prev) over that window (§4)
+-- Steps: DuckDB runs this as one query. ClickHouse inlines a CTE at every reference, so it computes the CTEs marked
+-- AS MATERIALIZED or preceded by a "--@step" line once each, into a table, in order, and the rest reading those
+-- (agentobs/backends/clickhouse/steps.py; docs/clickhouse.md): mark a CTE read more than once that way.
 -- calls_src carries rid (a row number fixed once: m_src's column, or the view's materialized CTE), so the
 -- wide rows are not copied here: c is read once (by n, so it is inlined, never materialized), bh reads
 -- calls_src, and only the final SELECT joins calls_src back
@@ -69,6 +72,7 @@ slow AS (
     JOIN n p ON p.session_id = l.session_id AND p.branch = l.branch AND p.end_s <= l.start_s AND p.rid <> l.rid
     GROUP BY l.rid
 ),
+--@step: read by pf and prev_id
 pb AS (
     SELECT l.rid, CASE WHEN l.m_end <= l.start_s AND l.lag_end = l.m_end THEN l.lag_rid ELSE s.prev_rid END AS prev_rid,
            l.session_id,
@@ -97,6 +101,7 @@ j AS (
     LEFT JOIN n p ON p.rid = pi.prev_rid
 ),
 -- exact R: leading blocks of c already present among the blocks of earlier calls of the session
+--@step: read by first_seen and lead_blocks
 bh AS (
     SELECT rid, session_id, start_s, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i
     FROM calls_src
@@ -396,6 +401,7 @@ u0 AS (
     FROM v2
 ),
 -- the blocks c recomputed beyond R_eff (redo, above) are re-prefill on the same evidence as a removal below it
+--@step: read by lab and fin (ClickHouse computes it once, into a table; see the header)
 u AS (
     SELECT u0.*,
            x0 + CASE WHEN cause_evidence IN ('block_hashes', 'kv_removal') THEN redo_tokens ELSE 0 END

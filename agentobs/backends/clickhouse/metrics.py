@@ -20,6 +20,7 @@ import sqlglot
 from sqlglot import exp
 
 from ...errors import QueryError
+from . import steps
 from .conn import ClickHouse
 from .dialect import LIST_PARAMS, to_clickhouse
 from .model import reuse_schema
@@ -102,8 +103,38 @@ class ClickHouseCursor:
             out[k] = v
         return out
 
+    def _steps(self, sql: str, params: dict) -> tuple[str, list[str]]:
+        """A statement that marks steps (call_reuse's body, agentobs.backends.clickhouse.steps): each step into a
+        Memory table of this cursor, once; returns the statement reading them and the tables, to drop after it."""
+        if not steps.has_steps(sql):
+            return sql, []
+
+        made: list[str] = []
+
+        def create(table: str, select: str) -> list[str]:
+            made.append(table)
+            self.ch.command(self._translate(f"CREATE TABLE {table} AS {select}"), params)
+            return self.ch.arrow(f"SELECT * FROM `{table}` LIMIT 0").column_names
+
+        try:
+            return steps.run(sql, lambda n: self._name("step_" + n), create)[0], made
+        except BaseException:
+            self._drop(made)
+            raise
+
+    def _drop(self, tables: list[str]) -> None:
+        for t in tables:
+            self.ch.command(f"DROP TABLE IF EXISTS `{t}`")
+            self.created.discard(t)
+
     def execute(self, sql: str, params=None):
-        s = sql.strip()
+        s, made = self._steps(sql.strip(), self._params(params))
+        try:
+            return self._execute(s, params)
+        finally:
+            self._drop(made)
+
+    def _execute(self, s: str, params=None):
         if s.upper().startswith("DROP TABLE"):
             name = s.split()[-1]
             self.ch.command(f"DROP TABLE IF EXISTS `{self._name(name)}`")
@@ -142,7 +173,12 @@ class ClickHouseCursor:
         return _Result(self._last).fetchall()
 
     def sql(self, sql: str, params=None) -> _Result:
-        return _Result(self.ch.arrow(self._translate(sql), self._params(params)))
+        p = self._params(params)
+        s, made = self._steps(sql, p)
+        try:
+            return _Result(self.ch.arrow(self._translate(s), p))
+        finally:
+            self._drop(made)
 
     def register(self, name: str, table: pa.Table) -> None:
         self.registered[name] = table
