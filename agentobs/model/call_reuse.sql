@@ -327,6 +327,7 @@ tw AS (
     -- part_id names the session and branch (a call without a session: its own row id, a sequence of one)
     WINDOW t AS (PARTITION BY part_id ORDER BY start_s, rid)
 ),
+--@step: read by ie_c and v
 w AS (
     SELECT z.*, tw.turn_no, tw.is_last_attempt, tw.is_last,
            -- abandoned (§4): the session's last call, and the data goes on for abandoned_after_s after it ended
@@ -354,7 +355,7 @@ w AS (
 -- The gap's churn is a lower bound (calls wholly inside the gap, from spans; counter increases over scrape intervals
 -- wholly inside it); the allocation since start an upper bound (counters at the first scrape at or after c, since the
 -- process started; without counters, spans since the instance's first call seen, when that call hit nothing).
-ie_c AS (
+ie_c AS MATERIALIZED (
     SELECT w.rid, w.instance, w.prev_end_s, w.start_s, w.block_size, ic.kv_capacity_tokens AS cap
     FROM w JOIN cfg_src ic ON ic.instance = w.instance
     WHERE w.mode = 'estimate' AND w.instance = w.prev_instance AND w.shortfall_tokens > w.tolerance_tokens
@@ -362,6 +363,7 @@ ie_c AS (
 ),
 -- the calls of those instances: what each allocated (computed prompt + output tokens; a failed call may have
 -- allocated nothing, so it counts only toward the upper bound)
+--@step: read by ie_cum and ie_span
 ie_act AS (
     SELECT instance, start_s, end_s, status,
            greatest(coalesce(prompt_tokens, 0) - coalesce(cached_tokens, 0), 0) + coalesce(output_tokens, 0) AS alloc,
@@ -395,6 +397,7 @@ ie_k AS (
     GROUP BY instance, ts
 ),
 -- each scrape with the increase since the previous one (a decrease: the engine restarted, the increase is the value)
+--@step: read by ie_has_k, ie_cnt and ie_next
 ie_kd AS (
     SELECT instance, ts_s, alloc, evicted, lag(ts_s) OVER k AS prev_ts_s,
            coalesce(preempt < lag(preempt) OVER k, false) OR coalesce(alloc < lag(alloc) OVER k, false) AS reset,
