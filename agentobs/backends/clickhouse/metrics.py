@@ -25,7 +25,7 @@ from .conn import ClickHouse
 from .dialect import LIST_PARAMS, to_clickhouse
 from .model import reuse_schema
 
-_RUN_TABLES = ("m_src", "m_cost", "m_calls", "m_samples", "m_cost_arrow", "m_itl_gap")
+_RUN_TABLES = ("m_src", "m_act", "m_cost", "m_calls", "m_samples", "m_cost_arrow", "m_itl_gap")
 _seq = itertools.count()
 
 

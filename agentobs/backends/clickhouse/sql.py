@@ -69,7 +69,6 @@ _CALL_REUSE = re.compile(r"\bcall_reuse\b", re.IGNORECASE)
 def run_query(ch: ClickHouse, query: str, row_cap: int = 10_000, timeout_s: float = 30.0):
     """The query as an agentobs.sql.QueryResult (truncation noted, elapsed time), as `agentobs sql` shows it."""
     from ...sql import QueryResult
-
     from .model import refresh_call_reuse
 
     t0 = time.perf_counter()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import cast
 
 import sqlglot
 from sqlglot import exp
@@ -71,10 +72,10 @@ def _prune(tree: exp.Expression) -> None:
     keep = _needed(ctes, _reads(outside, set(ctes)))
     for name, c in ctes.items():
         if name not in keep:
-            w = c.parent
+            parent = c.parent
             c.pop()
-            if isinstance(w, exp.With) and not w.expressions:
-                w.pop()
+            if isinstance(parent, exp.With) and not parent.expressions:
+                parent.pop()
 
 
 def _read_of(table: str, columns: list[str]) -> exp.Select:
@@ -87,9 +88,10 @@ def run(sql: str, table_of: Callable[[str], str], create: Callable[[str, str], l
     table from a DuckDB SELECT (the caller transpiles and runs it, and drops the tables when done) and return its
     columns. A statement without steps comes back unchanged."""
     tree = sqlglot.parse_one(sql, read="duckdb")
-    stmt = tree.expression if isinstance(tree, exp.Create) else tree
+    stmt = cast(exp.Expression, tree.expression if isinstance(tree, exp.Create) else tree)
     ctes = {c.alias: c for c in _top_ctes(stmt)}
-    steps = [n for n in ctes if ctes[n].args.get("materialized") is True or n in set(marked(sql))]
+    marks = set(marked(sql))
+    steps = [n for n in ctes if ctes[n].args.get("materialized") is True or n in marks]
     made: list[str] = []
     for name in steps:
         need = _needed(ctes, {name})
