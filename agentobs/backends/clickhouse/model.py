@@ -420,4 +420,8 @@ def create_tables(ch: ClickHouse, settings: Settings | None = None, backfill: bo
 def create_views(ch: ClickHouse, settings: Settings | None = None) -> None:
     for stmt in model_statements(settings):
         ch.command(stmt)
-    refresh_call_reuse(ch)  # a store from before the table: its inline call_reuse view is replaced
+    # call_reuse's table when there is none (a store from before it: its inline call_reuse view is replaced); one there
+    # is brought up to date by its readers (a `clickhouse load` runs this before it writes: computing now would be
+    # for data about to change)
+    if _stored_version(ch) is None:
+        refresh_call_reuse(ch, force=True)
