@@ -355,7 +355,8 @@ w AS (
 -- The gap's churn is a lower bound (calls wholly inside the gap, from spans; counter increases over scrape intervals
 -- wholly inside it); the allocation since start an upper bound (counters at the first scrape at or after c, since the
 -- process started; without counters, spans since the instance's first call seen, when that call hit nothing).
-ie_c AS MATERIALIZED (
+--@step: read by eight ie_* CTEs
+ie_c AS (
     SELECT w.rid, w.instance, w.prev_end_s, w.start_s, w.block_size, ic.kv_capacity_tokens AS cap
     FROM w JOIN cfg_src ic ON ic.instance = w.instance
     WHERE w.mode = 'estimate' AND w.instance = w.prev_instance AND w.shortfall_tokens > w.tolerance_tokens
