@@ -37,7 +37,7 @@ def test_steps_once_each_in_order_reading_the_earlier_tables():
         return cols[table]
 
     assert steps.marked(SQL) == ["c"]
-    final, tables = steps.run(SQL, lambda n: f"step_{n}", create)
+    final, tables = steps.run(SQL, "step_", create)
     # a (AS MATERIALIZED) then c (marked), each once
     assert [t for t, _ in made] == tables == ["step_a", "step_c"]
     # a's step: what a reads (src), a itself; nothing after it
@@ -48,12 +48,15 @@ def test_steps_once_each_in_order_reading_the_earlier_tables():
     # the statement: c from its table; what only the steps read (src, a, b) and what nothing reads (unused) gone
     assert _ctes(final) == ["c", "d", "e"]
     assert _tables(final) == {"step_c", "c", "d", "e"}
+    # the plan is kept: the same statement again runs the same steps, without parsing it
+    made.clear()
+    assert steps.run(SQL, "step_", create) == (final, tables) and [t for t, _ in made] == tables
 
 
 def test_a_statement_without_marks_is_left_alone():
     plain = "WITH a AS (SELECT 1 AS x) SELECT x FROM a"
     assert not steps.has_steps(plain)
-    assert steps.run(plain, lambda n: n, lambda t, s: []) == (plain, [])
+    assert steps.run(plain, "p_", lambda t, s: []) == (plain, [])
 
 
 def test_call_reuse_marks_its_multiply_read_ctes():

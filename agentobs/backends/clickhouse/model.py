@@ -378,7 +378,7 @@ def refresh_call_reuse(ch: ClickHouse, force: bool = False) -> bool:
             return ch.arrow(f"SELECT * FROM `{table}` LIMIT 0").column_names
 
         try:
-            final, _ = steps.run(reuse_sql(), lambda n: f"agentobs_run_cr_{os.getpid()}_{n}", create)
+            final, _ = steps.run(reuse_sql(), f"agentobs_run_cr_{os.getpid()}_", create)
             ch.command(f"CREATE OR REPLACE TABLE {CALL_REUSE_TABLE} ENGINE = MergeTree ORDER BY tuple() "
                        f"COMMENT '{version}' AS {to_clickhouse(final, schema)}")
         finally:

@@ -82,29 +82,55 @@ def _read_of(table: str, columns: list[str]) -> exp.Select:
     return exp.select(*[exp.column(exp.to_identifier(c)) for c in columns]).from_(exp.to_identifier(table))
 
 
-def run(sql: str, table_of: Callable[[str], str], create: Callable[[str, str], list[str]]) -> tuple[str, list[str]]:
+# statement text → (the steps' (table, SELECT) in order, the rewritten statement): parsing and rewriting the chain
+# costs more than running it on a small store, and a statement's plan is the same every time (its tables are named
+# prefix + the step's name; the columns follow from the SQL)
+_PLANS: dict[tuple[str, str], tuple[list[tuple[str, str]], str]] = {}
+_PLANS_MAX = 64
+
+
+def run(sql: str, prefix: str, create: Callable[[str, str], list[str]]) -> tuple[str, list[str]]:
     """Compute the steps of ``sql`` (DuckDB SQL) in order; returns the statement rewritten to read their tables (DuckDB
-    SQL again) and the tables made. ``table_of(step)``: the table's name; ``create(table, select_sql)``: make the
+    SQL again) and the tables made. A step's table is ``prefix`` + its name; ``create(table, select_sql)``: make the
     table from a DuckDB SELECT (the caller transpiles and runs it, and drops the tables when done) and return its
     columns. A statement without steps comes back unchanged."""
+    key = (sql, prefix)
+    plan = _PLANS.get(key)
+    if plan is not None:
+        for table, select in plan[0]:
+            create(table, select)
+        return plan[1], [t for t, _ in plan[0]]
+    final, made, done = _run(sql, prefix, create)
+    if made:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = (done, final)
+    return final, made
+
+
+def _run(sql: str, prefix: str,
+         create: Callable[[str, str], list[str]]) -> tuple[str, list[str], list[tuple[str, str]]]:
     tree = sqlglot.parse_one(sql, read="duckdb")
     stmt = cast(exp.Expression, tree.expression if isinstance(tree, exp.Create) else tree)
     ctes = {c.alias: c for c in _top_ctes(stmt)}
     marks = set(marked(sql))
     steps = [n for n in ctes if ctes[n].args.get("materialized") is True or n in marks]
     made: list[str] = []
+    done: list[tuple[str, str]] = []
     for name in steps:
         need = _needed(ctes, {name})
         q = exp.select("*").from_(name)
         for n in ctes:  # definition order: a CTE reads only those before it
             if n in need:  # without a MATERIALIZED hint (a step is computed once: its own table)
                 q = q.with_(n, as_=ctes[n].this)
-        table = table_of(name)
-        cols = create(table, q.sql(dialect="duckdb"))
+        table = prefix + name
+        select = q.sql(dialect="duckdb")
         made.append(table)
+        cols = create(table, select)
+        done.append((table, select))
         ctes[name].set("this", _read_of(table, cols))
         ctes[name].set("materialized", None)
     if not made:
-        return sql, made
+        return sql, made, done
     _prune(stmt)
-    return tree.sql(dialect="duckdb"), made
+    return tree.sql(dialect="duckdb"), made, done
