@@ -298,3 +298,21 @@ def test_call_reuse_rows_identical_and_refreshed_when_the_data_changes(both):
     assert model.refresh_call_reuse(ch) is False
     ch.command(f"ALTER TABLE {model.CALL_REUSE_TABLE} MODIFY COMMENT 'stale'")
     assert model.refresh_call_reuse(ch) is True and model.refresh_call_reuse(ch) is False
+
+
+def test_call_reuse_that_cannot_be_refreshed_says_why(both, monkeypatch):
+    # a ClickHouse user without CREATE (readonly grants): the refresh fails; the query says so and what to run,
+    # rather than answering from rows of older data
+    from agentobs.backends.clickhouse.sql import run_query
+    from agentobs.errors import QueryError
+
+    _, ch, _, _ = both
+
+    def refused(_ch, force=False):
+        raise QueryError("ClickHouse: Code: 164. DB::Exception: default: Cannot execute query in readonly mode")
+
+    monkeypatch.setattr(model, "refresh_call_reuse", refused)
+    with pytest.raises(QueryError, match=r"call_reuse could not be brought up to date .*readonly mode.*"
+                                         r"`agentobs clickhouse init`"):
+        run_query(ch, "SELECT count() FROM call_reuse")
+    assert run_query(ch, "SELECT count() AS n FROM llm_calls").table.column("n")[0].as_py() > 0  # others as before
