@@ -9,6 +9,8 @@ from typing import Any
 import pyarrow as pa
 
 from agentobs.model import connect
+from agentobs.store import segments
+from agentobs.store.db import transaction
 from agentobs.store.writer import Writer
 
 # -- OTLP/JSON (docs/span-conventions.md): what `agentobs import otlp` and the receivers take -----------------
@@ -130,3 +132,32 @@ def make_db(tmp_path, calls, config=(), kv=(), samples=()) -> str:
                 "value": [float(s[4]) for s in samples], "engine": [s[2].split(":")[0] for s in samples]}))
     con.close()
     return path
+
+
+# -- span rows in the store's own layout (agentobs/store/segments.py: the table part and Parquet segments) -------
+
+
+def span_rows(ids: list[tuple[str, str, int]], name: str = "a") -> pa.Table:
+    """Span rows in the collector's schema (agentobs.collect.otlp.SPAN_SCHEMA): (trace_id, span_id, start_ns) each,
+    every row named ``name``, the other columns empty."""
+    from agentobs.collect.otlp import SPAN_SCHEMA
+
+    cols = {f.name: pa.nulls(len(ids), f.type) for f in SPAN_SCHEMA}
+    cols["trace_id"] = pa.array([i[0] for i in ids])
+    cols["span_id"] = pa.array([i[1] for i in ids])
+    cols["start_ns"] = pa.array([i[2] for i in ids], pa.int64())
+    cols["name"] = pa.array([name] * len(ids))
+    return pa.table(cols, schema=SPAN_SCHEMA)
+
+
+def publish_segment(con, table: pa.Table, spool: tuple[int, int] = (1, 0)) -> str:
+    """What the collector's loader does with a decoder's segment (span_store = segments): the Parquet file written
+    beside the store ``con`` has open and renamed to its sequence number, then its catalog row and the spans view
+    in one transaction. Returns the file's path."""
+    db = con.sql("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()[0][0]
+    seg = segments.write_segment(table, segments.segments_dir(db))
+    seq = segments.next_seq(con)
+    f = segments.publish_file(seg, seq)
+    with transaction(con):
+        segments.add(con, seq, f, seg, spool)
+    return f

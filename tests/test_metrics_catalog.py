@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +116,35 @@ def test_shipped_cost_example_is_valid():
     assert m.defaults["usd_per_hour"] == 2.5 and m.instances["10.42.7.31:8000"]["usd_per_hour"] == 19.6
     assert m.list_price == {"input": 0.40, "cached_input": 0.04, "output": 1.60}
     assert [g.bytes_per_token() for _, g in m.geometries] == [2 * 48 * 8 * 128 * 2, 61 * (512 + 64) * 2]
+
+
+def test_every_rollup_form_is_a_source_part_before_its_definitions_final_part():
+    """One definition per metric (agentobs/metrics/rollup.py): each rollup file holds no final SELECT of its own, the
+    form is it followed by the definition's text from its ``-- final:`` line on, word for word, and parses as one
+    SELECT; the sketch forms put one bound column beside each sketch percentile."""
+    import duckdb
+
+    from agentobs.metrics import rollup
+
+    cat = catalogue()
+    con = duckdb.connect()
+    try:
+        for name, (file, _) in rollup.FORMS.items():
+            own = (Path(rollup.__file__).parent / file).read_text()
+            assert rollup.FINAL not in own and "\nSELECT" not in own, file  # only the source part
+            final = cat[name].sql[cat[name].sql.index(rollup.FINAL):]
+            text = rollup.form_text(name)
+            bounds = rollup._BOUNDS.get(name, {})
+            assert text.count(" END AS ") - own.count(" END AS ") - final.count(" END AS ") == len(bounds), name
+            assert text.startswith(own.rstrip()), name
+            for col, bound in bounds.items():  # without the bound columns, the definition's final part itself
+                err = col.rpartition(".")[2].removesuffix("_s") + "_rel_err"
+                text = text.replace(f", CASE WHEN {col} IS NOT NULL THEN {bound} END AS {err}", "")
+            assert text == own.rstrip() + final, name
+            by = rollup._GROUPINGS.get(name, cat[name].by)[0]
+            got = rollup.form(name, None, None, {}, by, bucket_s=60.0)
+            assert got is not None, name
+            stmts = con.extract_statements(got[0])
+            assert len(stmts) == 1 and stmts[0].type == duckdb.StatementType.SELECT, name
+    finally:
+        con.close()

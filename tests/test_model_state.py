@@ -11,6 +11,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 import pytest
+from builders import publish_segment
 
 from agentobs.config import Settings
 from agentobs.metrics import run as mr
@@ -129,18 +130,6 @@ def test_incremental_equals_rebuild_shuffled_late_duplicate(sample_db, tmp_path)
     con.close()
 
 
-def _publish_segment(con, path, table) -> None:
-    """As the collector's loader stores a batch with span_store = segments: a Parquet segment and its catalog row."""
-    from agentobs.store import segments
-
-    seg = segments.write_segment(table, segments.segments_dir(path))
-    seq = segments.next_seq(con)
-    f = segments.publish_file(seg, seq)
-    con.execute("BEGIN")
-    segments.add(con, seq, f, seg, (0, 0))
-    con.execute("COMMIT")
-
-
 def test_incremental_reads_segment_rows_and_skips_compacted_ones(sample_db, tmp_path):
     """The same arrivals as above, stored as Parquet segments (span_store = segments), a part twice (a retried
     export in two segments) and compactions in between: every refresh incremental, the result a rebuild's, and a
@@ -156,10 +145,10 @@ def test_incremental_reads_segment_rows_and_skips_compacted_ones(sample_db, tmp_
     con.execute("CREATE TEMP TABLE sp AS SELECT *, hash(span_id, 7) % 4 AS part FROM src.main.spans")
     assert state.refresh(con, s).mode == "rebuild"
     for part in range(4):
-        _publish_segment(con, path, con.sql("SELECT * EXCLUDE (part) FROM sp WHERE part = ?",
+        publish_segment(con, con.sql("SELECT * EXCLUDE (part) FROM sp WHERE part = ?",
                                             params=[part]).to_arrow_table())
         if part == 2:  # part 0 again, in a segment of its own
-            _publish_segment(con, path, con.sql("SELECT * EXCLUDE (part) FROM sp WHERE part = 0").to_arrow_table())
+            publish_segment(con, con.sql("SELECT * EXCLUDE (part) FROM sp WHERE part = 0").to_arrow_table())
         assert state.refresh(con, s).mode == "incremental"
         if part == 1:  # segments 1 and 2 (both read) merged into spans_part: nothing to re-derive
             assert segments.compact(con).segments == 2

@@ -4,38 +4,13 @@ from __future__ import annotations
 
 import os
 
-import pyarrow as pa
 import pytest
+from builders import publish_segment, span_rows
 
 from agentobs.errors import StoreError
 from agentobs.store import segments
 from agentobs.store.db import connect
 from agentobs.store.writer import insert_spans
-
-
-def spans(ids: list[tuple[str, str, int]], name: str = "a") -> pa.Table:
-    """Span rows (trace_id, span_id, start_ns), the other columns empty."""
-    from agentobs.collect.otlp import SPAN_SCHEMA
-
-    cols = {f.name: pa.nulls(len(ids), f.type) for f in SPAN_SCHEMA}
-    cols["trace_id"] = pa.array([i[0] for i in ids])
-    cols["span_id"] = pa.array([i[1] for i in ids])
-    cols["start_ns"] = pa.array([i[2] for i in ids], pa.int64())
-    cols["name"] = pa.array([name] * len(ids))
-    return pa.table(cols, schema=SPAN_SCHEMA)
-
-
-def publish(con, table, spool=(1, 0)):
-    """What the loader does with a decoder's segment: rename, then catalog row + view in one transaction."""
-    d = segments.segments_dir(con.sql("SELECT path FROM duckdb_databases() WHERE database_name = "
-                                      "current_database()").fetchall()[0][0])
-    seg = segments.write_segment(table, d)
-    seq = segments.next_seq(con)
-    f = segments.publish_file(seg, seq)
-    con.execute("BEGIN")
-    segments.add(con, seq, f, seg, spool)
-    con.execute("COMMIT")
-    return f
 
 
 @pytest.fixture
@@ -50,10 +25,10 @@ def rows(con):
 
 
 def test_a_retried_export_in_two_segments_is_read_once_and_compaction_keeps_the_rows(con, tmp_path):
-    insert_spans(con, spans([("t0", "s0", 5)], "part"))  # an imported span in the table part
-    publish(con, spans([("t1", "s1", 10), ("t1", "s2", 20)], "first"))
+    insert_spans(con, span_rows([("t0", "s0", 5)], "part"))  # an imported span in the table part
+    publish_segment(con, span_rows([("t1", "s1", 10), ("t1", "s2", 20)], "first"))
     # the same export again (re-batched with a new span), and a copy of the table part's span
-    publish(con, spans([("t1", "s2", 20), ("t1", "s3", 30), ("t0", "s0", 5)], "second"))
+    publish_segment(con, span_rows([("t1", "s2", 20), ("t1", "s3", 30), ("t0", "s0", 5)], "second"))
     want = [("t0", "s0", "part"), ("t1", "s1", "first"), ("t1", "s2", "first"), ("t1", "s3", "second")]
     assert rows(con) == want  # 6 rows stored, 4 spans: each once, the first copy
     assert con.sql("SELECT count(*) FROM span_segments").fetchall() == [(2,)]
@@ -69,13 +44,13 @@ def test_a_retried_export_in_two_segments_is_read_once_and_compaction_keeps_the_
     assert segments.sweep(con, grace_s=0) == 2
     assert not any(os.path.exists(f) for f in files)
     # a span sent again after compaction is still read once
-    publish(con, spans([("t1", "s3", 30), ("t2", "s4", 40)], "late"))
+    publish_segment(con, span_rows([("t1", "s3", 30), ("t2", "s4", 40)], "late"))
     assert rows(con) == want + [("t2", "s4", "late")]
 
 
 def test_compaction_stops_at_keep_and_orders_by_seq(con):
     for k in range(5):
-        publish(con, spans([(f"t{k}", "s", k)], f"n{k}"))
+        publish_segment(con, span_rows([(f"t{k}", "s", k)], f"n{k}"))
     out = segments.compact(con, group=2, keep=1)
     assert (out.segments, out.left) == (4, 1)  # groups of 2, 2; the newest stays in the tail
     assert con.sql("SELECT seq FROM span_segments").fetchall() == [(5,)]
@@ -85,11 +60,11 @@ def test_compaction_stops_at_keep_and_orders_by_seq(con):
 
 
 def test_restart_deletes_an_unpublished_file_and_a_missing_file_is_an_error(con, tmp_path):
-    kept = publish(con, spans([("t1", "s1", 10)]))
+    kept = publish_segment(con, span_rows([("t1", "s1", 10)]))
     d = segments.segments_dir(tmp_path / "s.duckdb")
     # a decoder's file whose batch was never committed (killed before), and one renamed but not committed
-    tmp = segments.write_segment(spans([("t1", "s9", 10)]), d).tmp
-    renamed = segments.publish_file(segments.write_segment(spans([("t1", "s8", 10)]), d), 2)
+    tmp = segments.write_segment(span_rows([("t1", "s9", 10)]), d).tmp
+    renamed = segments.publish_file(segments.write_segment(span_rows([("t1", "s8", 10)]), d), 2)
     assert segments.recover(con, d) == 2
     assert not os.path.exists(tmp) and not os.path.exists(renamed) and os.path.exists(kept)
     assert rows(con) == [("t1", "s1", "a")]
@@ -102,14 +77,14 @@ def test_the_sql_sandbox_reads_segment_rows_and_nothing_else(con, tmp_path):
     from agentobs.errors import QueryError
     from agentobs.sql import run_query
 
-    publish(con, spans([("t1", "s1", 10)], "seg"))
+    publish_segment(con, span_rows([("t1", "s1", 10)], "seg"))
     con.close()
     db = str(tmp_path / "s.duckdb")
     res = run_query("SELECT span_id, name FROM spans", db=db)
     assert res.table.to_pylist() == [{"span_id": "s1", "name": "seg"}]
     other = tmp_path / "other.parquet"
     import pyarrow.parquet as pq
-    pq.write_table(spans([("x", "y", 1)]), other)
+    pq.write_table(span_rows([("x", "y", 1)]), other)
     with pytest.raises(QueryError, match="refused"):
         run_query(f"SELECT * FROM read_parquet('{other}')", db=db)
 
@@ -117,8 +92,8 @@ def test_the_sql_sandbox_reads_segment_rows_and_nothing_else(con, tmp_path):
 def test_model_compact_command_merges_and_deletes(con, tmp_path):
     from cli_run import run_cli
 
-    f1 = publish(con, spans([("t1", "s1", 10), ("t1", "s2", 20)]))
-    f2 = publish(con, spans([("t1", "s2", 20), ("t1", "s3", 30)]))  # s2 again: a retried export
+    f1 = publish_segment(con, span_rows([("t1", "s1", 10), ("t1", "s2", 20)]))
+    f2 = publish_segment(con, span_rows([("t1", "s2", 20), ("t1", "s3", 30)]))  # s2 again: a retried export
     con.close()
     r = run_cli("model", "compact", "--db", str(tmp_path / "s.duckdb"))
     # 2 segments merged; 3 distinct spans added; both files deleted at once (no collector's snapshots to wait for)

@@ -7,8 +7,10 @@ Every case checks what is stored, what each ticket was told, and which path was 
 
 from __future__ import annotations
 
+import duckdb
 import pyarrow as pa
 import pytest
+from builders import span_rows
 
 from agentobs.errors import StoreError
 from agentobs.model import connect
@@ -115,26 +117,14 @@ def test_other_constraint_errors_fail_the_commit_and_keep_the_writer_working(con
     assert count(con, "scrapes") == 1
 
 
-def spans(ids: list[tuple[str, str, int]], name: str = "a") -> pa.Table:
-    """Span rows (trace_id, span_id, start_ns), the other columns empty."""
-    from agentobs.collect.otlp import SPAN_SCHEMA
-
-    cols = {f.name: pa.nulls(len(ids), f.type) for f in SPAN_SCHEMA}
-    cols["trace_id"] = pa.array([i[0] for i in ids])
-    cols["span_id"] = pa.array([i[1] for i in ids])
-    cols["start_ns"] = pa.array([i[2] for i in ids], pa.int64())
-    cols["name"] = pa.array([name] * len(ids))
-    return pa.table(cols, schema=SPAN_SCHEMA)
-
-
 def test_spans_have_no_key_and_a_span_already_stored_is_skipped(con):
     # spans is append-only (no primary key: appends stay flat as the store grows) ...
     assert con.sql("SELECT count(*) FROM duckdb_constraints() WHERE table_name = 'spans_part' "
                    "AND constraint_type = 'PRIMARY KEY'").fetchall() == [(0,)]
     with Writer(con, flush_s=0) as w:
-        assert w.write("spans", spans([("t1", "s1", 10), ("t1", "s2", 20)])) == 2
+        assert w.write("spans", span_rows([("t1", "s1", 10), ("t1", "s2", 20)])) == 2
         # ... yet a span sent again (s2) is skipped, as is one repeated inside the batch (s3 twice)
-        assert w.write("spans", spans([("t1", "s2", 20), ("t1", "s3", 30), ("t1", "s3", 30)], "b")) == 1
+        assert w.write("spans", span_rows([("t1", "s2", 20), ("t1", "s3", 30), ("t1", "s3", 30)], "b")) == 1
         assert w.stats.conflict_retries == 0
     assert con.sql("SELECT span_id, name FROM spans ORDER BY span_id").fetchall() == [
         ("s1", "a"), ("s2", "a"), ("s3", "b")]  # the first copy stays
@@ -159,3 +149,34 @@ def test_spans_migrate_from_a_keyed_store(tmp_path):
     c.execute("INSERT INTO spans_part (trace_id, span_id, start_ns) VALUES ('t', 's', 5)")  # no key refuses it now
     assert c.sql("SELECT count(*) FROM llm_calls").fetchall() is not None
     c.close()
+
+
+def test_transaction_commits_the_block_and_rolls_back_on_any_exception(tmp_path):
+    """agentobs.store.db.transaction: the block's writes committed together; an exception (an interrupt too) rolls
+    all of them back and is raised again unchanged; a failing COMMIT (a constraint checked at commit) the same."""
+    from agentobs.store.db import transaction
+
+    con = duckdb.connect(str(tmp_path / "t.duckdb"))
+    con.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    with transaction(con):
+        con.execute("INSERT INTO t VALUES (1)")
+        con.execute("INSERT INTO t VALUES (2)")
+    assert con.sql("SELECT k FROM t ORDER BY k").fetchall() == [(1,), (2,)]
+    for exc in (ValueError("boom"), KeyboardInterrupt()):
+        with pytest.raises(type(exc)) as got:
+            with transaction(con):
+                con.execute("INSERT INTO t VALUES (3)")
+                raise exc
+        assert got.value is exc and not getattr(exc, "__notes__", None)  # as raised, nothing added
+        assert con.sql("SELECT count(*) FROM t").fetchall() == [(2,)]  # 3 rolled back
+    # a statement failing inside: the transaction is aborted, rolled back, the error raised as DuckDB's
+    with pytest.raises(duckdb.ConstraintException):
+        with transaction(con):
+            con.execute("INSERT INTO t VALUES (4)")
+            con.execute("INSERT INTO t VALUES (1)")  # duplicate key
+    assert con.sql("SELECT k FROM t ORDER BY k").fetchall() == [(1,), (2,)]
+    # the connection is usable afterwards: no transaction left open
+    with transaction(con):
+        con.execute("INSERT INTO t VALUES (5)")
+    assert con.sql("SELECT count(*) FROM t").fetchall() == [(3,)]
+    con.close()

@@ -38,6 +38,7 @@ import pyarrow as pa
 from ..config import Settings, load_settings
 from ..errors import ConfigError, InputError
 from ..store import segments
+from ..store.db import transaction
 from ..store.writer import insert_spans
 from . import otlp, otlp_native
 from .health import Health
@@ -340,20 +341,15 @@ class Loader:
         try:
             if b.segment is not None:  # renamed first: a crash before the commit leaves a file recover() deletes
                 published = segments.publish_file(b.segment, self.seq)
-            cur.execute("BEGIN")
-            if published is not None and b.segment is not None:
-                segments.add(cur, self.seq, published, b.segment, end)
-                inserted = b.segment.rows  # spans in the file (a copy of a stored span is dropped by readers)
-            else:
-                inserted = insert_spans(cur, _read_ipc(b.ipc), unique=True) if b.ipc is not None else 0
-            cur.execute("INSERT INTO spool_loaded VALUES (?, ?, ?, ?, ?, now())",
-                        [end[0], end[1], b.requests, b.accepted, b.rejected])
-            cur.execute("COMMIT")
+            with transaction(cur):
+                if published is not None and b.segment is not None:
+                    segments.add(cur, self.seq, published, b.segment, end)
+                    inserted = b.segment.rows  # spans in the file (a copy of a stored span is dropped by readers)
+                else:
+                    inserted = insert_spans(cur, _read_ipc(b.ipc), unique=True) if b.ipc is not None else 0
+                cur.execute("INSERT INTO spool_loaded VALUES (?, ?, ?, ?, ?, now())",
+                            [end[0], end[1], b.requests, b.accepted, b.rejected])
         except BaseException:
-            try:
-                cur.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
             _drop(b, published)
             raise
         if published is not None:

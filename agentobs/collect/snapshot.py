@@ -21,7 +21,7 @@ from pathlib import Path
 import duckdb
 
 from ..store import segments
-from ..store.db import connect
+from ..store.db import connect, transaction
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +63,10 @@ def publish(con: duckdb.DuckDBPyConnection, path: str | os.PathLike,
             tables = [r[0] for r in cur.execute(
                 "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main'", [src]
             ).fetchall()]
-            cur.execute("BEGIN")  # one read transaction: every table as of the same moment
-            for table in tables:
-                check()
-                cur.execute(f'CREATE TABLE agentobs_snapshot.main."{table}" AS SELECT * FROM "{src}".main."{table}"')
-            cur.execute("COMMIT")
-        except BaseException:
-            try:
-                cur.execute("ROLLBACK")
-            except duckdb.Error:
-                pass
-            raise
+            with transaction(cur):  # one read transaction: every table as of the same moment
+                for table in tables:
+                    check()
+                    cur.execute(f'CREATE TABLE agentobs_snapshot.main."{table}" AS SELECT * FROM "{src}".main."{table}"')
         finally:
             cur.execute("DETACH agentobs_snapshot")
     except BaseException:

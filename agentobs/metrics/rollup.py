@@ -4,13 +4,21 @@ A run over the maintained state (``MetricRun.calls_table == "state"``) computes 
 of ``m_calls`` when the metric has a rollup form here, the run's window is whole hours (or open) and its filters
 are on the rollup's keys; otherwise (an arbitrary window, a filter on agent or engine) it reads the per-call state
 as any metric does. Same columns, same values (tests/test_model_state.py compares them).
+
+One definition: a rollup form is only the source part (its rollup file: the relations of partial sums the metric's
+final part reads, from the rollups and sketches) put before the final part of the metric's own definition
+(defs/<name>.sql, from its ``-- final:`` line on). The sketch forms state each percentile's bound in a column beside
+it (``_BOUNDS``).
 """
 
 from __future__ import annotations
 
+import re
+from functools import cache
 from importlib import resources
 
 from ..model import rollups
+from .catalog import get_metric
 
 # metric -> (its rollup SQL file, filter name -> the rollup's column)
 _TASK_FILTERS = {"instance": "instance", "model": "model", "task_type": "task_type", "tenant": "tenant",
@@ -32,6 +40,13 @@ _GROUPINGS = {"reprefill": ("cause", "instance", "model", "task_type"),
               "idle_kv_rent": ("instance", "model", "task_type")}
 # the forms whose percentiles come from the sketches (stated error bound): not used when exact ones are asked for
 SKETCHED = frozenset({"idle_kv_rent", "turn_resume_ttft"})
+# the line that starts a definition's final part (the part its rollup form shares)
+FINAL = "\n-- final:"
+# per sketched form: each column of the final SELECT it reads from a sketch (a line of its own there) -> its bound,
+# stated beside it as <column less _s>_rel_err
+_BOUNDS = {"idle_kv_rent": {"a.gap_p50_s": "{alpha}", "a.gap_p90_s": "{alpha}"},
+           "turn_resume_ttft": {"ttft_p50_s": "{alpha}", "ttft_p90_s": "{alpha}", "ttft_p99_s": "{alpha}",
+                                "miss_penalty": "{ratio_err}"}}
 _Q3 = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
 # generated SQL the forms name: the sketch quantiles (agentobs.model.rollups.quantiles_sql) and the bounds
 _SNIPPETS = {
@@ -43,13 +58,31 @@ _SNIPPETS = {
 }
 
 
+@cache
+def form_text(name: str) -> str:
+    """The SQL text of metric ``name``'s rollup form before its parameters and snippets are put in: the rollup file
+    (the source part), then the final part of the metric's definition (with the sketch bounds)."""
+    text = resources.files(__package__).joinpath(FORMS[name][0]).read_text()
+    _, sep, final = get_metric(name).sql.partition(FINAL)
+    if not sep:
+        raise RuntimeError(f"defs/{name}.sql has no {FINAL.strip()!r} line: its rollup form has no final part")
+    sql = text.rstrip() + sep + final
+    for col, bound in _BOUNDS.get(name, {}).items():
+        err = col.rpartition(".")[2].removesuffix("_s") + "_rel_err"
+        beside = f"{col}, CASE WHEN {col} IS NOT NULL THEN {bound} END AS {err}"
+        sql, n = re.subn(rf"(?m)^(\s+){re.escape(col)}(,?)$", rf"\g<1>{beside}\g<2>", sql)
+        if n != 1:
+            raise RuntimeError(f"defs/{name}.sql: the final SELECT has {n} lines of {col!r} (one wanted)")
+    return sql
+
+
 def form(name: str, since: float | None, until: float | None, filters: dict[str, list[str]],
          by: str, exact: bool = False, bucket_s: float | None = None) -> tuple[str, dict] | None:
     """The SQL and parameters of metric ``name`` from its rollup for this window and these filters, or None when
     it has none or they need the per-call state (or ``exact`` percentiles are asked of a sketched form)."""
     if name not in FORMS or not rollups.hour_aligned(since, until) or (exact and name in SKETCHED):
         return None
-    file, columns = FORMS[name]
+    columns = FORMS[name][1]
     if any(k not in columns for k in filters):
         return None
     if name in _WHOLE_STORE_ONLY and (since is not None or until is not None or by not in _WHOLE_STORE_ONLY[name]):
@@ -58,7 +91,7 @@ def form(name: str, since: float | None, until: float | None, filters: dict[str,
         return None
     if name == "capacity" and not (bucket_s and bucket_s % 60 == 0):
         return None
-    sql = resources.files(__package__).joinpath(file).read_text()
+    sql = form_text(name)
     params: dict[str, object] = {"by": by, "h0": None if since is None else int(since // 3600),
               "h1": None if until is None else int(until // 3600), "since": since, "until": until,
               "bucket_s": bucket_s}

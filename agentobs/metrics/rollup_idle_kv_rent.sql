@@ -1,12 +1,13 @@
 -- idle_kv_rent (defs/idle_kv_rent.sql) from the maintained hour rollup model_rollup_hour (agentobs/model/rollups.py)
 -- instead of m_calls, for a run over the maintained state whose window is whole hours and whose filters are on the
--- rollup's keys (agentobs/metrics/rollup.py decides): the same columns and values — counts and token sums exact,
--- token-seconds summed from whole micro-token-seconds (within 1e-6 token-s per call), $ priced per instance (equal
--- to rounding) — except the idle-gap percentiles, read from the merged hourly gap sketches (model_sketch_hour
--- series 'gap') with their relative error bound beside each (gap_p50_rel_err, gap_p90_rel_err). Windows over g*
--- (a threshold the cost model sets) are counted from the per-call state. <filter> is our own SQL text
--- (list_contains over parameters), <span> the window's length, <gap_q> the sketch quantiles (rollup.py), $h0/$h1
--- the window in hours, $by the grouping.
+-- rollup's keys (agentobs/metrics/rollup.py decides): the relations the definition's final part reads (base, span,
+-- prev_sums, agg: the sums per group), the same values — counts and token sums exact, token-seconds summed from
+-- whole micro-token-seconds (within 1e-6 token-s per call), $ priced per instance (equal to rounding) — except the
+-- idle-gap percentiles, read from the merged hourly gap sketches (model_sketch_hour series 'gap'; rollup.py puts
+-- their relative error bound beside each: gap_p50_rel_err, gap_p90_rel_err). Windows over g* (a threshold the cost
+-- model sets) are counted from the per-call state. <filter> is our own SQL text (list_contains over parameters),
+-- <span> the window's length, <gap_q> the sketch quantiles (rollup.py), $h0/$h1 the window in hours, $by the
+-- grouping.
 WITH base AS NOT MATERIALIZED (
     SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type END AS grp,
            r.*
@@ -14,15 +15,11 @@ WITH base AS NOT MATERIALIZED (
     WHERE sess AND ($h0 IS NULL OR hour >= $h0) AND ($h1 IS NULL OR hour < $h1) AND {filter}
 ),
 span AS ({span}),
-rent_by_prev AS (
-    SELECT b.grp, sum(b.rent_paid_token_s * k.usd_per_token_s) AS rent_paid_usd,
-           sum(b.rent_wasted_token_s * k.usd_per_token_s) AS rent_wasted_usd
-    FROM (SELECT grp, prev_key,
-                 CASE WHEN sum(n_rent_paid) > 0 THEN sum(rent_paid_us) / 1e6 END AS rent_paid_token_s,
-                 CASE WHEN sum(n_rent_wasted) > 0 THEN sum(rent_wasted_us) / 1e6 END AS rent_wasted_token_s
-          FROM base GROUP BY grp, prev_key) b
-    LEFT JOIN m_cost k ON k.instance = b.prev_key
-    GROUP BY b.grp
+prev_sums AS (
+    SELECT grp, prev_key,
+           CASE WHEN sum(n_rent_paid) > 0 THEN sum(rent_paid_us) / 1e6 END AS rent_paid_token_s,
+           CASE WHEN sum(n_rent_wasted) > 0 THEN sum(rent_wasted_us) / 1e6 END AS rent_wasted_token_s
+    FROM base GROUP BY grp, prev_key
 ),
 -- per group and the call's own instance: its bytes, $ and g* (avg over the calls = Σ calls·g* ÷ calls with one)
 by_inst AS (
@@ -41,7 +38,7 @@ inst_sums AS (
            sum(g_sum) / sum(g_n) AS g_star_s
     FROM by_inst GROUP BY grp
 ),
-agg AS (
+tok AS (
     SELECT grp,
            CAST(sum(windows) AS BIGINT) AS windows,
            CAST(sum(retained) AS BIGINT) AS retained,
@@ -82,40 +79,11 @@ over_g AS (
       AND ($h0 IS NULL OR r.start_s >= $h0 * 3600.0) AND ($h1 IS NULL OR r.start_s < $h1 * 3600.0) AND {filter}
     GROUP BY ALL
 ),
-insts AS (
-    SELECT grp, list_sort(list(inst)) AS instances
-    FROM (SELECT DISTINCT grp, coalesce(instance, '') AS inst FROM base)
-    GROUP BY grp
+agg AS (
+    SELECT t.*, s.abandoned_kv_bytes, s.abandoned_rent_usd, g.p50 AS gap_p50_s, g.p90 AS gap_p90_s, s.g_star_s,
+           coalesce(o.windows_over_g_star, 0) AS windows_over_g_star
+    FROM tok t
+    JOIN inst_sums s ON s.grp IS NOT DISTINCT FROM t.grp
+    LEFT JOIN gq g ON g.grp IS NOT DISTINCT FROM t.grp
+    LEFT JOIN over_g o ON o.grp IS NOT DISTINCT FROM t.grp
 ),
-basis AS (
-    SELECT d.instances, (SELECT string_agg(DISTINCT k.rent_basis, ' | ' ORDER BY k.rent_basis) FROM m_cost k
-                         WHERE list_contains(d.instances, k.instance)) AS rent_basis
-    FROM (SELECT DISTINCT instances FROM insts) d
-)
-SELECT a.grp, a.windows, a.retained, a.evicted, a.routed_away, a.unknown,
-       a.rent_paid_token_s, r.rent_paid_usd, a.rent_wasted_token_s, r.rent_wasted_usd,
-       a.evicted_rent_unknown, a.evicted_while_idle, a.evicted_while_queued, a.abandoned, a.open_sessions,
-       a.abandoned_kv_tokens, s.abandoned_kv_bytes, a.abandoned_rent_token_s, s.abandoned_rent_usd,
-       a.abandoned_still_resident,
-       g.p50 AS gap_p50_s, CASE WHEN g.p50 IS NOT NULL THEN {alpha} END AS gap_p50_rel_err,
-       g.p90 AS gap_p90_s, CASE WHEN g.p90 IS NOT NULL THEN {alpha} END AS gap_p90_rel_err,
-       s.g_star_s, coalesce(o.windows_over_g_star, 0) AS windows_over_g_star,
-       coalesce(o.windows_over_g_star, 0) / nullif(a.windows, 0) AS share_over_g_star,
-       a.rent_paid_token_s / span.window_s AS idle_kv_tokens_avg,
-       a.running_kv_token_s / span.window_s AS running_kv_tokens_avg,
-       a.rent_paid_token_s / nullif(a.rent_paid_token_s + a.running_kv_token_s, 0) AS idle_kv_share,
-       CASE WHEN a.rent_paid_token_s > a.running_kv_token_s
-            THEN 'idle sessions hold more KV than running requests' END AS note,
-       CASE WHEN a.kv_event_windows = 0 THEN 'estimate'
-            WHEN a.estimate_windows = 0 THEN 'kv_events'
-            ELSE 'mixed' END AS rent_mode,
-       b.rent_basis
-FROM agg a
-JOIN insts i ON i.grp IS NOT DISTINCT FROM a.grp
-JOIN inst_sums s ON s.grp IS NOT DISTINCT FROM a.grp
-CROSS JOIN span
-LEFT JOIN rent_by_prev r ON r.grp IS NOT DISTINCT FROM a.grp
-LEFT JOIN gq g ON g.grp IS NOT DISTINCT FROM a.grp
-LEFT JOIN over_g o ON o.grp IS NOT DISTINCT FROM a.grp
-LEFT JOIN basis b ON b.instances = i.instances
-ORDER BY a.grp

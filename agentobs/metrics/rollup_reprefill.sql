@@ -1,19 +1,15 @@
 -- reprefill (defs/reprefill.sql) from the maintained hour rollup model_rollup_hour (agentobs/model/rollups.py) instead
--- of m_calls: the same columns, the same values (counts and token sums exact, the ratios from the same sums; the $
--- are the same products summed per instance, equal to rounding), for a run over the maintained state whose window
--- is whole hours and whose filters are on the rollup's keys (agentobs/metrics/rollup.py decides). <filter> is our
--- own SQL text (list_contains over parameters), $h0/$h1 the window in hours, $by the grouping.
+-- of m_calls: the relations the definition's final part reads (base, t: the sums per group), the same values (counts
+-- and token sums exact; the $ are the same products summed per instance, equal to rounding), for a run over the
+-- maintained state whose window is whole hours and whose filters are on the rollup's keys
+-- (agentobs/metrics/rollup.py decides). <filter> is our own SQL text (list_contains over parameters), $h0/$h1 the
+-- window in hours, $by the grouping.
 WITH base AS NOT MATERIALIZED (
     SELECT CASE $by WHEN 'cause' THEN cause WHEN 'instance' THEN instance WHEN 'model' THEN model
                     WHEN 'task_type' THEN task_type END AS grp,
            r.*
     FROM model_rollup_hour r
     WHERE ($h0 IS NULL OR hour >= $h0) AND ($h1 IS NULL OR hour < $h1) AND {filter}
-),
-lab AS (
-    SELECT grp, string_agg(DISTINCT mode, ',' ORDER BY mode) AS mode, list_sort(list(DISTINCT inst)) AS cost_instances
-    FROM (SELECT DISTINCT grp, mode, coalesce(instance, '') AS inst FROM base)
-    GROUP BY grp
 ),
 -- per group and instance: the token sums the cost columns are linear in, priced with the instance's m_cost row (a
 -- cost column is NULL on a call without its tokens: n_* say whether any call had them)
@@ -35,7 +31,7 @@ costs AS (
            sum(reprefill_cost_high_usd) AS reprefill_cost_high_usd, sum(cost_usd) AS cost_usd
     FROM per_inst GROUP BY grp
 ),
-t AS (
+tok AS (
     SELECT grp, sum(calls) AS calls, sum(calls_with_reprefill) AS calls_with_reprefill,
            CASE WHEN sum(n_p) > 0 THEN sum(prompt_tokens) END AS p,
            CASE WHEN sum(n_c) > 0 THEN sum(cached_tokens) END AS c,
@@ -50,39 +46,7 @@ t AS (
            CASE WHEN sum(n_pc_x) > 0 THEN sum(pc_x) END AS pc_x
     FROM base GROUP BY grp
 ),
-sums AS (
-SELECT t.grp,
-       CAST(t.calls AS BIGINT) AS calls,
-       CAST(t.calls_with_reprefill AS BIGINT) AS calls_with_reprefill,
-       CAST(t.p AS BIGINT) AS prompt_tokens,
-       CAST(t.c AS BIGINT) AS cached_tokens,
-       CAST(t.r_eff_c AS BIGINT) AS reusable_tokens_eff,
-       CAST(t.x AS BIGINT) AS reprefill_tokens,
-       CAST(t.x_low AS BIGINT) AS reprefill_low_tokens,
-       CAST(t.x_high AS BIGINT) AS reprefill_high_tokens,
-       CAST(t.computed AS BIGINT) AS computed_prompt_tokens,
-       t.c / nullif(t.p_known, 0) AS hit_rate,
-       t.c_reuse / nullif(t.r_eff_c, 0) AS reuse_hit_rate,
-       t.x / nullif(t.x + t.c_x, 0) AS share_of_cache_tokens,
-       t.x / nullif(t.pc_x, 0) AS share_of_computed_prefill,
-       k.reprefill_cost_usd, k.reprefill_cost_low_usd, k.reprefill_cost_high_usd, k.cost_usd,
-       k.reprefill_cost_usd / nullif(k.cost_usd, 0) AS cost_share
-FROM t JOIN costs k ON k.grp IS NOT DISTINCT FROM t.grp
+t AS (
+    SELECT tok.*, k.reprefill_cost_usd, k.reprefill_cost_low_usd, k.reprefill_cost_high_usd, k.cost_usd
+    FROM tok JOIN costs k ON k.grp IS NOT DISTINCT FROM tok.grp
 ),
-agg AS (SELECT s.*, l.mode, l.cost_instances FROM sums s JOIN lab l ON l.grp IS NOT DISTINCT FROM s.grp),
-fleet AS (SELECT sum(cost_usd) AS fleet_cost_usd FROM agg),
-basis AS (
-    SELECT d.cost_instances,
-           (SELECT string_agg(k.instance || ': ' || k.basis, ' | ' ORDER BY k.instance) FROM m_cost k
-            WHERE list_contains(d.cost_instances, k.instance)) AS cost_basis
-    FROM (SELECT DISTINCT cost_instances FROM agg) d
-)
-SELECT agg.grp, agg.calls, agg.calls_with_reprefill, agg.prompt_tokens, agg.cached_tokens, agg.reusable_tokens_eff,
-       agg.reprefill_tokens, agg.reprefill_low_tokens, agg.reprefill_high_tokens, agg.computed_prompt_tokens, agg.hit_rate, agg.reuse_hit_rate, agg.share_of_cache_tokens,
-       agg.share_of_computed_prefill, agg.reprefill_cost_usd, agg.reprefill_cost_low_usd, agg.reprefill_cost_high_usd,
-       agg.cost_usd, agg.cost_share,
-       agg.reprefill_cost_usd / nullif(fleet.fleet_cost_usd, 0) AS fleet_cost_share,
-       agg.mode, b.cost_basis
-FROM agg CROSS JOIN fleet
-LEFT JOIN basis b ON b.cost_instances = agg.cost_instances
-ORDER BY agg.reprefill_tokens DESC NULLS LAST, agg.grp

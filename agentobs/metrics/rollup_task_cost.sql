@@ -1,6 +1,6 @@
 -- task_cost (defs/task_cost.sql) from the maintained rollup model_rollup_task (agentobs/model/rollups.py) instead of
--- m_calls: the same columns, the same values (counts and token sums exact; the $ are sums of the same products
--- taken per instance, equal to rounding), for a run over the maintained state whose window is whole hours and
+-- m_calls: the relations the definition's final part reads (base, t: the sums per group), the same values (counts and
+-- token sums exact; the $ are sums of the same products taken per instance, equal to rounding), for a run over the maintained state whose window is whole hours and
 -- whose filters are on the rollup's keys (agentobs/metrics/rollup.py decides). {filter} is our own SQL text
 -- (list_contains over parameters), $h0/$h1 the window in hours, $by the grouping.
 WITH base AS NOT MATERIALIZED (
@@ -9,12 +9,6 @@ WITH base AS NOT MATERIALIZED (
            r.*
     FROM model_rollup_task r
     WHERE ($h0 IS NULL OR hour >= $h0) AND ($h1 IS NULL OR hour < $h1) AND {filter}
-),
-lab AS (
-    SELECT grp, count(DISTINCT session_id) AS sessions, count(DISTINCT bk) AS branches,
-           list_sort(list(DISTINCT inst)) AS cost_instances
-    FROM (SELECT DISTINCT grp, session_id, bk, coalesce(instance, '') AS inst FROM base)
-    GROUP BY grp
 ),
 -- per group and instance: the token sums the cost columns are linear in, priced with the instance's m_cost row
 -- (a cost column is NULL on a call without P: the sums count only calls with P, n_p tells whether there were any)
@@ -36,37 +30,25 @@ costs AS (
            sum(list_cost_usd) AS list_price_usd
     FROM per_inst GROUP BY grp
 ),
-sums AS (
-SELECT grp,
-       CAST(sum(calls) AS BIGINT) AS calls,
-       CAST(sum(retries) AS BIGINT) AS retries,
-       CAST(sum(failed_calls) AS BIGINT) AS failed_calls,
-       CAST(CASE WHEN sum(n_p) > 0 THEN sum(prompt_tokens) END AS BIGINT) AS prompt_tokens,
-       CAST(CASE WHEN sum(n_c) > 0 THEN sum(cached_tokens) END AS BIGINT) AS cached_tokens,
-       CAST(CASE WHEN sum(n_p) > 0 THEN sum(computed_prompt_tokens) END AS BIGINT) AS computed_prompt_tokens,
-       CAST(CASE WHEN sum(n_o) > 0 THEN sum(output_tokens) END AS BIGINT) AS output_tokens,
-       CAST(CASE WHEN sum(n_x) > 0 THEN sum(reprefill_tokens) END AS BIGINT) AS reprefill_tokens,
-       CASE WHEN sum(n_p) > 0 THEN sum(computed) END
-           / nullif(CASE WHEN sum(n_final) > 0 THEN sum(computed_final) END, 0) AS amplification,
-       CAST(CASE WHEN sum(failed_calls) > 0 THEN sum(wasted_tokens) END AS BIGINT) AS wasted_tokens,
-       CASE WHEN sum(ctrl_calls) > 0 THEN sum(ctrl_num) END
-           / nullif(CASE WHEN sum(n_ctrl_den) > 0 THEN sum(ctrl_den) END, 0) AS control_plane_share
-FROM base
-GROUP BY grp
+tok AS (
+    SELECT grp,
+           sum(calls) AS calls,
+           sum(retries) AS retries,
+           sum(failed_calls) AS failed_calls,
+           CASE WHEN sum(n_p) > 0 THEN sum(prompt_tokens) END AS p,
+           CASE WHEN sum(n_c) > 0 THEN sum(cached_tokens) END AS c,
+           CASE WHEN sum(n_p) > 0 THEN sum(computed_prompt_tokens) END AS computed_p,
+           CASE WHEN sum(n_o) > 0 THEN sum(output_tokens) END AS o,
+           CASE WHEN sum(n_x) > 0 THEN sum(reprefill_tokens) END AS x,
+           CASE WHEN sum(n_p) > 0 THEN sum(computed) END AS computed,
+           CASE WHEN sum(n_final) > 0 THEN sum(computed_final) END AS computed_final,
+           CASE WHEN sum(failed_calls) > 0 THEN sum(wasted_tokens) END AS wasted,
+           CASE WHEN sum(ctrl_calls) > 0 THEN sum(ctrl_num) END AS ctrl_num,
+           CASE WHEN sum(n_ctrl_den) > 0 THEN sum(ctrl_den) END AS ctrl_den
+    FROM base
+    GROUP BY grp
 ),
-agg AS (
-SELECT s.grp, l.sessions, s.calls, s.retries, l.branches, s.* EXCLUDE (grp, calls, retries),
-       c.gpu_s, c.cost_usd, c.reprefill_cost_usd, c.reprefill_cost_usd / nullif(c.cost_usd, 0) AS reprefill_cost_share,
-       c.list_price_usd, l.cost_instances
-FROM sums s JOIN lab l ON l.grp IS NOT DISTINCT FROM s.grp
-JOIN costs c ON c.grp IS NOT DISTINCT FROM s.grp
+t AS (
+    SELECT tok.*, k.gpu_s, k.cost_usd, k.reprefill_cost_usd, k.list_price_usd
+    FROM tok JOIN costs k ON k.grp IS NOT DISTINCT FROM tok.grp
 ),
-basis AS (
-    SELECT d.cost_instances,
-           (SELECT string_agg(k.instance || ': ' || k.basis, ' | ' ORDER BY k.instance) FROM m_cost k
-            WHERE list_contains(d.cost_instances, k.instance)) AS cost_basis
-    FROM (SELECT DISTINCT cost_instances FROM agg) d
-)
-SELECT agg.* EXCLUDE (cost_instances), b.cost_basis
-FROM agg LEFT JOIN basis b ON b.cost_instances = agg.cost_instances
-ORDER BY cost_usd DESC NULLS LAST, grp

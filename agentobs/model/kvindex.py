@@ -32,6 +32,8 @@ from functools import cache
 
 import duckdb
 
+from ..store.db import transaction
+
 BEGIN, END = "-- kv index begin", "-- kv index end"
 TABLES = ("kv_index_sessions", "kv_index_removals", "kv_index_meta")
 STAMP_SQL = """
@@ -87,8 +89,7 @@ def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> Built:
         n_s, n_r = (con.execute(f"SELECT count(*) FROM {t}").fetchall()[0][0] for t in TABLES[:2])
         return Built(False, n_s, n_r, time.perf_counter() - t0)
     head = "WITH kv_src AS (SELECT * FROM kv_events),\n" + section().rstrip().rstrip(",") + "\n"
-    con.execute("BEGIN")
-    try:
+    with transaction(con):
         st = stamp(con)
         con.execute("CREATE OR REPLACE TABLE kv_index_sessions AS " + head + "SELECT * FROM kv_sess ORDER BY sk")
         con.execute("CREATE OR REPLACE TABLE kv_index_removals AS " + head
@@ -98,8 +99,4 @@ def refresh(con: duckdb.DuckDBPyConnection, force: bool = False) -> Built:
                     "removals BIGINT, built_at TIMESTAMP, build_s DOUBLE)")
         con.execute("INSERT INTO kv_index_meta VALUES (?, ?, ?, now()::TIMESTAMP, ?)",
                     [st, n_s, n_r, time.perf_counter() - t0])
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
     return Built(True, n_s, n_r, time.perf_counter() - t0)

@@ -49,6 +49,7 @@ import duckdb
 
 from ..config import Settings
 from ..store import segments
+from ..store.db import transaction
 from ..store.functions import ensure as functions
 from . import itl, kvindex, rollups, split_statements
 from .reuse import ACTIVITY_COLUMNS, CALL_COLUMNS, COUNTER_METRICS, reuse_sql, seconds_literal
@@ -305,14 +306,10 @@ def _transaction(con, fn, budget: _Budget = _NO_BUDGET):
     functions(con)  # agentobs_cumsum (the ITL gaps): a registration inside the transaction would abort it
     cur = con.cursor()
     budget.watch(cur)
-    cur.execute("BEGIN")
     try:
-        out = fn(cur)
-        budget.check()
-        cur.execute("COMMIT")
-    except BaseException:
-        cur.execute("ROLLBACK")
-        raise
+        with transaction(cur):
+            out = fn(cur)
+            budget.check()
     finally:
         cur.close()
     return out

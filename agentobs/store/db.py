@@ -7,6 +7,8 @@ agentobs.model.ensure, called by the layers above the store).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -14,7 +16,6 @@ import duckdb
 from ..errors import ConfigError, StoreError
 from .functions import ensure as ensure_functions
 from .schema import MIGRATIONS
-from .segments import directories as segment_directories
 
 
 def resolve_db_path(db: str | os.PathLike | None = None) -> str:
@@ -24,6 +25,25 @@ def resolve_db_path(db: str | os.PathLike | None = None) -> str:
     from ..config import load_settings
 
     return str(load_settings().db)
+
+
+@contextmanager
+def transaction(cur: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """``BEGIN`` on the connection or cursor ``cur``, ``COMMIT`` when the block ends, ``ROLLBACK`` when anything
+    raises in it (an interrupt too) or the COMMIT fails; that exception is raised again, its type, cause and
+    context as they were. A ROLLBACK that fails for another reason than DuckDB having ended the transaction already
+    (as it does when a COMMIT fails) is named in a note on it."""
+    cur.execute("BEGIN")
+    try:
+        yield cur
+        cur.execute("COMMIT")
+    except BaseException as e:
+        try:
+            cur.execute("ROLLBACK")
+        except duckdb.Error as rb:
+            if "no transaction is active" not in str(rb):
+                e.add_note(f"the ROLLBACK failed too: {str(rb).splitlines()[0]}")
+        raise
 
 
 def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
@@ -36,14 +56,9 @@ def migrate(con: duckdb.DuckDBPyConnection) -> list[str]:
     for name, sql in MIGRATIONS:
         if name in done:
             continue
-        con.execute("BEGIN")
-        try:
+        with transaction(con):
             con.execute(sql)
             con.execute("INSERT INTO schema_migrations (name) VALUES (?)", [name])
-            con.execute("COMMIT")
-        except Exception:
-            con.execute("ROLLBACK")
-            raise
         applied.append(name)
     return applied
 
@@ -92,7 +107,9 @@ def sandboxed(db: str | os.PathLike | None = None, memory_limit: str | None = "2
         raise StoreError(f"cannot open {path!r} read-only: {e}") from e
     # the segment directories the catalog lists, allowed before file access is switched off (one SELECT at a
     # time is all agentobs.sql runs, so nothing can be written there)
-    allowed = segment_directories(con)
+    from .segments import directories  # here: segments uses this module's transaction
+
+    allowed = directories(con)
     if allowed:
         con.execute("SET allowed_directories = ?", [allowed])
     con.execute("SET enable_external_access = false")

@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import ConfigError, StoreError
+from .db import transaction
 
 SUFFIX = ".parquet"
 TMP_PREFIX = ".tmp-"
@@ -213,8 +214,7 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
                 break
             rows = cur.execute("SELECT file, min_start_ns, max_start_ns, seq FROM span_segments ORDER BY seq "
                                "LIMIT ?", [min(group, n - keep)]).fetchall()
-            cur.execute("BEGIN")
-            try:
+            with transaction(cur):
                 before = cur.execute("SELECT coalesce(max(rowid), -1) FROM spans_part").fetchall()[0][0]
                 res = cur.execute(f"INSERT INTO spans_part {_dedupe_select(cur, rows)}").fetchone()
                 inserted = int(res[0]) if res else 0
@@ -228,13 +228,6 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
                             "WHERE seq <= ?", [top])
                 cur.execute("DELETE FROM span_segments WHERE seq <= ?", [top])
                 ensure_view(cur)
-                cur.execute("COMMIT")
-            except BaseException:
-                try:
-                    cur.execute("ROLLBACK")
-                except duckdb.Error:
-                    pass
-                raise
             if inserted and cur.execute("SELECT max(rowid) FROM spans_part").fetchall()[0][0] != before + inserted:
                 # another writer appended meanwhile: the range is not known, so the model reads them as new
                 cur.execute("UPDATE span_compactions SET rowid_lo = NULL, rowid_hi = NULL WHERE max_seq = ?", [top])

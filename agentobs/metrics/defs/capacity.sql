@@ -10,7 +10,7 @@
 -- grain: one row per instance × bucket of metrics_bucket_s seconds
 -- sources: call_reuse (llm_calls), metric_samples, instance_config / [cost] kv_capacity_tokens
 -- by: instance
--- calls is read twice (bounds, parts): NOT MATERIALIZED scans m_calls for each, cheaper than one scan fanned out
+-- calls is read twice (bounds, src): NOT MATERIALIZED scans m_calls for each, cheaper than one scan fanned out
 -- to both (docs/metrics.md, "Round 9")
 WITH calls AS NOT MATERIALIZED (
     SELECT instance AS grp,
@@ -29,19 +29,28 @@ idle AS (
       AND ($until IS NULL OR start_s - gap_before_s < $until) AND ($since IS NULL OR start_s > $since)
 ),
 bounds AS (SELECT coalesce($since, min(a)) AS w0, coalesce($until, max(b)) AS w1 FROM calls),
-parts AS (
+-- per instance and bucket: the pieces of the calls (request-seconds, KV token-seconds), of the retained idle windows
+-- (KV token-seconds) and the re-prefill tokens of the calls starting in it
+src AS (
     SELECT grp, k, greatest(0, least(b, (k + 1) * $bucket_s) - greatest(a, k * $bucket_s)) * kv AS run_kv_ts,
            greatest(0, least(b, (k + 1) * $bucket_s) - greatest(a, k * $bucket_s)) AS req_s,
-           0.0 AS idle_kv_ts, 0.0 AS x, NULL::DOUBLE AS queue, 0.0 AS rejections
+           0.0 AS idle_kv_ts, 0.0 AS x
     FROM (SELECT *, unnest(generate_series(CAST(floor(a / $bucket_s) AS BIGINT), CAST(floor(b / $bucket_s) AS BIGINT))) AS k
           FROM calls)
     UNION ALL
-    SELECT grp, k, 0.0, 0.0, greatest(0, least(b, (k + 1) * $bucket_s) - greatest(a, k * $bucket_s)) * kv, 0.0, NULL, 0.0
+    SELECT grp, k, 0.0, 0.0, greatest(0, least(b, (k + 1) * $bucket_s) - greatest(a, k * $bucket_s)) * kv, 0.0
     FROM (SELECT *, unnest(generate_series(CAST(floor(a / $bucket_s) AS BIGINT), CAST(floor(b / $bucket_s) AS BIGINT))) AS k
           FROM idle WHERE b > a)
     UNION ALL
-    SELECT instance, CAST(floor(start_s / $bucket_s) AS BIGINT), 0.0, 0.0, 0.0, CAST(coalesce(reprefill_tokens, 0) AS DOUBLE), NULL, 0.0
+    SELECT instance, CAST(floor(start_s / $bucket_s) AS BIGINT), 0.0, 0.0, 0.0, CAST(coalesce(reprefill_tokens, 0) AS DOUBLE)
     FROM m_calls WHERE in_win AND reprefill_tokens > 0
+),
+-- final: from bounds (w0, w1) and src (grp, k, run_kv_ts, req_s, idle_kv_ts, x), the pieces above (the rollup form,
+--   rollup_capacity.sql, sums them per minute from model_rollup_minute: agentobs/metrics/rollup.py), with the engine
+--   samples of each bucket
+parts AS (
+    SELECT grp, k, run_kv_ts, req_s, idle_kv_ts, x, NULL::DOUBLE AS queue, 0.0 AS rejections
+    FROM src
     UNION ALL
     SELECT instance, CAST(floor(ts_s / $bucket_s) AS BIGINT), 0.0, 0.0, 0.0, 0.0, sum(value), 0.0
     FROM m_samples WHERE metric IN ('vllm:num_requests_waiting', 'sglang:num_queue_reqs')

@@ -30,6 +30,8 @@ sess AS (
     FROM ordered GROUP BY grp, session_id
     HAVING max(end_s) > min(start_s)
 )
+-- final: from sess, one row per group × session (busy_s, life_s) (the rollup form, rollup_duty_cycle.sql, reads them
+--   from model_rollup_session: agentobs/metrics/rollup.py)
 SELECT grp,
        count(*) AS sessions,
        sum(busy_s) AS busy_s,

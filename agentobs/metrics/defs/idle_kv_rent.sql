@@ -14,7 +14,7 @@
 -- by: instance, model, task_type, session, task
 -- the calls are aggregated without joins; the per-instance prices (the previous call's instance for rent, the
 -- call's own for the basis text) and the one-row window are put beside the aggregates afterwards. base is read
--- three times (agg, rent_by_prev, insts): NOT MATERIALIZED scans m_calls for each (a scan is cheap), which is
+-- three times (agg, prev_sums, insts): NOT MATERIALIZED scans m_calls for each (a scan is cheap), which is
 -- faster than one scan fanned out to the three (docs/metrics.md, "Round 9")
 WITH base AS NOT MATERIALIZED (
     SELECT CASE $by WHEN 'instance' THEN instance WHEN 'model' THEN model WHEN 'task_type' THEN task_type
@@ -26,13 +26,10 @@ WITH base AS NOT MATERIALIZED (
 span AS (
     SELECT coalesce($until, max(end_s)) - coalesce($since, min(start_s)) AS window_s FROM m_calls WHERE in_win
 ),
-rent_by_prev AS (
-    SELECT b.grp, sum(b.rent_paid_token_s * k.usd_per_token_s) AS rent_paid_usd,
-           sum(b.rent_wasted_token_s * k.usd_per_token_s) AS rent_wasted_usd
-    FROM (SELECT grp, prev_key, sum(rent_paid_token_s) AS rent_paid_token_s, sum(rent_wasted_token_s) AS rent_wasted_token_s
-          FROM base GROUP BY grp, prev_key) b
-    LEFT JOIN m_cost k ON k.instance = b.prev_key
-    GROUP BY b.grp
+-- the rent per group × the previous call's instance (priced with that instance's cost)
+prev_sums AS (
+    SELECT grp, prev_key, sum(rent_paid_token_s) AS rent_paid_token_s, sum(rent_wasted_token_s) AS rent_wasted_token_s
+    FROM base GROUP BY grp, prev_key
 ),
 agg AS (
     SELECT grp,
@@ -63,6 +60,15 @@ agg AS (
     FROM base
     GROUP BY grp
 ),
+-- final: from base (grp, instance), span, prev_sums and agg, the sums per group above (the rollup form,
+--   rollup_idle_kv_rent.sql, gives them from model_rollup_hour and the gap sketches: agentobs/metrics/rollup.py)
+rent_by_prev AS (
+    SELECT b.grp, sum(b.rent_paid_token_s * k.usd_per_token_s) AS rent_paid_usd,
+           sum(b.rent_wasted_token_s * k.usd_per_token_s) AS rent_wasted_usd
+    FROM prev_sums b
+    LEFT JOIN m_cost k ON k.instance = b.prev_key
+    GROUP BY b.grp
+),
 -- the instances of each group's calls (for the basis text), sorted, from the distinct (group, instance) pairs:
 -- a DISTINCT aggregate among agg's slows all of agg (docs/metrics.md, "Round 9")
 insts AS (
@@ -79,7 +85,10 @@ SELECT a.grp, a.windows, a.retained, a.evicted, a.routed_away, a.unknown,
        a.rent_paid_token_s, r.rent_paid_usd, a.rent_wasted_token_s, r.rent_wasted_usd,
        a.evicted_rent_unknown, a.evicted_while_idle, a.evicted_while_queued, a.abandoned, a.open_sessions,
        a.abandoned_kv_tokens, a.abandoned_kv_bytes, a.abandoned_rent_token_s, a.abandoned_rent_usd,
-       a.abandoned_still_resident, a.gap_p50_s, a.gap_p90_s, a.g_star_s, a.windows_over_g_star,
+       a.abandoned_still_resident,
+       a.gap_p50_s,
+       a.gap_p90_s,
+       a.g_star_s, a.windows_over_g_star,
        a.windows_over_g_star / nullif(a.windows, 0) AS share_over_g_star,
        a.rent_paid_token_s / span.window_s AS idle_kv_tokens_avg,
        a.running_kv_token_s / span.window_s AS running_kv_tokens_avg,

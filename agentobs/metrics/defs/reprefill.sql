@@ -12,7 +12,7 @@
 -- grain: one row per group (default: one per miss cause)
 -- sources: call_reuse (llm_calls, instance_config, kv_events), cost model ([cost] settings, instance_config)
 -- by: cause, session, task, instance, model, task_type
--- base is read twice (sums, lab): NOT MATERIALIZED scans m_calls for each, cheaper than one scan fanned out to
+-- base is read twice (t, lab): NOT MATERIALIZED scans m_calls for each, cheaper than one scan fanned out to
 -- both; the labels (modes, instances) come from the distinct (group, mode, instance) triples, apart from
 -- the sums: DISTINCT aggregates among the sums slow the whole aggregation (docs/metrics.md, "Round 9")
 WITH base AS NOT MATERIALIZED (
@@ -25,36 +25,54 @@ WITH base AS NOT MATERIALIZED (
     FROM m_calls
     WHERE in_win
 ),
+-- the partial sums per group (the ratios below are taken of these sums)
+t AS (
+    SELECT grp,
+           count(*) AS calls,
+           count(*) FILTER (WHERE reprefill_tokens > 0) AS calls_with_reprefill,
+           sum(prompt_tokens) AS p,
+           sum(cached_tokens) AS c,
+           sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL) AS r_eff_c,
+           sum(reprefill_tokens) AS x,
+           sum(reprefill_low_tokens) AS x_low,
+           sum(reprefill_high_tokens) AS x_high,
+           sum(prompt_tokens - coalesce(cached_tokens, 0)) AS computed,
+           sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL) AS p_known,
+           sum(cached_tokens) FILTER (WHERE reusable_tokens_eff IS NOT NULL) AS c_reuse,
+           sum(cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL) AS c_x,
+           sum(prompt_tokens - cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL) AS pc_x,
+           sum(reprefill_cost_usd) AS reprefill_cost_usd,
+           sum(reprefill_cost_low_usd) AS reprefill_cost_low_usd,
+           sum(reprefill_cost_high_usd) AS reprefill_cost_high_usd,
+           sum(cost_usd) AS cost_usd
+    FROM base
+    GROUP BY grp
+),
+-- final: from base (grp, mode, instance) and t, the sums per group above (the rollup form, rollup_reprefill.sql,
+--   sums them from model_rollup_hour and prices the $ per instance: agentobs/metrics/rollup.py)
 lab AS (
     SELECT grp, string_agg(DISTINCT mode, ',' ORDER BY mode) AS mode, list_sort(list(DISTINCT inst)) AS cost_instances
     FROM (SELECT DISTINCT grp, mode, coalesce(instance, '') AS inst FROM base)
     GROUP BY grp
 ),
 sums AS (
-SELECT grp,
-       count(*) AS calls,
-       count(*) FILTER (WHERE reprefill_tokens > 0) AS calls_with_reprefill,
-       CAST(sum(prompt_tokens) AS BIGINT) AS prompt_tokens,
-       CAST(sum(cached_tokens) AS BIGINT) AS cached_tokens,
-       CAST(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL) AS BIGINT) AS reusable_tokens_eff,
-       CAST(sum(reprefill_tokens) AS BIGINT) AS reprefill_tokens,
-       CAST(sum(reprefill_low_tokens) AS BIGINT) AS reprefill_low_tokens,
-       CAST(sum(reprefill_high_tokens) AS BIGINT) AS reprefill_high_tokens,
-       CAST(sum(prompt_tokens - coalesce(cached_tokens, 0)) AS BIGINT) AS computed_prompt_tokens,
-       sum(cached_tokens) / nullif(sum(prompt_tokens) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS hit_rate,
-       sum(cached_tokens) FILTER (WHERE reusable_tokens_eff IS NOT NULL)
-           / nullif(sum(reusable_tokens_eff) FILTER (WHERE cached_tokens IS NOT NULL), 0) AS reuse_hit_rate,
-       sum(reprefill_tokens) / nullif(sum(reprefill_tokens) + sum(cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)
-           AS share_of_cache_tokens,
-       sum(reprefill_tokens) / nullif(sum(prompt_tokens - cached_tokens) FILTER (WHERE reprefill_tokens IS NOT NULL), 0)
-           AS share_of_computed_prefill,
-       sum(reprefill_cost_usd) AS reprefill_cost_usd,
-       sum(reprefill_cost_low_usd) AS reprefill_cost_low_usd,
-       sum(reprefill_cost_high_usd) AS reprefill_cost_high_usd,
-       sum(cost_usd) AS cost_usd,
-       sum(reprefill_cost_usd) / nullif(sum(cost_usd), 0) AS cost_share
-FROM base
-GROUP BY grp
+SELECT t.grp,
+       CAST(t.calls AS BIGINT) AS calls,
+       CAST(t.calls_with_reprefill AS BIGINT) AS calls_with_reprefill,
+       CAST(t.p AS BIGINT) AS prompt_tokens,
+       CAST(t.c AS BIGINT) AS cached_tokens,
+       CAST(t.r_eff_c AS BIGINT) AS reusable_tokens_eff,
+       CAST(t.x AS BIGINT) AS reprefill_tokens,
+       CAST(t.x_low AS BIGINT) AS reprefill_low_tokens,
+       CAST(t.x_high AS BIGINT) AS reprefill_high_tokens,
+       CAST(t.computed AS BIGINT) AS computed_prompt_tokens,
+       t.c / nullif(t.p_known, 0) AS hit_rate,
+       t.c_reuse / nullif(t.r_eff_c, 0) AS reuse_hit_rate,
+       t.x / nullif(t.x + t.c_x, 0) AS share_of_cache_tokens,
+       t.x / nullif(t.pc_x, 0) AS share_of_computed_prefill,
+       t.reprefill_cost_usd, t.reprefill_cost_low_usd, t.reprefill_cost_high_usd, t.cost_usd,
+       t.reprefill_cost_usd / nullif(t.cost_usd, 0) AS cost_share
+FROM t
 ),
 agg AS (SELECT s.*, l.mode, l.cost_instances FROM sums s JOIN lab l ON l.grp IS NOT DISTINCT FROM s.grp),
 -- the fleet total (one row) is put beside the groups after aggregating; the basis text once per instance set

@@ -19,36 +19,41 @@ WITH base AS (
     WHERE in_win AND prev_call_id IS NOT NULL AND hit_class IS NOT NULL AND ttft_s IS NOT NULL
 ),
 agg AS (
-    SELECT grp, gap_lo, hit_class, count(*) AS calls,
-           quantile_cont(ttft_s, 0.5) AS ttft_p50_s,
-           quantile_cont(ttft_s, 0.9) AS ttft_p90_s,
-           quantile_cont(ttft_s, 0.99) AS ttft_p99_s
+    SELECT grp, gap_lo, hit_class, count(*) AS n,
+           quantile_cont(ttft_s, 0.5) AS p50,
+           quantile_cont(ttft_s, 0.9) AS p90,
+           quantile_cont(ttft_s, 0.99) AS p99
     FROM base
     GROUP BY grp, gap_lo, hit_class
 ),
 -- the overall row of each group: its own aggregate over the calls (a percentile of percentiles is none)
 overall AS (
-    SELECT grp, count(*) AS calls,
-           quantile_cont(ttft_s, 0.5) AS ttft_p50_s,
-           quantile_cont(ttft_s, 0.9) AS ttft_p90_s,
-           quantile_cont(ttft_s, 0.99) AS ttft_p99_s
+    SELECT grp, count(*) AS n,
+           quantile_cont(ttft_s, 0.5) AS p50,
+           quantile_cont(ttft_s, 0.9) AS p90,
+           quantile_cont(ttft_s, 0.99) AS p99
     FROM base
     GROUP BY grp
 ),
+-- final: the rows from agg (grp, gap_lo, hit_class, n, p50, p90, p99) and overall (grp, n, p50, p90, p99); the
+--   rollup form (rollup_turn_resume_ttft.sql) gives those two from the sketches (agentobs/metrics/rollup.py)
 rows_ AS (
-    SELECT grp, gap_lo, hit_class, calls, ttft_p50_s, ttft_p90_s, ttft_p99_s,
-           max(ttft_p50_s) FILTER (WHERE hit_class = 'miss') OVER b
-               / nullif(max(ttft_p50_s) FILTER (WHERE hit_class = 'hit') OVER b, 0) AS miss_penalty
+    SELECT grp, gap_lo, hit_class, n AS calls, p50 AS ttft_p50_s, p90 AS ttft_p90_s, p99 AS ttft_p99_s,
+           max(p50) FILTER (WHERE hit_class = 'miss') OVER b
+               / nullif(max(p50) FILTER (WHERE hit_class = 'hit') OVER b, 0) AS miss_penalty
     FROM agg
     WINDOW b AS (PARTITION BY grp, gap_lo)
     UNION ALL
-    SELECT grp, -1 AS gap_lo, 'all' AS hit_class, calls, ttft_p50_s, ttft_p90_s, ttft_p99_s,
-           CAST(NULL AS DOUBLE) AS miss_penalty
+    SELECT grp, -1 AS gap_lo, 'all' AS hit_class, n, p50, p90, p99, CAST(NULL AS DOUBLE) AS miss_penalty
     FROM overall
 )
 SELECT grp,
        CASE gap_lo WHEN -1 THEN 'all' WHEN 0 THEN '[0,1)' WHEN 1 THEN '[1,5)' WHEN 5 THEN '[5,30)'
                    WHEN 30 THEN '[30,120)' WHEN 120 THEN '[120,600)' ELSE '[600,inf)' END AS gap_bucket,
-       hit_class, calls, ttft_p50_s, ttft_p90_s, ttft_p99_s, miss_penalty
+       hit_class, calls,
+       ttft_p50_s,
+       ttft_p90_s,
+       ttft_p99_s,
+       miss_penalty
 FROM rows_
 ORDER BY grp, gap_lo, CASE hit_class WHEN 'all' THEN -1 WHEN 'hit' THEN 0 WHEN 'partial' THEN 1 ELSE 2 END
