@@ -251,9 +251,6 @@ class ClickHouseSource:
             raise StoreError(f"no agentobs model at {self.label()} (view llm_calls missing): "
                              "run `agentobs clickhouse init --clickhouse-url …` first")
 
-    # the tables the model reads: every insert makes a data part with a higher block number
-    STAMP_TABLES = ("spans", "metric_samples", "agentobs_engine_config", "agentobs_kv_events")
-
     def stamp(self, max_age_s: float = 0) -> tuple:
         """``("clickhouse", url, parts)``: per table the model reads, its row count and highest block number among
         the active data parts (``system.parts``: metadata, no data read); merges keep both, so only new data
@@ -261,11 +258,9 @@ class ClickHouseSource:
         now = time.monotonic()
         if self._stamp is not None and now - self._stamp[0] <= max_age_s:
             return self._stamp[1]
-        t = self.ch.arrow(
-            "SELECT table, toInt64(sum(rows)) AS n, toInt64(max(max_block_number)) AS b FROM system.parts "
-            "WHERE database = currentDatabase() AND active AND has({tables:Array(String)}, table) "
-            "GROUP BY table ORDER BY table", {"tables": list(self.STAMP_TABLES)})
-        stamp = ("clickhouse", self.ch.url, tuple(zip(*(c.to_pylist() for c in t.columns), strict=True)))
+        from .backends.clickhouse.model import data_parts
+
+        stamp = ("clickhouse", self.ch.url, data_parts(self.ch))
         self._stamp = (now, stamp)
         return stamp
 

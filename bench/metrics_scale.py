@@ -193,7 +193,8 @@ def main() -> None:
     print("re-prefill by cause: " + ", ".join(f"{r['cause']}={r['reprefill_tokens']}" for r in reuse))
     for r in incs:
         print(f"incremental refresh ({r.mode}) of {args.batch:,} new calls at {r.calls:,} stored: {r.seconds:.2f} s "
-              f"({r.derived:,} calls of {r.sessions:,} sessions derived)")
+              f"({r.derived:,} calls of {r.sessions:,} sessions derived); steps "
+              + ", ".join(f"{k}={v:.2f}s" for k, v in r.steps.items()))
     print(f"ratio={suite_s / base_s:.2f} suite_s={suite_s:.2f} window_s={base_s:.2f} calls={args.calls}")
 
 

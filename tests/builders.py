@@ -7,8 +7,8 @@ import datetime as dt
 from typing import Any
 
 import pyarrow as pa
+from stores import new_store
 
-from agentobs.model import connect
 from agentobs.store import segments
 from agentobs.store.db import transaction
 from agentobs.store.writer import Writer
@@ -108,7 +108,7 @@ def make_db(tmp_path, calls, config=(), kv=(), samples=()) -> str:
     value), KV events (instance, t, type, hashes, session[, parent block hash]) and metric samples (instance, t,
     metric, labels, value); times relative to T0."""
     path = str(tmp_path / "m.duckdb")
-    con = connect(path)
+    con = new_store(path)
     with Writer(con, flush_s=0.01) as w:
         if calls:
             w.write("spans", pa.table({k: pa.array([c[k] for c in calls], t) for k, t in SPAN_TYPES.items()}))

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+from stores import new_store
 
 from agentobs.config import load_settings
 from agentobs.model import connect
@@ -34,10 +35,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # (ClickHouse parity, which does not read the sample) never waits for the sample's import. The costs that set this
 # order are in docs/testing.md.
 COSTLIEST_FIRST = (
-    "test_clickhouse_parity.py", "test_findings_ledger.py", "test_console_clickhouse.py", "test_console_browser.py",
-    "test_whatif.py", "test_clickhouse_backend.py", "test_collect_receiver.py", "test_model_state.py",
-    "test_metrics_golden.py", "test_console_app.py", "test_findings_rules.py", "test_metrics_prepare_v1.py",
-    "test_metrics_golden_cases.py", "test_cli_sessions.py", "test_loadgen.py", "test_collect_service.py",
+    "test_clickhouse_parity.py", "test_findings_ledger.py", "test_console_clickhouse.py", "test_metrics_golden_cases.py",
+    "test_model_state.py", "test_console_browser.py", "test_whatif.py", "test_clickhouse_backend.py",
+    "test_metrics_prepare_v1.py", "test_console_app.py", "test_findings_sample.py", "test_demo.py",
+    "test_collect_service.py", "test_cli_sessions.py", "test_loadgen.py", "test_metrics_golden.py",
+    "test_findings_rules.py",
 )
 
 
@@ -66,7 +68,7 @@ def db_path(tmp_path) -> Path:
 @pytest.fixture
 def store(db_path):
     """A fresh read-write store and its writer: (connection, writer)."""
-    con = connect(db_path)
+    con = new_store(db_path)
     w = Writer(con, batch_rows=10_000, flush_s=0.05)
     yield con, w
     w.close()

@@ -116,10 +116,33 @@ def test_bundled_traces_estimate_mode_against_truth(tmp_path):
 def test_without_kv_events_the_shortfall_is_unexplained_and_the_band_holds(tmp_path):
     con, truth = _replay(EDITS, tmp_path, kv_events=False)
     c = compare(con, truth)
-    # no evidence at all: nothing is called an eviction, the shortfall beyond the tolerance is unexplained, and the
-    # band [0, every shortfall] still holds each session's truth
+    # no evidence at all (no KV events, no scrapes: no pool size, no counters): nothing is called an eviction, the
+    # shortfall beyond the tolerance is unexplained, and the band [0, every shortfall] still holds each session's truth
     assert c.evicted_calls_model == 0 and c.model_by_cause.get("unexplained", 0) > 0
     assert c.band_low == 0 and c.outside_band == []
+
+
+def test_instance_evidence_from_scrapes_against_truth(tmp_path):
+    """What SGLang (no session ids in KV events) and deployments without a KV-event capture get: the engine's /metrics
+    every 5 s (pool size, preemption and token counters) and the spans. Instance evidence decides some shortfalls:
+    each call it calls evicted (churn ≥ pool, a preemption) is a true eviction, each it calls a prompt edit (the pool
+    never filled) recomputed nothing, and the band still holds every session's truth."""
+    con, truth = _replay(replace(EDITS, snapshot_s=5.0), tmp_path, kv_events=False)
+    c = compare(con, truth)
+    assert c.outside_band == [] and c.hits_flagged_evicted == 0
+    rows = dict(con.sql(f"""
+        SELECT r.cause_evidence, list((t.cause, coalesce(t.reprefill_tokens, 0)))
+        FROM call_reuse r JOIN read_parquet('{truth}') t USING (call_id)
+        WHERE r.cause_evidence IN ('churn', 'preemption', 'no_churn') GROUP BY 1""").fetchall())
+    assert rows.get("churn") and rows.get("no_churn")
+    assert all(cause.startswith("evicted") and x > 0 for cause, x in rows["churn"] + rows.get("preemption", []))
+    assert all(x == 0 for _, x in rows["no_churn"])
+    # this seeded replay (512 calls): 2 calls evicted by churn (the truth re-prefills 11,376 of their 26,512-token
+    # shortfall: the rest was edited away), 38 prompt edits on a pool that had not filled yet; 80 stay unexplained
+    n = dict(con.sql("SELECT cause_evidence, count(*) FROM call_reuse WHERE cause_evidence IN "
+                     "('churn', 'preemption', 'no_churn', 'none') GROUP BY 1").fetchall())
+    assert n == {"churn": 2, "no_churn": 38, "none": 80}
+    assert sum(x for _, x in rows["churn"]) == 11376
 
 
 def test_hit_tolerance_setting(edits):

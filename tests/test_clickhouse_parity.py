@@ -271,3 +271,48 @@ def test_a_run_moved_to_the_previous_period_agrees_on_both_engines(both):
     for i in range(3):
         for a, b in zip(out["clickhouse"][i], out["duckdb"][i], strict=True):
             assert all(close(a[k], b[k]) for k in a), (i, a, b)
+
+
+# -- call_reuse: the table ClickHouse computes by steps, the view DuckDB computes inline -------------------------
+def test_call_reuse_rows_identical_and_refreshed_when_the_data_changes(both):
+    """`SELECT … FROM call_reuse` (agentobs sql) on ClickHouse: the table is brought up to date with the data first
+    (the module loaded the data after create_views made it, on an empty store), then its rows are DuckDB's."""
+    from agentobs.backends.clickhouse.sql import run_query
+
+    con, ch, _, _ = both
+    cols = ("call_id, prev_call_id, mode, reusable_tokens, reusable_tokens_eff, shortfall_tokens, reprefill_tokens, "
+            "reprefill_low_tokens, reprefill_high_tokens, miss_cause, cause_evidence, hit_class, window_outcome, "
+            "rent_mode, evict_ts_s, rent_paid_token_s, rent_wasted_token_s, abandon_rent_token_s, turn_no, is_retry")
+    q = f"SELECT {cols} FROM call_reuse ORDER BY call_id"
+    duck = con.sql(q).fetchall()
+    ours = run_query(ch, q, row_cap=100_000).table
+    ours_rows = list(zip(*[c.to_pylist() for c in ours.columns], strict=True))
+    assert len(duck) == len(ours_rows) > 100
+    for a, b in zip(duck, ours_rows, strict=True):
+        assert all(close(x, y) or (isinstance(x, float) and math.isclose(x, y, rel_tol=1e-9)) for x, y in
+                   zip(a, b, strict=True)), (a, b)
+    # not trivially equal: the sample has evictions (KV events on .31) and cache-off misses
+    causes = {r[9] for r in duck}
+    assert {"evicted_partial", "cache_disabled"} & causes, causes
+    # nothing new: not computed again; a version that does not match (new data) is
+    assert model.refresh_call_reuse(ch) is False
+    ch.command(f"ALTER TABLE {model.CALL_REUSE_TABLE} MODIFY COMMENT 'stale'")
+    assert model.refresh_call_reuse(ch) is True and model.refresh_call_reuse(ch) is False
+
+
+def test_call_reuse_that_cannot_be_refreshed_says_why(both, monkeypatch):
+    # a ClickHouse user without CREATE (readonly grants): the refresh fails; the query says so and what to run,
+    # rather than answering from rows of older data
+    from agentobs.backends.clickhouse.sql import run_query
+    from agentobs.errors import QueryError
+
+    _, ch, _, _ = both
+
+    def refused(_ch, force=False):
+        raise QueryError("ClickHouse: Code: 164. DB::Exception: default: Cannot execute query in readonly mode")
+
+    monkeypatch.setattr(model, "refresh_call_reuse", refused)
+    with pytest.raises(QueryError, match=r"call_reuse could not be brought up to date .*readonly mode.*"
+                                         r"`agentobs clickhouse init`"):
+        run_query(ch, "SELECT count() FROM call_reuse")
+    assert run_query(ch, "SELECT count() AS n FROM llm_calls").table.column("n")[0].as_py() > 0  # others as before

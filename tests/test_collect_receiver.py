@@ -20,6 +20,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind
+from stores import new_store
 
 from agentobs.collect.health import Health
 from agentobs.collect.loader import Loader
@@ -28,7 +29,6 @@ from agentobs.collect.otlp_http import OtlpHttpServer
 from agentobs.collect.receiver import Ingest
 from agentobs.collect.spool import Spool
 from agentobs.config import load_settings
-from agentobs.model import connect
 
 SETTINGS = load_settings(env={})
 
@@ -37,7 +37,7 @@ class Pipeline:
     """Spool + loader (decoding in its own thread: processes=0) on one store, as `agentobs collect` runs them."""
 
     def __init__(self, tmp_path, **spool_kw):
-        self.con = connect(tmp_path / "r.duckdb")
+        self.con = new_store(tmp_path / "r.duckdb")
         self.health = Health()
         self.spool = Spool(tmp_path / "spool", **spool_kw)
         self.loader = Loader(self.spool, self.con, SETTINGS, self.health, processes=0)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import duckdb
 import pytest
+from cli_run import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -30,10 +31,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-# cwd is tmp_path: PYTHONPATH makes `-m agentobs.cli` this checkout's, not the editable install's
-_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
 def _start(tmp_path, db, extra="", snapshot_every=0, env_extra=None):
@@ -49,8 +46,10 @@ snapshot: {{every_s: {snapshot_every}}}
     env = {**os.environ, "AGENTOBS_COLLECT_COMMIT_S": "0.01", "AGENTOBS_LOADER_PROCESSES": "2",
            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
            **(env_extra or {})}
+    # its own process group: the collector's forkserver, resource tracker and decoder processes are in it, and
+    # _stop_group ends them with it (a SIGKILLed collector leaves them running, orphaned)
     proc = subprocess.Popen([*AGENTOBS, "collect", "--fleet", str(fleet), "--db", str(db)], cwd=tmp_path, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -58,10 +57,30 @@ snapshot: {{every_s: {snapshot_every}}}
             return proc, http_port, health_port
         except OSError:
             if proc.poll() is not None:
+                _stop_group(proc)
                 raise AssertionError(proc.stdout.read().decode()) from None
             time.sleep(0.1)
-    proc.kill()
+    _stop_group(proc)
     raise AssertionError("collector did not start")
+
+
+def _group_alive(proc) -> bool:
+    try:
+        os.killpg(proc.pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _stop_group(proc) -> None:
+    """SIGKILL what is left of the collector's process group (the collector itself included if it still runs) and
+    reap the collector: no forkserver or decoder process outlives the test."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:  # the group is gone already
+        pass
+    proc.wait(10)
+    proc.stdout.close()
 
 
 def _post(conn, body):
@@ -114,11 +133,14 @@ def test_acknowledged_spans_survive_sigkill_under_load_exactly_once(tmp_path, st
         for t in ts:
             t.start()
         time.sleep(rng.uniform(0.5, 2.0))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        stop.set()
-        for t in ts:
-            t.join(30)
+        try:
+            proc.send_signal(signal.SIGKILL)  # the collector alone dies, as in a crash ...
+            proc.wait(10)
+            stop.set()
+            for t in ts:
+                t.join(30)
+        finally:
+            _stop_group(proc)  # ... then its orphaned helpers go too, before the next start
     assert len(acked) >= 3
     # the next start loads what the spool holds (here in-process, to wait for it)
     from agentobs.collect.loader import Loader
@@ -161,8 +183,7 @@ def test_sigterm_stops_and_the_snapshot_is_readable(tmp_path, store):
         deadline = time.monotonic() + 30
         out = ""
         while time.monotonic() < deadline:  # the snapshot catches up with the committed spans
-            r = subprocess.run([*AGENTOBS, "sql", "SELECT count(*) AS n FROM llm_calls", "--db", str(snap),
-                                "--format", "csv"], capture_output=True, text=True, cwd=tmp_path, env=_ENV)
+            r = run_cli("sql", "SELECT count(*) AS n FROM llm_calls", "--db", snap, "--format", "csv")
             out = r.stdout
             if r.returncode == 0 and out.replace('"', "").split() == ["n", "100"]:
                 break
@@ -170,9 +191,12 @@ def test_sigterm_stops_and_the_snapshot_is_readable(tmp_path, store):
         assert out.replace('"', "").split() == ["n", "100"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
+        deadline = time.monotonic() + 10  # and its helpers (forkserver, decoders) end with it
+        while _group_alive(proc) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _group_alive(proc), "the collector stopped but left processes of its group running"
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        _stop_group(proc)
         site.close()
     con = duckdb.connect(str(db), read_only=True)
     assert con.execute("SELECT count(*) FROM spans").fetchone() == (100,)
@@ -182,8 +206,7 @@ def test_sigterm_stops_and_the_snapshot_is_readable(tmp_path, store):
     # at shutdown the snapshot path was pointed at the store itself (no copy): readers see everything
     snap_path = tmp_path / "d.read.duckdb"
     assert snap_path.is_symlink() and snap_path.resolve() == db.resolve()
-    r = subprocess.run([*AGENTOBS, "sql", "SELECT count(*) AS n FROM scrapes WHERE ok", "--db", str(snap_path),
-                        "--format", "csv"], capture_output=True, text=True, cwd=tmp_path, env=_ENV)
+    r = run_cli("sql", "SELECT count(*) AS n FROM scrapes WHERE ok", "--db", snap_path, "--format", "csv")
     assert r.stdout.replace('"', "").split() == ["n", str(ok)]
 
 

@@ -396,7 +396,19 @@ def test_findings_page_matches_findings_run(view, db):
         assert view.success[0].value == "No findings in this view."
     else:
         assert view.caption[1].value.startswith(f"{n} finding(s)")
-    assert len(view.main.expander) == n  # one expander per finding (the sidebar has its own)
+    # one expander per finding (the sidebar has its own), then the evidence available per instance
+    assert len(view.main.expander) == n + 1
+    ev = view.main.expander[-1]
+    assert ev.label == "Evidence available per instance"
+    # the console store (tests/test_console_store.py): two vLLM instances and one SGLang, each scraped (vllm_metrics.prom
+    # and sglang_metrics.prom carry the preemption / retraction and token counters), no KV events; the pools are
+    # vLLM's num_gpu_blocks × block_size (18,826 × 16 = 301,216) and SGLang's max_total_num_tokens (427,051)
+    rows = ev.dataframe[0].value.to_dict("records")
+    assert [(r["instance"], r["engine"], r["kv_events_with_sessions"], r["preemption_counter"], r["pool_tokens"])
+            for r in rows] == [("10.42.7.31:8000", "vllm", False, True, 301216),
+                               ("10.42.7.32:8000", "vllm", False, True, 301216),
+                               ("10.42.7.40:30000", "sglang", False, True, 427051)]
+    assert {r["evidence"] for r in rows} == {"scrapes (preemptions, token counters) and the pool size"}
 
 
 def _render_one():

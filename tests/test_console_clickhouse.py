@@ -272,9 +272,18 @@ def test_findings_page_equals_duckdb(view, stores):
         assert view.success[0].value == "No findings in this view."
     else:
         assert view.caption[1].value.startswith(f"{len(duck)} finding(s)")
-        heads = sorted(e.label for e in view.main.expander)
+        heads = sorted(e.label for e in view.main.expander[:-1])
         assert heads == sorted(e.label for e in _duck_expanders(duck))
-    assert len(view.main.expander) == len(duck)
+    # one expander per finding, then the evidence available per instance: DuckDB's table (evidence_sql on each)
+    assert len(view.main.expander) == len(duck) + 1
+    ev = view.main.expander[-1]
+    assert ev.label == "Evidence available per instance"
+    from agentobs.model.reuse import evidence_sql
+    from agentobs.source import query
+
+    want = query(as_source(str(db)), evidence_sql()).select("instance", "evidence").rows()
+    shown = [(r["instance"], r["evidence"]) for r in ev.dataframe[0].value.to_dict("records")]
+    assert shown == want and want
 
 
 def test_whatif_page_equals_duckdb(view, stores):

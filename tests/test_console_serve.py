@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 
+import pytest
+
+from agentobs.cli.console import run_child
 from agentobs.console import APP, command
 
 
@@ -35,3 +41,52 @@ def test_the_launcher_hands_its_arguments_to_streamlit():
     assert out.stdout.startswith("Streamlit, version ")
     # the preload's imports do not print Streamlit's "no runtime yet" cache warnings at every start
     assert "No runtime found" not in out.stderr, out.stderr
+
+
+def _child(code: str) -> subprocess.Popen:
+    """A stand-in for the Streamlit child: a Python process running ``code`` once it has said it is up."""
+    return subprocess.Popen([sys.executable, "-c", f"import signal, sys, time; {code}"], stdout=subprocess.PIPE)
+
+
+def _sigterm_us_once_handled() -> threading.Thread:
+    """SIGTERM to this process as soon as run_child's handler is in place (never before: it would end pytest)."""
+    before = signal.getsignal(signal.SIGTERM)
+
+    def send():
+        while signal.getsignal(signal.SIGTERM) is before:
+            threading.Event().wait(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize(("code", "grace_s", "child_status"), [
+    # a child that stops on SIGTERM ends of that signal, reaped (the handler that waited inside the interrupted
+    # wait could not reap it and SIGKILLed it when its 10 s were up: -9)
+    ("print('up', flush=True); time.sleep(120)", 10.0, -signal.SIGTERM),
+    # one that ignores SIGTERM is killed after the grace period
+    ("signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(120)", 0.5, -signal.SIGKILL),
+])
+def test_console_passes_a_stop_signal_to_its_child(code, grace_s, child_status):
+    before = signal.getsignal(signal.SIGTERM)
+    proc = _child(code)
+    try:
+        assert proc.stdout.readline() == b"up\n"
+        sender = _sigterm_us_once_handled()
+        assert run_child(proc, grace_s=grace_s) == 128 + signal.SIGTERM
+        sender.join(5)
+        assert proc.returncode == child_status
+        assert signal.getsignal(signal.SIGTERM) is before  # our handlers are put back
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def test_console_exits_with_its_childs_status():
+    proc = _child("print('up', flush=True); sys.exit(3)")
+    assert run_child(proc) == 3 and proc.returncode == 3
+    proc.stdout.close()

@@ -87,3 +87,31 @@ def test_ttft_prefers_the_engine_and_says_whose(tmp_path):
         "e": (0.25, "engine", 50.25, "error", "500"),
         "f": (None, None, None, "error", "503"),
     }
+
+
+def test_views_are_made_once_per_store_and_again_when_not_current(tmp_path):
+    """ensure stamps call_reuse (made last) with what the views are made from; a store carrying the current stamp
+    is left as it is, one without it (an older release's, or views made in part) gets every view again."""
+    from agentobs.model import views_stamp
+
+    path = tmp_path / "v.duckdb"
+    con = connect(path)
+
+    def stamp():
+        return con.execute("SELECT comment FROM duckdb_views() WHERE view_name = 'call_reuse'").fetchall()
+
+    def views():
+        return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+
+    assert stamp() == [(views_stamp(),)]
+    made = views()
+    assert {"llm_calls", "sessions", "tasks", "call_reuse"} <= made
+    con.execute("DROP VIEW tasks")  # with the stamp current, a reopen trusts it: nothing is made again
+    con.close()
+    con = connect(path)
+    assert views() == made - {"tasks"}
+    con.execute("COMMENT ON VIEW call_reuse IS NULL")  # no stamp: every view made again, the stamp put back
+    con.close()
+    con = connect(path)
+    assert views() == made and stamp() == [(views_stamp(),)]
+    con.close()

@@ -410,7 +410,8 @@ _HOUR_FORMS = {"reuse": ("session", "task", "instance", "model", "task_type", "s
                "reprefill": ("cause", "instance", "model", "task_type"),
                "idle_kv_rent": ("instance", "model", "task_type"),
                "turn_resume_ttft": ("instance", "model", "task_type"),
-               "capacity": ("instance",)}
+               "capacity": ("instance",),
+               "concurrency": ("instance", "model", "task_type")}
 
 
 def _same_or_within(want: pl.DataFrame, got: pl.DataFrame, name: str) -> None:
@@ -445,15 +446,30 @@ def test_rollup_metrics_equal_per_call(built):
     check_rollup_forms(con, s, cases)
     # capacity with 5-minute buckets: each sums five minutes of model_rollup_minute; open windows' bounds per call
     s5 = Settings(values={"metrics_bucket_s": 300.0})
-    for kw in ({"since": h}, {"until": h, "filters": {"task_type": [tt]}}):
-        run, close = mr.prepare(as_source(con), settings=s5, **kw)
+    # concurrency too (the calls of a bucket: those starting in it and those running across its first instant)
+    for name in ("capacity", "concurrency"):
+        for kw in ({"since": h}, {"until": h, "filters": {"task_type": [tt]}}, {"since": h, "until": h + 3600}):
+            run, close = mr.prepare(as_source(con), settings=s5, **kw)
+            try:
+                got = run.compute(name)
+                assert run.from_rollup == {name}
+                run.rollups = False
+                want = run.compute(name)
+                assert want.height > 0
+                _same(want, got, f"{name} 300 s {kw}")
+            finally:
+                close()
+    # 7-minute buckets: an hour-aligned window starts inside a bucket (its first instant is the window's start)
+    s7 = Settings(values={"metrics_bucket_s": 420.0})
+    for kw in ({"since": h}, {"since": h, "until": h + 3600, "filters": {"instance": [inst]}}):
+        run, close = mr.prepare(as_source(con), settings=s7, **kw)
         try:
-            got = run.compute("capacity")
-            assert run.from_rollup == {"capacity"}
+            got = run.compute("concurrency", "model")
+            assert run.from_rollup == {"concurrency"}
             run.rollups = False
-            want = run.compute("capacity")
-            assert want.height > 0
-            _same(want, got, f"capacity 300 s {kw}")
+            want = run.compute("concurrency", "model")
+            assert want.height > 0 and want["calls"].sum() > 0
+            _same(want, got, f"concurrency 420 s {kw}")
         finally:
             close()
     # off the grain: a window not of whole hours, a filter on a column the rollup lacks, a grouping it lacks, a
@@ -483,7 +499,8 @@ def check_rollup_forms(con, s: Settings, cases, require_rows: bool = True) -> No
                     assert name in run.from_rollup
                     run.from_rollup.clear()
                     exact = run.compute(name, by, exact=True)
-                    assert (name in run.from_rollup) == (name in ("reuse", "reprefill", "capacity"))  # no sketch there
+                    # no sketch there
+                    assert (name in run.from_rollup) == (name in ("reuse", "reprefill", "capacity", "concurrency"))
                     run.rollups = False
                     want = run.compute(name, by)
                     run.rollups = True

@@ -85,6 +85,58 @@ def test_litellm_spans_become_calls_with_vllm_usage_and_engine_join(store, setti
         r["usage"]["prompt_tokens_details"]["cached_tokens"] for r in resp)
 
 
+def test_litellm_capture_reprefill_zero_with_the_engine_config(store, settings):
+    """Issue 20: the real LiteLLM → vLLM capture has no eviction (128 blocks of 128 tokens, a pool its 26 calls never
+    fill), so its re-prefill must be zero. The capture kept no scrape of the engine: without its config the block size
+    is the default 16, and the chat template's re-rendered tail leaves 16–112-token shortfalls (R = P(prev) rounded to
+    16) that no evidence explains (no KV events, no counters, no pool size): X = 992 tokens, unexplained, band [0, 1,024]."""
+    con, w = store
+    assert import_otlp([LITELLM / "otlp"], w, settings).rejected == 0
+    w.flush()
+    band = "SELECT sum(reprefill_tokens), sum(reprefill_low_tokens), sum(reprefill_high_tokens) FROM call_reuse"
+    assert con.sql(band).fetchall()[0] == (992, 0, 1024)
+    assert dict(con.sql("SELECT miss_cause, count(*) FROM call_reuse WHERE reprefill_tokens > 0 GROUP BY 1"
+                        ).fetchall()) == {"unexplained": 15}
+    # the engine config a scrape of it records (vllm:cache_config_info; taken from the ample capture, the same vLLM
+    # 0.32.0 with the same --block-size 128 --num-gpu-blocks-override 128 as this capture's server_cmd.txt): B = 128,
+    # so R_eff rounds P(prev) down to whole 128-token blocks, each follow-up's cached tokens reach it (or fall short by
+    # at most one block, the tolerance), and the pool is 16,384 tokens: zero re-prefill, band [0, 0]
+    from agentobs.collect import prom
+
+    text = (REPO / "tests" / "fixtures" / "vllm_real" / "ample" / "metrics_before.txt").read_text()
+    info = "\n".join(x for x in text.splitlines() if "vllm:cache_config_info" in x) + "\n"
+    scrape = prom.parse_text(info, _vllm_instance(), 1796067600.0, source="test")
+    w.write("engine_config", scrape.config)
+    assert con.sql("SELECT block_size, kv_capacity_tokens FROM instance_config").fetchall() == [(128, 16384)]
+    assert con.sql(band).fetchall()[0] == (0, 0, 0)
+    # every session's task: one task per session, none with re-prefill
+    assert con.sql("SELECT count(DISTINCT task_id), count(*) FILTER (WHERE miss_cause IN ('evicted_full', "
+                   "'evicted_partial', 'unexplained')) FROM call_reuse").fetchall()[0] == (4, 0)
+
+
+def test_litellm_capture_young_pool_from_spans(store, settings):
+    """The instance evidence on real spans (docs/metrics.md, "Instance evidence"): the same 16,384-token pool, as if in
+    16-token blocks (a what-if on the config; the capture's own is test_litellm_capture_reprefill_zero_...), so the
+    16–112-token shortfalls of the re-rendered tails stay beyond R_eff. No counters: the instance's first call seen
+    hit nothing, and all 26 calls together allocate Σ(P − C + O) well below the pool, so no block was ever evicted —
+    the 15 shortfalls beyond the tolerance are prompt edits, X = 0; X_high keeps every shortfall (992 + 2 × 16)."""
+    import pyarrow as pa
+
+    con, w = store
+    assert import_otlp([LITELLM / "otlp"], w, settings).rejected == 0
+    inst = _vllm_instance()
+    w.write("engine_config", pa.table({"instance": [inst] * 2, "ts": pa.array([0, 0], pa.timestamp("us")),
+                                       "engine": ["vllm"] * 2, "key": ["block_size", "num_gpu_blocks"],
+                                       "value": ["16", "1024"], "source": ["what-if"] * 2}))
+    w.flush()
+    alloc = con.sql("SELECT sum(prompt_tokens - cached_tokens + output_tokens) FROM llm_calls").fetchall()[0][0]
+    assert alloc + 16 * 26 < 16384 - 16   # every call's allocation with a block each for rounding: below the pool
+    assert dict(con.sql("SELECT cause_evidence, count(*) FROM call_reuse WHERE shortfall_tokens > 16 GROUP BY 1"
+                        ).fetchall()) == {"no_churn": 15}
+    assert con.sql("SELECT sum(reprefill_tokens), sum(reprefill_low_tokens), sum(reprefill_high_tokens) "
+                   "FROM call_reuse").fetchall()[0] == (0, 0, 1024)
+
+
 def test_litellm_sessions_without_agent_spans(store, settings):
     """A team that traces only the gateway: the session must come from LiteLLM's own span."""
     con, w = store

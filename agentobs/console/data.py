@@ -255,6 +255,13 @@ def engine_overview(stamp: Stamp, instances: tuple[str, ...]) -> pl.DataFrame:
         GROUP BY m.instance ORDER BY m.instance""", params)
 
 
+def instance_evidence(stamp: Stamp) -> pl.DataFrame:
+    """Per instance, the evidence call_reuse's miss causes can rest on (agentobs.model.reuse.evidence_sql)."""
+    from agentobs.model.reuse import evidence_sql
+
+    return query(stamp, evidence_sql())
+
+
 def metric_names(stamp: Stamp) -> list[str]:
     return query(stamp, "SELECT DISTINCT metric FROM metric_samples ORDER BY 1")["metric"].to_list()
 

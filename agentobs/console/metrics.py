@@ -192,12 +192,13 @@ def describe(name: str) -> str:
 def _call_reuse(stamp, session_id: str, default_block_size: int, hit_tolerance_blocks: int = 1) -> pl.DataFrame:
     """The metrics API's ``call_reuse`` body (agentobs.model.reuse.reuse_sql) over ONE session's calls:
     reuse is defined within a session (prev(c), earlier blocks of the session), so restricting the input to
-    the session gives the same rows as the fleet-wide run, without materializing every call.
+    the session gives the same rows as the fleet-wide run, without materializing every call — but for the
+    instance evidence, which reads the other calls on the session's instances (``m_act``).
 
     The session's calls are first copied into a temp table (``m_src``; on ClickHouse a Memory table the cursor
     drops at close), as the metric run does: planning the body over the ``llm_calls`` view stack inline takes
     tens of seconds on chDB (docs/clickhouse.md)."""
-    from agentobs.model.reuse import CALL_COLUMNS, reuse_sql
+    from agentobs.model.reuse import ACTIVITY_COLUMNS, CALL_COLUMNS, reuse_sql
     from agentobs.source import keeps_model_state, kv_index_usable
 
     cur = data.source(stamp).cursor()
@@ -209,16 +210,18 @@ def _call_reuse(stamp, session_id: str, default_block_size: int, hit_tolerance_b
             settings = load_settings()
             if int(settings.default_block_size) == default_block_size and state.current(cur, settings):
                 # the maintained session model: the session's rows as stored (agentobs/model/state.py)
-                df = cur.sql(f"SELECT * EXCLUDE (skey, block_hashes) FROM {state.TABLE} WHERE session_id = $sid "
+                df = cur.sql(f"SELECT * EXCLUDE (skey, kh, th, block_hashes) FROM {state.TABLE} WHERE session_id = $sid "
                              "ORDER BY start_s, call_id", params={"sid": session_id}).pl()
                 return df.rename({"reusable_tokens_eff": "r_eff"}, strict=False)
         cur.execute(f"""CREATE TEMP TABLE m_src AS
                         SELECT row_number() OVER (ORDER BY start_s, call_id) AS rid, {CALL_COLUMNS}
                         FROM llm_calls WHERE session_id = $sid""", {"sid": session_id})
+        cur.execute(f"""CREATE TEMP TABLE m_act AS SELECT {ACTIVITY_COLUMNS} FROM llm_calls
+                        WHERE instance IN (SELECT instance FROM m_src)""")
         # the KV section from the stored KV-event index when current: the session's calls are few, the store's KV
         # events are not (agentobs/model/kvindex.py)
         df = cur.sql(reuse_sql("m_src", "$default_block_size", has_rid=True, kv_index=kv_index_usable(cur),
-                               hit_tolerance_blocks=hit_tolerance_blocks),
+                               hit_tolerance_blocks=hit_tolerance_blocks, activity="m_act"),
                      params={"default_block_size": default_block_size}).pl()
     finally:
         cur.close()

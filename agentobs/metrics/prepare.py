@@ -90,7 +90,8 @@ _ENUM_COLUMNS = {
     "mode": ("no_session", "exact", "estimate"),
     "miss_cause": ("error", "cold", "prior_hit", "routed_away", "cache_disabled", "evicted_full", "evicted_partial",
                    "prompt_edit", "unexplained", "unknown"),
-    "cause_evidence": ("block_hashes", "cache_off", "other_instance", "kv_removal", "kv_no_removal", "tolerance", "none"),
+    "cause_evidence": ("block_hashes", "cache_off", "other_instance", "kv_removal", "kv_no_removal", "tolerance",
+                       "preemption", "churn", "no_churn", "none"),
     "hit_class": ("hit", "partial", "miss"),
     "window_outcome": ("retained", "evicted", "routed_away", "unknown"),
     "rent_mode": ("kv_events", "estimate"),
@@ -227,15 +228,19 @@ class MetricRun:
         # (ClickHouse, which has no rowid) a numbered column
         has_rowid = rowid(self.cur)
         number = "" if has_rowid else "row_number() OVER () AS rid, "
+        activity = None  # m_src holds every call: the instances' activity too (call_reuse's act_src)
         if (self.since is None and self.until is None) or not self.prune or self._nothing_to_prune():
             self._timed("m_src", f"CREATE OR REPLACE TEMP TABLE m_src AS SELECT {number}{cols} FROM llm_calls")
         else:
             # window pruning: only sessions with a call overlapping [lo, until) enter the working set, with all
             # their calls (prev(c), exact R, turns, is_last and abandonment read the whole session), where
-            # lo = since − (until − since): the period before, which the report compares against.
+            # lo = since − (until − since): the period before, which the report compares against. Every call stays
+            # in m_act: the instance evidence reads the instances' whole activity (docs/metrics.md)
+            self._timed("m_act", f"CREATE OR REPLACE TEMP TABLE m_act AS SELECT {cols} FROM llm_calls")
+            activity = "m_act"
             self._timed("m_src", f"""
                 CREATE OR REPLACE TEMP TABLE m_src AS
-                WITH a AS MATERIALIZED (SELECT {cols} FROM llm_calls)
+                WITH a AS (SELECT * FROM m_act)
                 SELECT {number}a.* FROM a
                 WHERE coalesce(a.session_id, 'call:' || a.call_id) IN (
                     SELECT coalesce(session_id, 'call:' || call_id) FROM a
@@ -288,8 +293,10 @@ class MetricRun:
             sql = "CREATE OR REPLACE TEMP TABLE m_x AS\n" + reuse.reuse_sql(
                 src, "$default_block_size", select, joins + "\nORDER BY r.rid",
                 abandoned_after_s=abandoned_after_s, has_rid=True, rid="rowid", narrow=True, kv_index=self.kv_index,
-                hit_tolerance_blocks=int(self.settings.hit_tolerance_blocks))
+                hit_tolerance_blocks=int(self.settings.hit_tolerance_blocks), activity=activity)
             self._timed("m_calls", sql, params)
+            if activity:
+                self.cur.execute("DROP TABLE m_act")
             t0 = time.perf_counter()
             # m_x must hold exactly one row per m_src row, in rowid order (ORDER BY keeps it so, whatever
             # preserve_insertion_order says); checked, never assumed
@@ -321,9 +328,11 @@ class MetricRun:
             sql = "CREATE OR REPLACE TEMP TABLE m_calls AS\n" + reuse.reuse_sql(
                 src, "$default_block_size", select, cost_join,
                 abandoned_after_s=abandoned_after_s, has_rid=True, rid="rid",
-                hit_tolerance_blocks=int(self.settings.hit_tolerance_blocks))
+                hit_tolerance_blocks=int(self.settings.hit_tolerance_blocks), activity=activity)
             self._timed("m_calls", sql, params)
             self.cur.execute("DROP TABLE m_src")
+            if activity:
+                self.cur.execute("DROP TABLE m_act")
             self.calls_table = "m_calls"
         self._samples(self.since, self.until)
 
@@ -364,7 +373,7 @@ class MetricRun:
         cost_cols = ",\n".join(_cost_columns(lambda c: f"k.{c}", "r"))
         self.cur.execute(f"""
             CREATE OR REPLACE TEMP VIEW m_calls AS
-            SELECT r.* EXCLUDE (skey, block_hashes), {cost_cols},
+            SELECT r.* EXCLUDE (skey, kh, th, block_hashes), {cost_cols},
                    ({in_filter}) AS in_filter,
                    ({in_filter}) AND (w.since IS NULL OR r.start_s >= w.since)
                        AND (w.until IS NULL OR r.start_s < w.until) AS in_win

@@ -33,7 +33,8 @@ FORMS = {"task_cost": ("rollup_task_cost.sql", _TASK_FILTERS),
          "idle_kv_rent": ("rollup_idle_kv_rent.sql", _HOUR_FILTERS),
          "turn_resume_ttft": ("rollup_turn_resume_ttft.sql", _HOUR_FILTERS),
          # model_rollup_minute: buckets of whole minutes (the setting metrics_bucket_s)
-         "capacity": ("rollup_capacity.sql", _HOUR_FILTERS)}
+         "capacity": ("rollup_capacity.sql", _HOUR_FILTERS),
+         "concurrency": ("rollup_concurrency.sql", _HOUR_FILTERS)}
 _WHOLE_STORE_ONLY = {"duty_cycle": ("session",)}  # metric -> the groupings its rollup serves
 # metric -> the groupings its rollup serves (where it is not every grouping of the metric)
 _GROUPINGS = {"reprefill": ("cause", "instance", "model", "task_type"),
@@ -89,7 +90,7 @@ def form(name: str, since: float | None, until: float | None, filters: dict[str,
         return None
     if name in _GROUPINGS and by not in _GROUPINGS[name]:
         return None
-    if name == "capacity" and not (bucket_s and bucket_s % 60 == 0):
+    if name in ("capacity", "concurrency") and not (bucket_s and bucket_s % 60 == 0):
         return None
     sql = form_text(name)
     params: dict[str, object] = {"by": by, "h0": None if since is None else int(since // 3600),

@@ -8,8 +8,10 @@ store's connect, then ``ensure``: the views, idempotent) and, after writing KV e
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+from functools import cache
 from importlib import resources
 
 import duckdb
@@ -39,14 +41,36 @@ def split_statements(sql: str) -> list[str]:
     return out
 
 
+@cache
+def views_stamp() -> str:
+    """What the model's views are made from: their SQL (views.sql, call_reuse's), the store's migrations (the
+    tables they read) and the DuckDB release (which binds them)."""
+    from ..store.schema import MIGRATIONS
+    from .reuse import reuse_sql
+
+    h = hashlib.sha256()
+    for part in (views_sql(), reuse_sql(), *(name for name, _ in MIGRATIONS), duckdb.__version__):
+        h.update(part.encode())
+        h.update(b"\0")
+    return "agentobs views " + h.hexdigest()[:16]
+
+
 def ensure(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
-    """(Re)create the model's views on a read-write connection of a migrated store; returns ``con``."""
+    """Create the model's views on a read-write connection of a migrated store, unless the store already has
+    these (the stamp of views_stamp on ``call_reuse``, the last made: a store whose views are current is left
+    as it is, as creating them costs a fifth of a CPU-second); returns ``con``."""
+    stamp = views_stamp()
+    have = con.execute("SELECT comment FROM duckdb_views() WHERE view_name = 'call_reuse' AND schema_name = 'main' "
+                       "AND database_name = current_database()").fetchall()
+    if have == [(stamp,)]:
+        return con
     for stmt in split_statements(views_sql()):
         con.execute(stmt)
     # call_reuse: the per-call reuse model of METRICS.md §1/§4 (agentobs/model/call_reuse.sql)
     from .reuse import create_view as create_call_reuse
 
     create_call_reuse(con)
+    con.execute(f"COMMENT ON VIEW call_reuse IS '{stamp}'")  # last: views made in part carry no stamp
     return con
 
 

@@ -1,8 +1,11 @@
 -- call_reuse: one row per model call with the per-call quantities of METRICS.md §1 and §4.
--- Reads four relations the caller binds as CTEs (agentobs/model/reuse.py composes them):
+-- Reads six relations the caller binds as CTEs (agentobs/model/reuse.py composes them):
 --   calls_src    llm_calls columns (call_id, session_id, branch, instance, start_s, end_s, P, C, O, ...)
---   cfg_src      instance_config (block_size, prefix_caching)
+--   cfg_src      instance_config (block_size, prefix_caching, kv_capacity_tokens)
 --   kv_src       kv_events (BlockStored with session_id, BlockRemoved, AllBlocksCleared)
+--   act_src      every model call of the store (instance, start_s, end_s, P, C, O, status): the instances' activity,
+--                which calls_src may not hold whole (a metric run's pruned working set, one session's calls)
+--   cnt_src      metric_samples of the engines' counters (preemptions, prompt/cached/generated/evicted tokens)
 --   reuse_params one row: default_block_size, abandoned_after_s, hit_tolerance_blocks, data_end_s (the latest span
 --                end in the store)
 -- Columns (docs/metrics.md, "call_reuse"):
@@ -21,10 +24,15 @@
 --                    the session never stored) | routed_away | cache_disabled | evicted_full | evicted_partial |
 --                    prompt_edit | unexplained | unknown | NULL (no miss, or a hit within the tolerance)
 --   cause_evidence   what the cause rests on: block_hashes | cache_off | other_instance | kv_removal |
---                    kv_no_removal | tolerance | none | NULL
+--                    kv_no_removal | tolerance | preemption | churn | no_churn (instance evidence) | none | NULL
+--   churn_ratio      the instance's churn during the gap ÷ its pool size (estimate-mode shortfalls beyond the
+--                    tolerance on the same instance, pool size known), whatever evidence decided the cause
 --   hit_class        hit (C ≥ R_eff − tolerance·B) | partial | miss (C = 0) | NULL
 --   window_outcome   the idle window before c: retained | evicted | routed_away | unknown
 --   rent_*           token-seconds of KV at rest K = P(prev)+O(prev) over that window (§4)
+-- Steps: DuckDB runs this as one query. ClickHouse inlines a CTE at every reference, so it computes the CTEs marked
+-- AS MATERIALIZED or preceded by a "--@step" line once each, into a table, in order, and the rest reading those
+-- (agentobs/backends/clickhouse/steps.py; docs/clickhouse.md): mark a CTE read more than once that way.
 -- calls_src carries rid (a row number fixed once: m_src's column, or the view's materialized CTE), so the
 -- wide rows are not copied here: c is read once (by n, so it is inlined, never materialized), bh reads
 -- calls_src, and only the final SELECT joins calls_src back
@@ -69,6 +77,7 @@ slow AS (
     JOIN n p ON p.session_id = l.session_id AND p.branch = l.branch AND p.end_s <= l.start_s AND p.rid <> l.rid
     GROUP BY l.rid
 ),
+--@step: read by pf and prev_id
 pb AS (
     SELECT l.rid, CASE WHEN l.m_end <= l.start_s AND l.lag_end = l.m_end THEN l.lag_rid ELSE s.prev_rid END AS prev_rid,
            l.session_id,
@@ -97,6 +106,7 @@ j AS (
     LEFT JOIN n p ON p.rid = pi.prev_rid
 ),
 -- exact R: leading blocks of c already present among the blocks of earlier calls of the session
+--@step: read by first_seen and lead_blocks
 bh AS (
     SELECT rid, session_id, start_s, unnest(block_hashes) AS h, generate_subscripts(block_hashes, 1) AS i
     FROM calls_src
@@ -317,6 +327,7 @@ tw AS (
     -- part_id names the session and branch (a call without a session: its own row id, a sequence of one)
     WINDOW t AS (PARTITION BY part_id ORDER BY start_s, rid)
 ),
+--@step: read by ie_c and v
 w AS (
     SELECT z.*, tw.turn_no, tw.is_last_attempt, tw.is_last,
            -- abandoned (§4): the session's last call, and the data goes on for abandoned_after_s after it ended
@@ -331,6 +342,122 @@ w AS (
     LEFT JOIN kv_sess ks ON ks.instance = z.prev_instance AND ks.session_id = z.session_id
     LEFT JOIN kv_sess ka ON ka.instance = z.instance AND ka.session_id = z.session_id
 ),
+-- instance evidence (docs/metrics.md, "Instance evidence"): what the instance's own activity says about the gap, for
+-- the estimate-mode shortfalls beyond the tolerance on the same instance whose pool size (kv_capacity_tokens) is known.
+-- Both engines free cached KV least recently used first (vLLM v1: the free block queue is LRU, allocation pops its
+-- head; SGLang: the radix cache evicts LRU leaves when the pool is short), so:
+--   certain   a preemption / retraction on the instance during the gap (it happens only when nothing free is left:
+--             every cached block free at the gap's start was evicted by then), or the gap's churn — blocks allocated
+--             (computed prompt + generated tokens) or, SGLang, tokens evicted — at least the pool size
+--   impossible the instance's allocation since its engine started, up to c, below the pool size less one block per
+--             call (a block is popped at most once before the free queue wraps: no cached block was ever evicted),
+--             and no KV-event removal on the instance before c (its events, whatever session stored the blocks)
+-- The gap's churn is a lower bound (calls wholly inside the gap, from spans; counter increases over scrape intervals
+-- wholly inside it); the allocation since start an upper bound (counters at the first scrape at or after c, since the
+-- process started; without counters, spans since the instance's first call seen, when that call hit nothing).
+--@step: read by eight ie_* CTEs
+ie_c AS (
+    SELECT w.rid, w.instance, w.prev_end_s, w.start_s, w.block_size, ic.kv_capacity_tokens AS cap
+    FROM w JOIN cfg_src ic ON ic.instance = w.instance
+    WHERE w.mode = 'estimate' AND w.instance = w.prev_instance AND w.shortfall_tokens > w.tolerance_tokens
+      AND ic.kv_capacity_tokens > 0
+),
+-- the calls of those instances: what each allocated (computed prompt + output tokens; a failed call may have
+-- allocated nothing, so it counts only toward the upper bound)
+--@step: read by ie_cum and ie_span
+ie_act AS (
+    SELECT instance, start_s, end_s, status,
+           greatest(coalesce(prompt_tokens, 0) - coalesce(cached_tokens, 0), 0) + coalesce(output_tokens, 0) AS alloc,
+           coalesce(cached_tokens, 0) AS cached_tokens
+    FROM act_src
+    WHERE instance IN (SELECT instance FROM ie_c)
+),
+ie_cum AS (
+    SELECT instance, start_s,
+           sum(alloc) OVER (PARTITION BY instance ORDER BY start_s) AS cum_alloc,
+           count(*) OVER (PARTITION BY instance ORDER BY start_s) AS cum_calls,
+           first_value(cached_tokens) OVER (PARTITION BY instance ORDER BY start_s) AS first_cached
+    FROM ie_act
+),
+-- the engine counters per scrape (summed over their series): cumulative since the process started
+ie_k AS (
+    SELECT instance, epoch_us(ts) / 1e6 AS ts_s,
+           sum(value) FILTER (WHERE metric IN ('vllm:num_preemptions_total', 'sglang:num_retracted_requests_total'))
+               AS preempt,
+           coalesce(sum(value) FILTER (WHERE metric = 'vllm:prompt_tokens_by_source_total'
+                                             AND labels['source'] = 'local_compute'),
+                    sum(value) FILTER (WHERE metric = 'vllm:prompt_tokens_total')
+                      - sum(value) FILTER (WHERE metric = 'vllm:prefix_cache_hits_total'),
+                    sum(value) FILTER (WHERE metric = 'sglang:prompt_tokens_total')
+                      - sum(value) FILTER (WHERE metric = 'sglang:cached_tokens_total'))
+             + coalesce(sum(value) FILTER (WHERE metric IN ('vllm:generation_tokens_total',
+                                                            'sglang:generation_tokens_total')), 0) AS alloc,
+           sum(value) FILTER (WHERE metric = 'sglang:evicted_tokens_total') AS evicted
+    FROM cnt_src
+    WHERE instance IN (SELECT instance FROM ie_c)
+    GROUP BY instance, ts
+),
+-- each scrape with the increase since the previous one (a decrease: the engine restarted, the increase is the value)
+--@step: read by ie_has_k, ie_cnt and ie_next
+ie_kd AS (
+    SELECT instance, ts_s, alloc, evicted, lag(ts_s) OVER k AS prev_ts_s,
+           coalesce(preempt < lag(preempt) OVER k, false) OR coalesce(alloc < lag(alloc) OVER k, false) AS reset,
+           CASE WHEN preempt < lag(preempt) OVER k THEN preempt ELSE preempt - lag(preempt) OVER k END AS d_preempt,
+           CASE WHEN alloc < lag(alloc) OVER k THEN alloc ELSE alloc - lag(alloc) OVER k END AS d_alloc,
+           CASE WHEN evicted < lag(evicted) OVER k THEN evicted ELSE evicted - lag(evicted) OVER k END AS d_evicted
+    FROM ie_k
+    WINDOW k AS (PARTITION BY instance ORDER BY ts_s)
+),
+ie_has_k AS (SELECT DISTINCT instance FROM ie_kd WHERE alloc IS NOT NULL),
+-- the instance's first KV-event removal (of any block, whoever stored it): evictions happen there from then on
+ie_rm AS (
+    SELECT instance, epoch_us(min(ts)) / 1e6 AS first_rm_s FROM kv_src
+    WHERE type IN ('BlockRemoved', 'AllBlocksCleared') AND instance IN (SELECT instance FROM ie_c)
+    GROUP BY instance
+),
+ie_span AS (
+    SELECT c.rid, sum(a.alloc) AS churn
+    FROM ie_c c JOIN ie_act a ON a.instance = c.instance
+    WHERE a.start_s >= c.prev_end_s AND a.end_s <= c.start_s AND a.status IS DISTINCT FROM 'error'
+    GROUP BY c.rid
+),
+ie_cnt AS (
+    SELECT c.rid, sum(k.d_preempt) AS preempted,
+           greatest(CAST(coalesce(sum(k.d_alloc), 0) AS DOUBLE), CAST(coalesce(sum(k.d_evicted), 0) AS DOUBLE)) AS churn
+    FROM ie_c c JOIN ie_kd k ON k.instance = c.instance
+    WHERE k.prev_ts_s >= c.prev_end_s AND k.ts_s <= c.start_s
+    GROUP BY c.rid
+),
+-- the upper bound on what the instance allocated before c: counters at the first scrape at or after c's start (not
+-- one that restarted: its value would not count what came before), plus a block per call seen for rounding
+ie_next AS (
+    SELECT c.rid, k.alloc AS k_alloc, k.evicted AS k_evicted, k.reset AS k_reset
+    FROM ie_c c ASOF JOIN ie_kd k ON k.instance = c.instance AND k.ts_s >= c.start_s
+),
+ie_before AS (
+    SELECT c.rid, a.cum_alloc, a.cum_calls, a.first_cached
+    FROM ie_c c ASOF JOIN ie_cum a ON a.instance = c.instance AND a.start_s < c.start_s
+),
+ie AS (
+    SELECT c.rid, c.cap, r.first_rm_s < c.start_s AS removed_before,
+           coalesce(n.preempted, 0) > 0 AS preempted,
+           greatest(CAST(coalesce(s.churn, 0) AS DOUBLE), CAST(coalesce(n.churn, 0) AS DOUBLE)) AS churn_tokens,
+           CASE WHEN x.k_alloc IS NOT NULL AND NOT x.k_reset
+                THEN CASE WHEN x.k_evicted = 0 THEN CAST(0 AS DOUBLE)
+                          ELSE x.k_alloc + CAST(c.block_size * (coalesce(b.cum_calls, 0) + 1) AS DOUBLE) END
+                -- no counters on the instance: spans since its first call seen, when that call found nothing cached
+                -- (a warm engine had traffic before it)
+                WHEN h.instance IS NULL AND b.first_cached = 0
+                THEN CAST(b.cum_alloc + c.block_size * (b.cum_calls + 1) AS DOUBLE)
+           END AS alloc_hi_tokens
+    FROM ie_c c
+    LEFT JOIN ie_span s USING (rid)
+    LEFT JOIN ie_cnt n USING (rid)
+    LEFT JOIN ie_next x USING (rid)
+    LEFT JOIN ie_before b USING (rid)
+    LEFT JOIN ie_has_k h ON h.instance = c.instance
+    LEFT JOIN ie_rm r ON r.instance = c.instance
+),
 -- the cause of a shortfall S = R_eff − C, from evidence (docs/metrics.md, "Miss causes from evidence"). Exact mode
 -- (block hashes): R is what c shares with the session's earlier prompts, so S is re-prefill; the cause ladder as
 -- before. Estimate mode: R = P(prev) assumes c extends prev to the last token, so S is re-prefill only with
@@ -343,10 +470,14 @@ v AS (
            -- included (least of the two, either may be NULL)
            coalesce(least(ev.evict_ts_s, rd.redo_ts_s), ev.evict_ts_s, rd.redo_ts_s) AS evict_ts_s,
            coalesce(rd.redo_blocks, 0) * w.block_size AS redo_tokens,
-           coalesce(ev.strong_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0), false) AS strong
+           coalesce(ev.strong_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0), false) AS strong,
+           -- the instance evidence (ie above)
+           ie.preempted AS ie_preempted, ie.churn_tokens AS ie_churn, ie.cap AS ie_cap, ie.alloc_hi_tokens AS ie_alloc_hi,
+           ie.removed_before AS ie_removed_before, ie.churn_tokens / CAST(ie.cap AS DOUBLE) AS churn_ratio
     FROM w
     LEFT JOIN ev USING (rid)
     LEFT JOIN redo rd USING (rid)
+    LEFT JOIN ie USING (rid)
 ),
 v2 AS (
     SELECT v.*,
@@ -363,6 +494,9 @@ v2 AS (
                 WHEN evict_ts_s < start_s + coalesce(queue_s, 0) + coalesce(ttft_s, 0) THEN 'kv_removal'
                 WHEN shortfall_tokens <= tolerance_tokens THEN 'tolerance'
                 WHEN prev_kv_known AND cached_tokens >= prior_tokens THEN 'kv_no_removal'
+                WHEN ie_preempted THEN 'preemption'
+                WHEN ie_churn >= ie_cap THEN 'churn'
+                WHEN ie_alloc_hi < ie_cap - block_size AND NOT coalesce(ie_removed_before, false) THEN 'no_churn'
                 ELSE 'none' END AS cause_evidence
     FROM v
 ),
@@ -372,11 +506,13 @@ u0 AS (
            CASE WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
-                                                                   'kv_removal', 'none')
+                                                                   'kv_removal', 'preemption', 'churn', 'none')
                 THEN shortfall_tokens ELSE 0 END AS x0,
            CASE WHEN cause_evidence = 'kv_removal' AND NOT strong THEN 0
                 WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
+                -- instance evidence (preemption, churn) makes the eviction certain, not how much of S it cost: c's
+                -- prompt may have changed within R (an edit, a compaction), which only per-session KV events show
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
                                                                    'kv_removal')
                 THEN shortfall_tokens ELSE 0 END AS x0_low,
@@ -387,7 +523,7 @@ u0 AS (
                 WHEN cause_evidence IS NULL OR cause_evidence = 'block_hashes' THEN shortfall_tokens
                 -- vLLM caches the block decoding filled (the previous prompt's last partial block, completed by
                 -- its first output tokens): after an eviction it recomputes that block too (docs/metrics.md)
-                WHEN engine = 'vllm' AND cause_evidence = 'kv_removal'
+                WHEN engine = 'vllm' AND cause_evidence IN ('kv_removal', 'preemption', 'churn')
                      AND prev_prompt_tokens % block_size > 0
                      AND prev_prompt_tokens % block_size + coalesce(prev_output_tokens, 0) >= block_size
                      AND reusable_tokens_eff + block_size <= ((prompt_tokens - 1) // block_size) * block_size
@@ -396,6 +532,7 @@ u0 AS (
     FROM v2
 ),
 -- the blocks c recomputed beyond R_eff (redo, above) are re-prefill on the same evidence as a removal below it
+--@step: read by lab and fin (ClickHouse computes it once, into a table; see the header)
 u AS (
     SELECT u0.*,
            x0 + CASE WHEN cause_evidence IN ('block_hashes', 'kv_removal') THEN redo_tokens ELSE 0 END
@@ -423,10 +560,10 @@ lab AS (
                  OR (w.cause_evidence = 'block_hashes' AND w.instance <> w.prev_instance) THEN 'routed_away'
             -- a removal, but c hit all it reused up to where its prompt changed: the shortfall is the edit
             WHEN w.cause_evidence = 'kv_removal' AND w.reprefill_tokens = 0 THEN 'prompt_edit'
-            WHEN w.cause_evidence IN ('block_hashes', 'kv_removal')
+            WHEN w.cause_evidence IN ('block_hashes', 'kv_removal', 'preemption', 'churn')
                 THEN CASE WHEN w.cached_tokens = 0 THEN 'evicted_full' ELSE 'evicted_partial' END
             WHEN w.cause_evidence = 'tolerance' THEN NULL
-            WHEN w.cause_evidence = 'kv_no_removal' THEN 'prompt_edit'
+            WHEN w.cause_evidence IN ('kv_no_removal', 'no_churn') THEN 'prompt_edit'
             ELSE 'unexplained' END AS miss_cause,
        -- the idle window: retained (a hit, or KV events that show the blocks stayed), evicted only with evidence
        -- (exact mode, the cache off, a removal), unknown when nothing says which
@@ -437,8 +574,8 @@ lab AS (
             WHEN w.redo_tokens > 0 AND w.cause_evidence IN ('block_hashes', 'kv_removal') THEN 'evicted'
             WHEN w.hit_class = 'hit' THEN 'retained'
             WHEN w.cause_evidence = 'kv_removal' AND w.reprefill_tokens = 0 THEN 'retained'
-            WHEN w.cause_evidence IN ('block_hashes', 'cache_off', 'kv_removal') THEN 'evicted'
-            WHEN w.cause_evidence = 'kv_no_removal' THEN 'retained'
+            WHEN w.cause_evidence IN ('block_hashes', 'cache_off', 'kv_removal', 'preemption', 'churn') THEN 'evicted'
+            WHEN w.cause_evidence IN ('kv_no_removal', 'no_churn') THEN 'retained'
             ELSE 'unknown' END AS window_outcome
     FROM u w
 ),
@@ -465,7 +602,7 @@ fin AS (
                  * (coalesce(ab.abandon_evict_ts_s, ke.last_s) - w.end_s) END AS abandon_rent_token_s,
        CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored,
        w.abandoned,
-       w.shortfall_tokens, w.reprefill_low_tokens, w.reprefill_high_tokens, w.cause_evidence
+       w.shortfall_tokens, w.reprefill_low_tokens, w.reprefill_high_tokens, w.cause_evidence, w.churn_ratio
     FROM u w
     JOIN lab l USING (rid)
     LEFT JOIN ab USING (rid)
@@ -481,6 +618,7 @@ SELECT c.call_id, c.trace_id, c.session_id, c.task_id, c.task_type, c.tenant, c.
        f.is_retry, f.turn_no, f.is_last_attempt, f.is_last,
        f.kv_tokens_before, f.window_outcome, f.rent_mode, f.evict_ts_s, f.evict_phase,
        f.rent_paid_token_s, f.rent_wasted_token_s, f.abandon_kv_tokens, f.abandon_rent_token_s, f.abandon_censored,
-       f.abandoned, f.shortfall_tokens, f.reprefill_low_tokens, f.reprefill_high_tokens, f.cause_evidence
+       f.abandoned, f.shortfall_tokens, f.reprefill_low_tokens, f.reprefill_high_tokens, f.cause_evidence,
+       f.churn_ratio
 FROM fin f
 JOIN calls_src c USING (rid)

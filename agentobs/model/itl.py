@@ -35,7 +35,13 @@ def itl_gaps_sql() -> str:
 # run forms pairs. A refresh re-derives the gaps of the calls it re-derives and re-attributes the stored gaps a
 # changed call's prefill window (before or after) overlaps (``refresh_sql``).
 TABLE = "model_itl_gap"
+# one row: bounds on every stored call's time to first token and negative queue time (the reach of a prefill window
+# from its call's start, for the candidate prefills of a refresh); raised by each refresh, never lowered (a bound
+# above the true one only adds candidates the overlap test drops), made exact by a rebuild
+BOUNDS = "model_itl_bounds"
+TABLES = (TABLE, BOUNDS)
 CELL_S = 5  # the overlap joins' cell, as in itl_gaps.sql
+_BOUNDS_SQL = "SELECT coalesce(max(ttft_s), 0) AS max_ttft_s, coalesce(-least(min(queue_s), 0), 0) AS max_neg_queue_s FROM {calls}"
 
 # the gaps of the streamed calls in relation {calls} (model_calls' columns); tb as itl_gaps.sql computes it
 _GAPS_SQL = """
@@ -99,54 +105,91 @@ def rebuild(cur, calls: str) -> None:
     cur.execute(f"CREATE OR REPLACE TABLE {TABLE} AS {_fmt(_ATTR_SQL, gaps='itl_g', pre='itl_p')}")
     cur.execute("DROP TABLE itl_g")
     cur.execute("DROP TABLE itl_p")
+    cur.execute(f"CREATE OR REPLACE TABLE {BOUNDS} AS {_BOUNDS_SQL.format(calls=calls)}")
 
 
-def apply_delta(cur, calls: str, old: str, new: str) -> None:
-    """Bring ``model_itl_gap`` up to date after a refresh replaced the rows of ``old`` (removed from ``calls``) by
-    those of ``new`` (inserted), inside the caller's transaction: the gaps of the calls in ``new`` are derived, and
-    they and the stored gaps that a prefill window of ``old`` or ``new`` overlaps are attributed again, against the
-    prefills of ``calls`` near them (a scan of ``calls`` for the prefills whose start can reach them: within the
-    longest time to first token before a gap, or the longest negative queue time after it). Cost: the touched
-    calls and their neighbours in time, plus narrow scans of both tables."""
-    # the changed prefill windows (the calls removed and their new rows), by (instance, cell)
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_cw AS
-        SELECT instance, pa, pb, unnest(generate_series(CAST(floor(pa / {CELL_S}) AS BIGINT),
-                                                        CAST(floor(pb / {CELL_S}) AS BIGINT))) AS cell
-        FROM ({_fmt(_PREFILLS_SQL, calls=old)} UNION ALL {_fmt(_PREFILLS_SQL, calls=new)})""")
+def _overlapping(cells: str, cols: str = "") -> str:
+    """The stored gaps a prefill window of temp table ``cells`` (instance, pa, pb, cell: one row per 5 s cell the
+    window spans) overlaps: the gap's row id (and ``cols`` of the window). Joined on the gap's first or last cell;
+    a gap over more than two cells, rare, by its cell range."""
+    on = "w.pa < g.tb AND w.pb > g.ta"
+    return f"""SELECT g.rowid AS r{cols} FROM {TABLE} g JOIN {cells} w ON w.instance = g.instance AND w.cell = g.c0
+            WHERE {on}
+        UNION ALL SELECT g.rowid{cols} FROM {TABLE} g JOIN {cells} w ON w.instance = g.instance AND w.cell = g.c1
+            WHERE g.c1 <> g.c0 AND {on}
+        UNION ALL SELECT g.rowid{cols} FROM {TABLE} g JOIN {cells} w ON w.instance = g.instance
+            WHERE g.c1 - g.c0 > 1 AND w.cell > g.c0 AND w.cell < g.c1 AND {on}"""
+
+
+def _cells(rel: str) -> str:
+    return f"""SELECT *, unnest(generate_series(CAST(floor(pa / {CELL_S}) AS BIGINT),
+                                             CAST(floor(pb / {CELL_S}) AS BIGINT))) AS cell FROM {rel}"""
+
+
+def apply_delta(cur, calls: str, removed: str, old: str, new: str) -> None:
+    """Bring ``model_itl_gap`` up to date for a refresh that replaces the rows of ``old`` (row ids in temp table
+    ``removed``, column ``r``) of ``calls`` by those of ``new``, inside the caller's transaction and before it
+    changes ``calls`` (the reads of a table the transaction has not changed yet fetch rows by row id; after a
+    change they scan it whole). The prefill windows that changed: those of ``new`` not among ``old``'s (added) and
+    those of ``old`` not among ``new``'s (removed; a re-derived call whose window is the same is neither).
+    Attributed again in full, against the prefills near them (``calls`` less ``removed``, and ``new``; in ``calls``
+    a scan of the start for the prefills whose start can reach them: within the longest time to first token
+    before a gap, or the longest negative queue time after it): the gaps of the calls in ``new`` (derived again)
+    and the stored gaps a removed window overlaps (their offender may be gone). A stored gap only an added window
+    overlaps keeps its attribution or takes the added prefill that computes more (the maximum over a larger set:
+    the offender a full attribution picks); its row is replaced. Cost: the touched calls and their neighbours in
+    time, plus narrow scans of both tables."""
+    pre_old, pre_new = _fmt(_PREFILLS_SQL, calls=old), _fmt(_PREFILLS_SQL, calls=new)
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_ca AS {_cells(f'({pre_new} EXCEPT {pre_old})')}")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_cr AS {_cells(f'({pre_old} EXCEPT {pre_new})')}")
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_k AS SELECT DISTINCT trace_id, call_id FROM (
         SELECT trace_id, call_id FROM {old} UNION ALL SELECT trace_id, call_id FROM {new})""")
-    # the stored gaps to attribute again: those of the changed calls, and those a changed prefill window overlaps
-    # (joined on the gap's first or last cell; a gap over more than two cells, rare, by its cell range)
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_r AS
-        SELECT g.rowid AS r FROM {TABLE} g JOIN itl_cw w ON w.instance = g.instance AND w.cell = g.c0
-            WHERE w.pa < g.tb AND w.pb > g.ta
-        UNION SELECT g.rowid FROM {TABLE} g JOIN itl_cw w ON w.instance = g.instance AND w.cell = g.c1
-            WHERE w.pa < g.tb AND w.pb > g.ta
-        UNION SELECT g.rowid FROM {TABLE} g JOIN itl_cw w ON w.instance = g.instance
-            WHERE g.c1 - g.c0 > 1 AND w.cell BETWEEN g.c0 AND g.c1 AND w.pa < g.tb AND w.pb > g.ta
-        UNION SELECT g.rowid FROM {TABLE} g SEMI JOIN itl_k k ON k.trace_id = g.trace_id AND k.call_id = g.call_id""")
-    # the gaps to attribute: the new calls' and the unchanged calls' among those
+    # the stored gaps to attribute again in full: those of the changed calls, and those a removed window overlaps
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_r AS SELECT DISTINCT r FROM (
+        SELECT g.rowid AS r FROM {TABLE} g SEMI JOIN itl_k k ON k.trace_id = g.trace_id AND k.call_id = g.call_id
+        UNION ALL {_overlapping('itl_cr')})""")
+    # the stored gaps an added window overlaps (the others): the added prefill computing the most (a tie: the
+    # greater call id, as _ATTR_SQL)
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_u AS
+        SELECT r, arg_max(p_call_id, (computed, p_call_id)) AS a_id, max(computed) AS a_c
+        FROM ({_overlapping('itl_ca', ', g.call_id AS g_call_id, w.p_call_id, w.computed')})
+        WHERE p_call_id <> g_call_id AND r NOT IN (SELECT r FROM itl_r)
+        GROUP BY r""")
+    # their rows with the added offender, where it computes more (a tie: the greater call id)
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_ux AS
+        SELECT g.* REPLACE (u.a_id AS off_call_id, u.a_c AS off_computed)
+        FROM (SELECT rowid AS r, * FROM {TABLE} WHERE rowid IN (SELECT r FROM itl_u)) g JOIN itl_u u USING (r)
+        WHERE g.off_computed IS NULL OR u.a_c > g.off_computed OR (u.a_c = g.off_computed AND u.a_id > g.off_call_id)""")
+    # the gaps to attribute in full: the new calls' and the unchanged calls' among those
     cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_g AS {_fmt(_GAPS_SQL, calls=new)}")
     cols = "trace_id, call_id, i, instance, model, start_s, g_ms, ta, tb, c0, c1"
     cur.execute(f"""INSERT INTO itl_g SELECT {cols} FROM {TABLE} g
         WHERE rowid IN (SELECT r FROM itl_r)
           AND NOT EXISTS (SELECT 1 FROM itl_k k WHERE k.trace_id = g.trace_id AND k.call_id = g.call_id)""")
-    cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM itl_r)")
     # the prefills that can overlap them: a prefill [pa, pb] of a call starting at s has pa >= s + min(queue, 0) and
-    # pb <= s + max ttft, so s lies in (ta - max ttft, tb - min(queue, 0)); candidates by (instance, whole second
-    # of s), their row ids first (a narrow scan of the calls), then their rows
-    lo, hi = cur.execute(f"SELECT coalesce(max(ttft_s), 0), coalesce(-least(min(queue_s), 0), 0) FROM {calls}"
-                         ).fetchall()[0]
+    # pb <= s + max ttft, so s lies in (ta - max ttft, tb - min(queue, 0)) (the bounds: kept in BOUNDS, raised by
+    # the new rows); candidates by (instance, whole second of s): a scan of the calls' start for the seconds (an
+    # integer key), the instance checked on those rows, then the candidates' rows read by row id
+    cur.execute(f"""UPDATE {BOUNDS} b SET max_ttft_s = greatest(b.max_ttft_s, n.max_ttft_s),
+                                          max_neg_queue_s = greatest(b.max_neg_queue_s, n.max_neg_queue_s)
+                    FROM ({_BOUNDS_SQL.format(calls=new)}) n""")
+    lo, hi = cur.execute(f"SELECT max_ttft_s, max_neg_queue_s FROM {BOUNDS}").fetchall()[0]
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_sc AS
         SELECT DISTINCT instance, unnest(generate_series(CAST(floor(ta - {float(lo)!r}) AS BIGINT),
                                                          CAST(floor(tb + {float(hi)!r}) AS BIGINT))) AS sec
         FROM itl_g""")
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_pr AS SELECT c.rowid AS r FROM {calls} c SEMI JOIN itl_sc w
-        ON w.instance = c.instance AND w.sec = CAST(floor(c.start_s) AS BIGINT)""")
-    near = f"(SELECT c.* FROM {calls} c SEMI JOIN itl_pr ON itl_pr.r = c.rowid)"
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_pr AS SELECT r FROM (
+            SELECT c.rowid AS r, c.instance, CAST(floor(c.start_s) AS BIGINT) AS sec FROM {calls} c
+            WHERE CAST(floor(c.start_s) AS BIGINT) IN (SELECT sec FROM itl_sc)) x
+        SEMI JOIN itl_sc w ON w.instance = x.instance AND w.sec = x.sec
+        WHERE r NOT IN (SELECT r FROM {removed})""")
+    near = f"(SELECT * FROM {calls} WHERE rowid IN (SELECT r FROM itl_pr) UNION ALL SELECT * FROM {new})"
     cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_p AS {_fmt(_PREFILLS_SQL, calls=near)}")
+    # the rows replaced go, the new ones come
+    cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM itl_r UNION ALL SELECT r FROM itl_ux)")
+    cur.execute(f"INSERT INTO {TABLE} BY NAME SELECT * EXCLUDE (r) FROM itl_ux")
     cur.execute(f"INSERT INTO {TABLE} {_fmt(_ATTR_SQL, gaps='itl_g', pre='itl_p')}")
-    for t in ("itl_cw", "itl_k", "itl_g", "itl_r", "itl_sc", "itl_pr", "itl_p"):
+    for t in ("itl_ca", "itl_cr", "itl_k", "itl_g", "itl_r", "itl_u", "itl_ux", "itl_sc", "itl_pr", "itl_p"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
 
 

@@ -5,8 +5,10 @@
 - in the metric run (``m_calls``, which every metric reads), over a materialized copy of ``llm_calls``
   and with the ``default_block_size`` setting; on DuckDB only its computed columns are stored (``narrow``).
 
-The body reads relations named ``calls_src``, ``cfg_src``, ``kv_src`` and ``reuse_params``; the
-callers bind them as CTEs (our own constant SQL text, no user input is spliced).
+The body reads relations named ``calls_src``, ``cfg_src``, ``kv_src``, ``act_src``, ``cnt_src`` and ``reuse_params``;
+the callers bind them as CTEs (our own constant SQL text, no user input is spliced). ``act_src`` is every call of the
+store (the instances' activity, for the instance evidence of docs/metrics.md): ``calls_src`` itself when that holds
+every call, else the relation the caller names (``activity``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,16 @@ CALL_COLUMNS = (
 DEFAULT_BLOCK_SIZE = int(Settings().default_block_size)
 DEFAULT_ABANDONED_AFTER_S = float(Settings().abandoned_after_s)
 DEFAULT_HIT_TOLERANCE_BLOCKS = int(Settings().hit_tolerance_blocks)
+# the columns of a call the instance evidence reads (act_src)
+ACTIVITY_COLUMNS = "instance, start_s, end_s, prompt_tokens, cached_tokens, output_tokens, status"
+# the engine counters it reads (cnt_src; colon form, agentobs/collect/prom.py): preemptions / retractions, the
+# tokens each engine computed, cached and generated, and SGLang's evicted tokens
+COUNTER_METRICS = (
+    "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:prompt_tokens_by_source_total",
+    "vllm:prefix_cache_hits_total", "vllm:generation_tokens_total",
+    "sglang:num_retracted_requests_total", "sglang:prompt_tokens_total", "sglang:cached_tokens_total",
+    "sglang:generation_tokens_total", "sglang:evicted_tokens_total",
+)
 
 
 def seconds_literal(value) -> str:
@@ -58,7 +70,7 @@ def body_sql(narrow: bool = False) -> str:
 
 def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: str = "*", tail: str = "",
               abandoned_after_s: float | None = None, has_rid: bool = False, rid: str = "rid", narrow: bool = False,
-              kv_index: bool = False, hit_tolerance_blocks: int | None = None) -> str:
+              kv_index: bool = False, hit_tolerance_blocks: int | None = None, activity: str | None = None) -> str:
     """The call_reuse SELECT over ``calls`` (a relation name of ours). ``block_size`` is a SQL
     expression for the default block size (a parameter such as ``$default_block_size``); ``select``
     and ``tail`` extend the outer query (the body is aliased ``r``). All arguments are our own SQL text;
@@ -71,7 +83,9 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
     columns beside it with a positional join. ``kv_index``: read the KV section's result from the stored KV-event
     index (agentobs.model.kvindex; the caller checked it is current) instead of computing it from kv_events.
     ``hit_tolerance_blocks``: the setting (a shortfall of at most this many blocks, without evidence of eviction, is a
-    hit in estimate mode); validated, then a literal."""
+    hit in estimate mode); validated, then a literal. ``activity``: a relation of ours with every call of the store
+    (``ACTIVITY_COLUMNS``) when ``calls`` holds only some (one session, a pruned working set); None: ``calls`` holds
+    every call."""
     body = body_sql(narrow)
     if kv_index:
         from . import kvindex
@@ -89,6 +103,9 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
          f"WITH calls_src AS MATERIALIZED (SELECT row_number() OVER () AS rid, {CALL_COLUMNS} FROM {calls}),\n") +
         "cfg_src AS (SELECT * FROM instance_config),\n"
         "kv_src AS (SELECT * FROM kv_events),\n"
+        f"act_src AS (SELECT {ACTIVITY_COLUMNS} FROM {activity if activity is not None else 'calls_src'}),\n"
+        "cnt_src AS (SELECT instance, ts, metric, labels, value FROM metric_samples\n"
+        f"    WHERE metric IN ({', '.join(repr(m) for m in COUNTER_METRICS)})),\n"
         f"reuse_params AS (SELECT CAST({bs} AS INTEGER) AS default_block_size, CAST({ab} AS DOUBLE) AS abandoned_after_s,\n"
         f"    CAST({tol} AS INTEGER) AS hit_tolerance_blocks,\n"
         "    (SELECT max(end_ns) FROM spans) / 1e9 AS data_end_s)\n"
@@ -99,3 +116,45 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
 def create_view(con: duckdb.DuckDBPyConnection) -> None:
     """``call_reuse`` as a model view (made by agentobs.model.ensure)."""
     con.execute("CREATE OR REPLACE VIEW call_reuse AS " + reuse_sql())
+
+
+# the evidence each instance gives call_reuse's miss causes (docs/metrics.md, "Instance evidence"): KV events tagged
+# with sessions (per-session removals), the engine counters (preemptions / retractions, token counters, SGLang's
+# evicted tokens) with the pool size, the pool size alone (spans then bound the churn), or nothing but spans. One
+# row per instance that served a call, sent KV events or was scraped; the console's Findings page shows it.
+_PREEMPT = ("vllm:num_preemptions_total", "sglang:num_retracted_requests_total")
+
+
+def evidence_sql() -> str:
+    """The per-instance evidence table (columns: instance, engine, kv_events_with_sessions, preemption_counter,
+    token_counters, pool_tokens, evidence)."""
+    tokens = [m for m in COUNTER_METRICS if m not in _PREEMPT]
+    q = ", ".join(repr(m) for m in COUNTER_METRICS)
+    return f"""
+WITH i AS (
+    SELECT instance FROM spans WHERE role IN ('gateway', 'engine') AND instance IS NOT NULL
+    UNION SELECT instance FROM kv_events
+    UNION SELECT instance FROM metric_samples WHERE metric IN ({q})
+    UNION SELECT instance FROM instance_config
+),
+k AS (SELECT instance, count(*) AS n FROM kv_events WHERE session_id IS NOT NULL GROUP BY instance),
+m AS (
+    SELECT instance,
+           count(*) FILTER (WHERE metric IN ({", ".join(repr(x) for x in _PREEMPT)})) AS preempt,
+           count(*) FILTER (WHERE metric IN ({", ".join(repr(x) for x in tokens)})) AS tokens
+    FROM metric_samples WHERE metric IN ({q}) GROUP BY instance
+)
+SELECT i.instance, ic.engine, coalesce(k.n, 0) > 0 AS kv_events_with_sessions,
+       coalesce(m.preempt, 0) > 0 AS preemption_counter, coalesce(m.tokens, 0) > 0 AS token_counters,
+       ic.kv_capacity_tokens AS pool_tokens,
+       CASE WHEN coalesce(k.n, 0) > 0 THEN 'KV events with session ids'
+            WHEN ic.kv_capacity_tokens > 0 AND coalesce(m.preempt, 0) + coalesce(m.tokens, 0) > 0
+                THEN 'scrapes (preemptions, token counters) and the pool size'
+            WHEN ic.kv_capacity_tokens > 0 THEN 'spans and the pool size'
+            ELSE 'spans only' END AS evidence
+FROM i
+LEFT JOIN instance_config ic ON ic.instance = i.instance
+LEFT JOIN k ON k.instance = i.instance
+LEFT JOIN m ON m.instance = i.instance
+ORDER BY i.instance
+"""

@@ -215,29 +215,37 @@ HAVING max(end_s) > min(start_s)
 # tokens of the calls starting in the minute. A bucket of a multiple of 60 s sums its minutes. ``pieces`` counts the
 # rows (a piece of zero overlap at an interval's end is one too: capacity has its bucket row).
 _MINUTE_KEYS = ("minute", "instance", "model", "task_type", "tenant")
-_MINUTE_SUMS = ("pieces", "req_ps", "run_kv_ps", "idle_kv_ps", "x")
+# concurrency's (metrics/rollup_concurrency.sql): run_pieces (the calls' pieces: a bucket row exists where it has
+# one), run_starts (calls starting in the minute) and run_at (calls running across its start: start < m·60 < end);
+# the calls overlapping a bucket of whole minutes are those starting in it plus those running across its start
+_MINUTE_SUMS = ("pieces", "req_ps", "run_kv_ps", "idle_kv_ps", "x", "run_pieces", "run_starts", "run_at")
 _MINUTE_SQL = """
 SELECT minute, instance, model, task_type, tenant, count(*) AS pieces,
        coalesce(sum(CAST(round(ov * 1e12) AS HUGEINT)) FILTER (WHERE part = 'run'), 0) AS req_ps,
        coalesce(sum(CAST(round(ov * kv * 1e12) AS HUGEINT)) FILTER (WHERE part = 'run'), 0) AS run_kv_ps,
        coalesce(sum(CAST(round(ov * kv * 1e12) AS HUGEINT)) FILTER (WHERE part = 'idle'), 0) AS idle_kv_ps,
-       coalesce(sum(CAST(kv AS BIGINT)) FILTER (WHERE part = 'x'), 0) AS x
+       coalesce(sum(CAST(kv AS BIGINT)) FILTER (WHERE part = 'x'), 0) AS x,
+       count(*) FILTER (WHERE part = 'run') AS run_pieces,
+       count(*) FILTER (WHERE part = 'run' AND m0) AS run_starts,
+       count(*) FILTER (WHERE part = 'run' AND start_s < minute * 60.0 AND end_s > minute * 60.0) AS run_at
 FROM (
     SELECT m AS minute, instance, model, task_type, tenant, 'run' AS part,
-           greatest(0, least(end_s, (m + 1) * 60.0) - greatest(start_s, m * 60.0)) AS ov, kv
+           greatest(0, least(end_s, (m + 1) * 60.0) - greatest(start_s, m * 60.0)) AS ov, kv,
+           m = CAST(floor(start_s / 60.0) AS BIGINT) AS m0, start_s, end_s
     FROM (SELECT instance, model, task_type, tenant, start_s, end_s,
                  coalesce(prompt_tokens, 0) + coalesce(output_tokens, 0) / 2.0 AS kv,
                  unnest(generate_series(CAST(floor(start_s / 60.0) AS BIGINT), CAST(floor(end_s / 60.0) AS BIGINT))) AS m
           FROM {rel} WHERE end_s > start_s)
     UNION ALL
     SELECT m, instance, model, task_type, tenant, 'idle',
-           greatest(0, least(b, (m + 1) * 60.0) - greatest(a, m * 60.0)), kv
+           greatest(0, least(b, (m + 1) * 60.0) - greatest(a, m * 60.0)), kv, NULL, NULL, NULL
     FROM (SELECT instance, model, task_type, tenant, start_s - gap_before_s AS a, start_s AS b, kv_tokens_before AS kv,
                  unnest(generate_series(CAST(floor((start_s - gap_before_s) / 60.0) AS BIGINT),
                                         CAST(floor(start_s / 60.0) AS BIGINT))) AS m
           FROM {rel} WHERE window_outcome = 'retained' AND gap_before_s > 0)
     UNION ALL
-    SELECT CAST(floor(start_s / 60.0) AS BIGINT), instance, model, task_type, tenant, 'x', NULL, reprefill_tokens
+    SELECT CAST(floor(start_s / 60.0) AS BIGINT), instance, model, task_type, tenant, 'x', NULL, reprefill_tokens,
+           NULL, NULL, NULL
     FROM {rel} WHERE reprefill_tokens > 0
 )
 GROUP BY ALL

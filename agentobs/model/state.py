@@ -3,7 +3,7 @@
 ``model_calls`` holds one row per model call: the call's columns (``llm_calls``, with ``block_hashes``) and every
 column ``call_reuse`` computes (agentobs/model/call_reuse.sql, read as a black box: whatever its narrow result
 ``fin`` selects is stored), plus ``skey``, the unit of re-derivation: the session (a call without one is its own
-unit). Metric runs read it instead of deriving ``call_reuse`` again (agentobs.metrics.prepare: ``MetricRun`` uses it
+unit), and the hashes ``kh`` of ``skey`` and ``th`` of ``trace_id`` (integers a refresh finds a key's rows by). Metric runs read it instead of deriving ``call_reuse`` again (agentobs.metrics.prepare: ``MetricRun`` uses it
 when ``current``; otherwise it derives as before).
 
 ``refresh`` brings it up to date incrementally; ``rebuild`` derives it whole (a changed setting or a new release:
@@ -21,6 +21,10 @@ out-of-order call re-derives its session's tail with the rest of it:
   calls are derived from those traces' spans alone (the views' SQL over a copy of those spans). Sessions touched:
   the sessions those calls are in now and were in before (a late agent span can move a call to a session).
 - **What crosses sessions** (checked every refresh, each by a digest kept beside the state):
+  the instances' activity (the instance evidence of docs/metrics.md reads every call and the engine counters of
+  the call's instance): a new or changed call on an instance re-derives the sessions with a call there that started
+  at or after it and whose instance evidence was computed (``churn_ratio`` not NULL); new counter samples of an
+  instance, those whose call started after its previous last sample (any, when older samples changed);
   the KV-event index (agentobs.model.kvindex, per instance and session: a session whose removals or stored blocks
   changed is re-derived, and a changed last event time of an instance re-derives the sessions with abandoned calls
   on it); the engine config per instance (block size, prefix caching: the sessions with calls there); the end of
@@ -48,14 +52,15 @@ from ..store import segments
 from ..store.db import transaction
 from ..store.functions import ensure as functions
 from . import itl, kvindex, rollups, split_statements
-from .reuse import CALL_COLUMNS, reuse_sql, seconds_literal
+from .reuse import ACTIVITY_COLUMNS, CALL_COLUMNS, COUNTER_METRICS, reuse_sql, seconds_literal
 
 TABLE = "model_calls"
 META = "model_state_meta"
 KV_DIGEST = "model_state_kv"
 KV_END = "model_state_kv_end"
 CFG = "model_state_cfg"
-TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG, *rollups.TABLES, itl.TABLE)
+CNT = "model_state_cnt"
+TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG, CNT, *rollups.TABLES, *itl.TABLES)
 # views.sql's views a call is made from, in dependency order (each becomes a CTE over the chosen spans)
 _CALL_VIEWS = ("trace_context", "_gateway_spans", "_gateway_calls", "_engine_match", "_calls_joined", "llm_calls")
 _CALL_COLS = [c.strip() for c in CALL_COLUMNS.split(",")]
@@ -69,6 +74,8 @@ def skey(t: str = "") -> str:
 
 
 SKEY = skey()
+# model_calls' own columns besides call_reuse's (a change of them is a new release of the state: it rebuilds)
+_LAYOUT = "skey, kh = hash(skey), th = hash(trace_id)"
 # the call's row number inside call_reuse (its tie-breaks order by it): the same order whatever set is derived
 _RID = "row_number() OVER (ORDER BY start_s, call_id, trace_id)"
 
@@ -80,7 +87,10 @@ SELECT instance, session_id, count(*) AS n, sum(h) AS h FROM (
 ) GROUP BY ALL
 """
 _KV_END_SQL = "SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_events GROUP BY instance"
-_CFG_SQL = "SELECT instance, block_size, prefix_caching FROM instance_config"
+_CFG_SQL = "SELECT instance, block_size, prefix_caching, kv_capacity_tokens FROM instance_config"
+# the engine counters call_reuse reads (its cnt_src), per instance: how many samples and the last one's time
+_CNT_SQL = ("SELECT instance, count(*) AS n, max(ts) AS last_ts FROM metric_samples WHERE metric IN ("
+            + ", ".join(repr(m) for m in COUNTER_METRICS) + ") GROUP BY instance")
 
 
 @cache
@@ -104,6 +114,7 @@ def _call_views_sql() -> str:
 def version() -> str:
     """The SQL the state is derived with (a release that changes it rebuilds)."""
     h = hashlib.sha256()
+    h.update(_LAYOUT.encode())
     for name in ("call_reuse.sql", "views.sql"):
         h.update(resources.files(__package__).joinpath(name).read_bytes())
     for name in ("rollups.py", "itl.py"):
@@ -125,22 +136,24 @@ class Marks:
     segment_seq: int  # highest span segment seq read (0: none)
     data_end_ns: int | None
     kv_stamp: str
-    cfg: str  # digest of instance_config's block size and prefix caching
+    cfg: str  # digest of instance_config's block size, prefix caching and pool size
+    cnt: str  # digest of the engine counters' samples per instance (_CNT_SQL)
 
 
 def _marks(con) -> Marks:
     rowid, count = con.execute("SELECT coalesce(max(rowid), -1), count(*) FROM spans_part").fetchall()[0]
     end = con.execute("SELECT max(end_ns) FROM spans").fetchall()[0][0]
-    cfg = con.execute(f"SELECT coalesce(sum(hash(instance, block_size, prefix_caching)), 0) FROM ({_CFG_SQL})"
-                      ).fetchall()[0][0]
-    return Marks(int(rowid), int(count), segments.next_seq(con) - 1, end, kvindex.stamp(con), str(cfg))
+    cfg = con.execute(f"SELECT coalesce(sum(hash(instance, block_size, prefix_caching, kv_capacity_tokens)), 0) "
+                      f"FROM ({_CFG_SQL})").fetchall()[0][0]
+    cnt = con.execute(f"SELECT coalesce(sum(hash(instance, n, last_ts)), 0) FROM ({_CNT_SQL})").fetchall()[0][0]
+    return Marks(int(rowid), int(count), segments.next_seq(con) - 1, end, kvindex.stamp(con), str(cfg), str(cnt))
 
 
 def _stored_marks(con) -> tuple[str, Marks] | None:
     try:
-        rows = con.execute(f"SELECT fingerprint, span_rowid, span_count, segment_seq, data_end_ns, kv_stamp, cfg "
+        rows = con.execute(f"SELECT fingerprint, span_rowid, span_count, segment_seq, data_end_ns, kv_stamp, cfg, cnt "
                            f"FROM {META}").fetchall()
-    except (duckdb.CatalogException, duckdb.BinderException):  # none, or one from before segment_seq
+    except (duckdb.CatalogException, duckdb.BinderException):  # none, or one written before a mark was added
         return None
     if len(rows) != 1:
         return None
@@ -167,7 +180,8 @@ def status(con, settings: Settings) -> str:
     if now != old:
         what = [w for w, a, b in (("spans", (old.span_rowid, old.span_count, old.segment_seq),
                                            (now.span_rowid, now.span_count, now.segment_seq)),
-                                  ("kv events", old.kv_stamp, now.kv_stamp), ("engine config", old.cfg, now.cfg))
+                                  ("kv events", old.kv_stamp, now.kv_stamp), ("engine config", old.cfg, now.cfg),
+                                  ("engine counters", old.cnt, now.cnt))
                 if a != b]
         return f"stale: {n:,} calls; new {', '.join(what)} since (agentobs model refresh)"
     return f"current: {n:,} calls ({old.span_count:,} spans read)"
@@ -187,23 +201,25 @@ class Refreshed:
 _DATA_END = "(SELECT max(end_ns) FROM spans)"
 
 
-def _derive_sql(src: str, kv_index: bool, settings: Settings, fin_cols: list[str], data_end_ns: int | None = None
-                ) -> str:
+def _derive_sql(src: str, kv_index: bool, settings: Settings, fin_cols: list[str], data_end_ns: int | None = None,
+                activity: str | None = None) -> str:
     """call_reuse over the calls in temp table ``src`` (columns CALL_COLUMNS), as model_calls' rows. ``data_end_ns``:
-    the end of the data already read (the marks), so that a few calls do not scan every span for it."""
+    the end of the data already read (the marks), so that a few calls do not scan every span for it. ``activity``:
+    every call of the store when ``src`` holds only some (reuse_sql)."""
     call = ", ".join(f"cs.{c}" for c in _CALL_COLS)
     own = ", ".join(f"r.{c}" for c in fin_cols)
-    sql = _reuse(src, settings, call, own, kv_index)
+    sql = _reuse(src, settings, call, own, kv_index, activity)
     if data_end_ns is not None:
         sql = sql.replace(_DATA_END, f"CAST({int(data_end_ns)} AS BIGINT)")
     return sql
 
 
-def _reuse(src: str, settings: Settings, call: str, own: str, kv_index: bool) -> str:
-    return reuse_sql(src, str(int(settings.default_block_size)), f"{skey('cs')} AS skey, {call}, {own}",
+def _reuse(src: str, settings: Settings, call: str, own: str, kv_index: bool, activity: str | None = None) -> str:
+    return reuse_sql(src, str(int(settings.default_block_size)),
+                     f"{skey('cs')} AS skey, hash({skey('cs')}) AS kh, hash(cs.trace_id) AS th, {call}, {own}",
                      "JOIN calls_src cs ON cs.rid = r.rid",
                      abandoned_after_s=settings.abandoned_after_s, has_rid=True, rid="rid", narrow=True,
-                     kv_index=kv_index, hit_tolerance_blocks=int(settings.hit_tolerance_blocks))
+                     kv_index=kv_index, hit_tolerance_blocks=int(settings.hit_tolerance_blocks), activity=activity)
 
 
 _FIN: dict[tuple, list[str]] = {}
@@ -231,15 +247,15 @@ def _ask_fin_columns(cur, kv_index: bool, settings: Settings) -> list[str]:
 
 def _write_marks(cur, settings: Settings, marks: Marks, mode: str, seconds: float) -> None:
     cur.execute(f"CREATE OR REPLACE TABLE {META} (fingerprint VARCHAR, span_rowid BIGINT, span_count BIGINT, "
-                "segment_seq BIGINT, data_end_ns BIGINT, kv_stamp VARCHAR, cfg VARCHAR, mode VARCHAR, "
+                "segment_seq BIGINT, data_end_ns BIGINT, kv_stamp VARCHAR, cfg VARCHAR, cnt VARCHAR, mode VARCHAR, "
                 "refreshed_at TIMESTAMP, seconds DOUBLE)")
-    cur.execute(f"INSERT INTO {META} VALUES (?, ?, ?, ?, ?, ?, ?, ?, now()::TIMESTAMP, ?)",
+    cur.execute(f"INSERT INTO {META} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, now()::TIMESTAMP, ?)",
                 [fingerprint(settings), marks.span_rowid, marks.span_count, marks.segment_seq, marks.data_end_ns,
-                 marks.kv_stamp,
-                 marks.cfg, mode, seconds])
+                 marks.kv_stamp, marks.cfg, marks.cnt, mode, seconds])
     cur.execute(f"CREATE OR REPLACE TABLE {KV_DIGEST} AS {_KV_DIGEST_SQL}")
     cur.execute(f"CREATE OR REPLACE TABLE {KV_END} AS {_KV_END_SQL}")
     cur.execute(f"CREATE OR REPLACE TABLE {CFG} AS {_CFG_SQL}")
+    cur.execute(f"CREATE OR REPLACE TABLE {CNT} AS {_CNT_SQL}")
 
 
 class _OverBudget(Exception):
@@ -427,20 +443,21 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     cur.step("calls")
     # the spans of T1; the traces paired with them (T2 less T1) are read from them, and their spans added (a
     # second scan only when there are such traces). ``spans`` is a view (table part + segments): no rowid
-    cur.execute("CREATE OR REPLACE TEMP TABLE inc_spans AS SELECT * FROM spans "
-                "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
+    _spans_of(cur, "inc_spans", "inc_t1", create=True)
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_t2 AS SELECT trace_id FROM inc_t1")
     if _widen(cur, "inc_spans", "inc_t2"):
-        cur.execute("INSERT INTO inc_spans SELECT * FROM spans WHERE trace_id IN ("
-                    "SELECT trace_id FROM inc_t2 WHERE trace_id NOT IN (SELECT trace_id FROM inc_t1))")
+        cur.execute("DELETE FROM inc_t2 WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
+        _spans_of(cur, "inc_spans", "inc_t2", create=False)
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_calls AS {_call_views_sql()}"
                 f"SELECT {CALL_COLUMNS} FROM llm_calls WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
     # the sessions to re-derive
     cur.step("sessions")
     ab = float(seconds_literal(settings.abandoned_after_s))
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_old AS SELECT rowid AS r, skey FROM {TABLE} "
-                "WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
-    parts = [f"SELECT {SKEY} AS skey FROM inc_calls", "SELECT skey FROM inc_old"]
+    # the stored calls of T1: their row ids by a scan of the trace's hash alone (th: an integer), then their
+    # sessions by row id
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_old AS {_by_hash('th', 'trace_id', 'inc_t1')}")
+    parts = [f"SELECT {SKEY} AS skey FROM inc_calls",
+             f"SELECT skey FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_old)"]
     # KV: sessions whose removals or stored blocks changed
     parts.append(f"""SELECT coalesce(a.session_id, b.session_id) FROM ({_KV_DIGEST_SQL}) a
         FULL JOIN {KV_DIGEST} b ON a.instance = b.instance AND a.session_id = b.session_id
@@ -452,24 +469,56 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     if moved:
         cur.execute("CREATE OR REPLACE TEMP TABLE inc_inst AS SELECT unnest(?::VARCHAR[]) AS instance", [moved])
         parts.append(f"SELECT skey FROM {TABLE} WHERE abandoned AND instance IN (SELECT instance FROM inc_inst)")
+        # and its instance evidence: a removal on the instance rules out "never evicted" (no_churn)
+        parts.append(f"SELECT skey FROM {TABLE} WHERE churn_ratio IS NOT NULL AND instance IN (SELECT instance FROM inc_inst)")
     # engine config: block size or prefix caching of an instance changed
     changed = [r[0] for r in cur.execute(
         f"""SELECT coalesce(a.instance, b.instance) FROM ({_CFG_SQL}) a FULL JOIN {CFG} b USING (instance)
-            WHERE a.block_size IS DISTINCT FROM b.block_size OR a.prefix_caching IS DISTINCT FROM b.prefix_caching"""
+            WHERE a.block_size IS DISTINCT FROM b.block_size OR a.prefix_caching IS DISTINCT FROM b.prefix_caching
+               OR a.kv_capacity_tokens IS DISTINCT FROM b.kv_capacity_tokens"""
     ).fetchall()]
     if changed:
         cur.execute("CREATE OR REPLACE TEMP TABLE inc_cfg AS SELECT unnest(?::VARCHAR[]) AS instance", [changed])
         parts.append(f"SELECT skey FROM {TABLE} WHERE instance IN (SELECT instance FROM inc_cfg)")
+    # the instances' activity (instance evidence): a new or changed call on an instance, from its start on
+    parts.append(f"""SELECT m.skey FROM {TABLE} m JOIN (
+            SELECT instance, min(start_s) AS t FROM (
+                SELECT instance, start_s FROM inc_calls
+                UNION ALL SELECT instance, start_s FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_old))
+            GROUP BY instance) n ON n.instance = m.instance
+        WHERE m.churn_ratio IS NOT NULL AND m.start_s >= n.t""")
+    # new engine counter samples of an instance: the calls that started after its previous last sample (all of its
+    # calls when samples older than that changed)
+    if now.cnt != old.cnt:
+        insts, since = [], []
+        for inst, old_n, old_last in cur.execute(
+                f"""SELECT coalesce(a.instance, b.instance), b.n, epoch_us(b.last_ts) / 1e6 FROM ({_CNT_SQL}) a
+                    FULL JOIN {CNT} b USING (instance)
+                    WHERE a.n IS DISTINCT FROM b.n OR a.last_ts IS DISTINCT FROM b.last_ts""").fetchall():
+            kept = old_n is not None and cur.execute(
+                "SELECT count(*) FROM metric_samples WHERE instance = ? AND epoch_us(ts) / 1e6 <= ? "
+                "AND list_contains(?, metric)", [inst, old_last, list(COUNTER_METRICS)]).fetchall()[0][0] == old_n
+            insts.append(inst)
+            since.append(old_last if kept else None)
+        cur.execute("CREATE OR REPLACE TEMP TABLE inc_cnt AS SELECT unnest(?::VARCHAR[]) AS instance, "
+                    "unnest(?::DOUBLE[]) AS t", [insts, since])
+        parts.append(f"""SELECT m.skey FROM {TABLE} m JOIN inc_cnt n ON n.instance = m.instance
+            WHERE m.churn_ratio IS NOT NULL AND (n.t IS NULL OR m.start_s > n.t)""")
     if now.data_end_ns != old.data_end_ns and now.data_end_ns is not None:
-        # the end of the data moved: the last calls whose abandoned flag it flips
-        parts.append(f"SELECT skey FROM {TABLE} WHERE is_last AND session_id IS NOT NULL "
+        # the end of the data moved: the last calls whose abandoned flag it flips. Every stored flag is that of the
+        # old end (each refresh re-derives the flips of its own), and the end only grows (older spans changed: a
+        # rebuild), so they end in (old end − abandoned_after_s, new end − abandoned_after_s]: a range on end_s
+        # (a filter of the scan, widened by a second against rounding) before the exact test
+        rng = f"end_s <= {now.data_end_ns / 1e9 - ab + 1.0!r}"
+        if old.data_end_ns is not None:
+            rng += f" AND end_s > {old.data_end_ns / 1e9 - ab - 1.0!r}"
+        parts.append(f"SELECT skey FROM {TABLE} WHERE {rng} AND is_last AND session_id IS NOT NULL "
                      f"AND abandoned <> ({now.data_end_ns} / 1e9 - end_s >= {ab!r})")
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_keys AS SELECT DISTINCT skey FROM (" + "\nUNION ALL\n".join(parts)
                 + ") WHERE skey IS NOT NULL")
     cur.step("inputs")
     # the stored rows of those sessions, by row id (one narrow column scanned)
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_rows AS SELECT rowid AS r FROM {TABLE} "
-                "WHERE skey IN (SELECT skey FROM inc_keys)")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_rows AS {_by_hash('kh', 'skey', 'inc_keys')}")
     # their calls: the fresh ones of T1, the stored call columns of the others (their traces did not change)
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE inc_src AS SELECT {_RID} AS rid, * FROM (
         SELECT {CALL_COLUMNS} FROM inc_calls WHERE {SKEY} IN (SELECT skey FROM inc_keys)
@@ -478,27 +527,45 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
         WHERE rowid IN (SELECT r FROM inc_rows) AND trace_id NOT IN (SELECT trace_id FROM inc_t1))""")
     kv = kvindex.usable(cur)
     fin = _fin_columns(cur, kv, settings)
+    # every read of model_calls and model_itl_gap by row id comes before the transaction changes them (after a
+    # change, such a read scans the table whole)
     cur.step("delete")
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_gone AS SELECT * FROM {TABLE} "
-                "WHERE rowid IN (SELECT r FROM inc_rows UNION ALL SELECT r FROM inc_old)")
-    cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_rows UNION ALL SELECT r FROM inc_old)")
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_del AS SELECT r FROM inc_rows UNION SELECT r FROM inc_old")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_gone AS SELECT * FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_del)")
     cur.step("derive")
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_out AS {_derive_sql('inc_src', kv, settings, fin, now.data_end_ns)}")
+    # every call of the instances the derived calls are on, for their instance evidence: the stored rows left (less
+    # those being replaced: the DELETE comes after) and the calls being derived
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE inc_act AS
+        SELECT {ACTIVITY_COLUMNS} FROM {TABLE} WHERE instance IN (SELECT DISTINCT instance FROM inc_src)
+          AND rowid NOT IN (SELECT r FROM inc_del)
+        UNION ALL SELECT {ACTIVITY_COLUMNS} FROM inc_src""")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_out AS "
+                f"{_derive_sql('inc_src', kv, settings, fin, now.data_end_ns, activity='inc_act')}")
+    cur.step("itl_gaps")
+    itl.apply_delta(cur, TABLE, "inc_del", "inc_gone", "inc_out")
+    cur.step("delete")
+    cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_del)")
+    cur.step("derive")
     cur.execute(f"INSERT INTO {TABLE} SELECT * FROM inc_out")
     cur.step("rollups")
     rollups.apply_delta(cur, "inc_gone", "inc_out")
-    cur.step("itl_gaps")
-    itl.apply_delta(cur, TABLE, "inc_gone", "inc_out")
     cur.step("other")
     derived = cur.execute("SELECT count(*) FROM inc_src").fetchall()[0][0]
     units = cur.execute("SELECT count(*) FROM inc_keys").fetchall()[0][0]
     n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
     for t in ("inc_new", "inc_t1", "inc_t2", "inc_spans", "inc_calls", "inc_keys", "inc_src", "inc_old",
-              "inc_rows", "inc_inst", "inc_cfg", "inc_gone", "inc_out"):
+              "inc_rows", "inc_del", "inc_inst", "inc_cfg", "inc_cnt", "inc_act", "inc_gone", "inc_out"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
     cur.step("marks")
     _write_marks(cur, settings, now, "incremental", time.perf_counter() - t0)
     return n, derived, units
+
+
+def _by_hash(h: str, key: str, keys: str) -> str:
+    """The row ids (``r``) of the stored calls whose ``key`` is in temp table ``keys``: found by a scan of the key's
+    hash ``h`` (an integer column: a string key's scan hashes every string), the key compared on those rows."""
+    return (f"SELECT r FROM (SELECT rowid AS r, {key} FROM {TABLE} WHERE {h} IN (SELECT hash({key}) FROM {keys})) "
+            f"WHERE {key} IN (SELECT {key} FROM {keys})")
 
 
 def _new_spans_sql(cur, old: Marks) -> str:
@@ -514,6 +581,20 @@ def _new_spans_sql(cur, old: Marks) -> str:
     if seg:
         sql += f" UNION ALL {seg}"
     return sql
+
+
+def _spans_of(cur, out: str, traces: str, create: bool) -> None:
+    """Into temp table ``out`` (made, or added to), every span of the traces in temp table ``traces``: those of
+    ``spans_part`` found by a scan of its ``trace_id`` alone and then read by row id (a semi join on the whole row
+    would read every column of every row), and those of the segment tail (agentobs.store.segments) by trace id."""
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_sr AS SELECT rowid AS r FROM spans_part "
+                f"WHERE trace_id IN (SELECT trace_id FROM {traces})")
+    sql = "SELECT * FROM spans_part WHERE rowid IN (SELECT r FROM inc_sr)"
+    tail = segments.tail_sql(cur)
+    if tail is not None:
+        sql += f" UNION ALL SELECT * FROM ({tail}) WHERE trace_id IN (SELECT trace_id FROM {traces})"
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE {out} AS {sql}" if create else f"INSERT INTO {out} {sql}")
+    cur.execute("DROP TABLE inc_sr")
 
 
 def _widen(cur, spans_rel: str, traces: str) -> int:

@@ -220,16 +220,24 @@ def _merged_select(cur: duckdb.DuckDBPyConnection, files: list[str]) -> str:
     return f"SELECT {sel} FROM {src}"
 
 
-def view_sql(cur: duckdb.DuckDBPyConnection) -> str:
-    """The ``spans`` view for the catalog as ``cur`` sees it: spans_part, the merged files, the deduplicated tail."""
+def tail_sql(cur: duckdb.DuckDBPyConnection) -> str | None:
+    """The rows the ``spans`` view adds to ``spans_part`` — the merged files' and the tail's, each span once —
+    in spans_part's columns, or None: no Parquet files."""
     rows = cur.execute("SELECT file, min_start_ns, max_start_ns FROM span_segments ORDER BY seq").fetchall()
     merged = _merged_rows(cur)
-    sql = "SELECT * FROM spans_part"
+    parts = []
     if merged:
-        sql += f" UNION ALL {_merged_select(cur, [m[0] for m in merged])}"
+        parts.append(_merged_select(cur, [m[0] for m in merged]))
     if rows:
-        sql += f" UNION ALL {_tail_select(cur, rows, merged)}"
-    return sql
+        parts.append(_tail_select(cur, rows, merged))
+    return " UNION ALL ".join(parts) if parts else None
+
+
+def view_sql(cur: duckdb.DuckDBPyConnection) -> str:
+    """The ``spans`` view for the catalogs as ``cur`` sees them: spans_part, the merged files, the deduplicated
+    tail."""
+    tail = tail_sql(cur)
+    return "SELECT * FROM spans_part" if tail is None else f"SELECT * FROM spans_part UNION ALL {tail}"
 
 
 def ensure_view(cur: duckdb.DuckDBPyConnection) -> None:

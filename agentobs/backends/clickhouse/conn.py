@@ -88,6 +88,11 @@ class ClickHouse:
         else:
             raise ConfigError(f"--clickhouse-url {mask_url(url)!r}: use chdb:, chdb:///path or http(s)://host:8123/db")
 
+    @property
+    def lock(self) -> threading.RLock:
+        """Held by one statement at a time; a caller holds it over several that must not interleave."""
+        return self._lock
+
     def __str__(self) -> str:
         """The URL without its password (reports and logs name the source by it)."""
         return mask_url(self.url)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from functools import lru_cache
 
 import polars as pl
 import pyarrow as pa
@@ -20,11 +21,12 @@ import sqlglot
 from sqlglot import exp
 
 from ...errors import QueryError
+from . import steps
 from .conn import ClickHouse
 from .dialect import LIST_PARAMS, to_clickhouse
 from .model import reuse_schema
 
-_RUN_TABLES = ("m_src", "m_cost", "m_calls", "m_samples", "m_cost_arrow", "m_itl_gap")
+_RUN_TABLES = ("m_src", "m_act", "m_cost", "m_calls", "m_samples", "m_cost_arrow", "m_itl_gap")
 _seq = itertools.count()
 
 
@@ -71,27 +73,12 @@ class ClickHouseCursor:
         return self.prefix + n
 
     def _translate(self, sql: str) -> str:
-        tree = sqlglot.parse_one(sql, read="duckdb")
-        for t in tree.find_all(exp.Table):
-            if t.name in _RUN_TABLES and not t.db:
-                if not t.alias and isinstance(t.parent, (exp.From, exp.Join)):  # `m_calls.col` keeps resolving
-                    t.set("alias", exp.TableAlias(this=exp.to_identifier(t.name)))
-                t.set("this", exp.to_identifier(self._name(t.name)))
-        # CREATE [OR REPLACE] TEMP TABLE x AS ... → a Memory table (dropped on close)
-        create = tree if isinstance(tree, exp.Create) else None
-        if create is not None and create.kind == "TABLE":
-            name = create.this.name if isinstance(create.this, exp.Table) else create.this.this.name
+        q, created = _translated(sql)
+        if created is not None:  # CREATE [OR REPLACE] TEMP TABLE x AS ... → a Memory table (dropped on close)
+            name = created.replace(_PREFIX, self.prefix)
             self.created.add(name)
             self.ch.command(f"DROP TABLE IF EXISTS `{name}`")
-            props = create.args.get("properties")
-            if props is not None:
-                props.set("expressions", [p for p in props.expressions if not isinstance(p, exp.TemporaryProperty)])
-            create.set("replace", False)
-            body = create.expression
-            create.set("expression", None)
-            head = create.sql(dialect="clickhouse")
-            return f"{head} ENGINE = Memory AS {to_clickhouse(body.sql(dialect='duckdb'), reuse_schema())}"
-        return to_clickhouse(tree.sql(dialect="duckdb"), reuse_schema())
+        return q.replace(_PREFIX, self.prefix)
 
     @staticmethod
     def _params(params) -> dict:
@@ -102,8 +89,41 @@ class ClickHouseCursor:
             out[k] = v
         return out
 
+    def _steps(self, sql: str, params: dict) -> tuple[str, list[str]]:
+        """A statement that marks steps (call_reuse's body, agentobs.backends.clickhouse.steps): each step into a
+        Memory table of this cursor, once; returns the statement reading them and the tables, to drop after it."""
+        if not steps.has_steps(sql):
+            return sql, []
+
+        made: list[str] = []
+
+        def create(table: str, select: str) -> list[str]:
+            real = table.replace(_PREFIX, self.prefix)
+            made.append(real)
+            self.ch.command(self._translate(f"CREATE TABLE {table} AS {select}"), params)
+            return self.ch.arrow(f"SELECT * FROM `{real}` LIMIT 0").column_names
+
+        try:
+            # the step tables named with the placeholder prefix: the same SQL text every run, so the plan and the
+            # translations are cached (_translated, steps.run), and the cursor's prefix is put in afterwards
+            return steps.run(sql, f"{_PREFIX}step_", create)[0], made
+        except BaseException:
+            self._drop(made)
+            raise
+
+    def _drop(self, tables: list[str]) -> None:
+        for t in tables:
+            self.ch.command(f"DROP TABLE IF EXISTS `{t}`")
+            self.created.discard(t)
+
     def execute(self, sql: str, params=None):
-        s = sql.strip()
+        s, made = self._steps(sql.strip(), self._params(params))
+        try:
+            return self._execute(s, params)
+        finally:
+            self._drop(made)
+
+    def _execute(self, s: str, params=None):
         if s.upper().startswith("DROP TABLE"):
             name = s.split()[-1]
             self.ch.command(f"DROP TABLE IF EXISTS `{self._name(name)}`")
@@ -142,7 +162,12 @@ class ClickHouseCursor:
         return _Result(self._last).fetchall()
 
     def sql(self, sql: str, params=None) -> _Result:
-        return _Result(self.ch.arrow(self._translate(sql), self._params(params)))
+        p = self._params(params)
+        s, made = self._steps(sql, p)
+        try:
+            return _Result(self.ch.arrow(self._translate(s), p))
+        finally:
+            self._drop(made)
 
     def register(self, name: str, table: pa.Table) -> None:
         self.registered[name] = table
@@ -157,6 +182,35 @@ class ClickHouseCursor:
             except QueryError:
                 pass
         self.created.clear()
+
+
+# run tables in translated SQL carry this prefix, which each cursor replaces with its own (so translations are cached
+# by statement text across runs)
+_PREFIX = "agentobs_run_xprefixx_"
+
+
+@lru_cache(maxsize=256)
+def _translated(sql: str) -> tuple[str, str | None]:
+    """A statement of the run (DuckDB SQL) as ClickHouse SQL, the run tables named ``_PREFIX + name``; and, for a
+    ``CREATE [TEMP] TABLE x AS …``, the table it makes (a Memory table), else None."""
+    tree = sqlglot.parse_one(sql, read="duckdb")
+    for t in tree.find_all(exp.Table):
+        if t.name in _RUN_TABLES and not t.db:
+            if not t.alias and isinstance(t.parent, (exp.From, exp.Join)):  # `m_calls.col` keeps resolving
+                t.set("alias", exp.TableAlias(this=exp.to_identifier(t.name)))
+            t.set("this", exp.to_identifier(_PREFIX + t.name))
+    create = tree if isinstance(tree, exp.Create) else None
+    if create is not None and create.kind == "TABLE":
+        name = create.this.name if isinstance(create.this, exp.Table) else create.this.this.name
+        props = create.args.get("properties")
+        if props is not None:
+            props.set("expressions", [p for p in props.expressions if not isinstance(p, exp.TemporaryProperty)])
+        create.set("replace", False)
+        body = create.expression
+        create.set("expression", None)
+        head = create.sql(dialect="clickhouse")
+        return f"{head} ENGINE = Memory AS {to_clickhouse(body.sql(dialect='duckdb'), reuse_schema())}", name
+    return to_clickhouse(tree.sql(dialect="duckdb"), reuse_schema()), None
 
 
 def _ch_type(t: pa.DataType) -> str:

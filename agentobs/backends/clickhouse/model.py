@@ -8,13 +8,18 @@
   shape the scraper writes (histograms back as cumulative ``_bucket`` / ``_count`` / ``_sum`` series).
 - ``engine_config``: ``vllm:cache_config_info`` labels plus ``agentobs_engine_config``; ``kv_events``:
   ``agentobs_kv_events`` (the exporter has no place for either).
-- then agentobs/model/views.sql and the call_reuse view, transpiled by agentobs.backends.clickhouse.dialect.
+- then agentobs/model/views.sql, transpiled by agentobs.backends.clickhouse.dialect;
+- ``call_reuse``: a view over the table ``agentobs_call_reuse``, which holds call_reuse.sql's rows computed step by
+  step (agentobs.backends.clickhouse.steps) and is computed again when the data it reads changed
+  (``refresh_call_reuse``: readers call it first; docs/clickhouse.md "call_reuse on ClickHouse").
 
 Arrays cannot be NULL in ClickHouse: an empty ``itl_ms`` / ``block_hashes`` means unknown.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from importlib import resources
 
 from ... import conventions as C
@@ -22,6 +27,7 @@ from ...collect import normalize as N
 from ...collect.prom import KEPT_CREATED
 from ...config import Settings, load_settings
 from ...model import split_statements, views_sql
+from . import steps
 from .conn import ClickHouse
 from .dialect import to_clickhouse
 
@@ -311,14 +317,75 @@ def exporter_ddl() -> list[str]:
 
 
 def model_statements(settings: Settings | None = None) -> list[str]:
-    """Every CREATE VIEW of the model on ClickHouse, in order."""
-    from ...model.reuse import reuse_sql
-
+    """Every CREATE VIEW of the model on ClickHouse, in order (call_reuse: refresh_call_reuse)."""
     settings = settings if settings is not None else load_settings()
     out = [ENGINE_CONFIG_SQL, KV_EVENTS_SQL]
     out += [to_clickhouse(s) for s in split_statements(views_sql())]
-    out.append(to_clickhouse("CREATE OR REPLACE VIEW call_reuse AS " + reuse_sql(), reuse_schema()))
     return out
+
+
+# -- call_reuse: a table computed by steps, again when the data changed ---------------------------------------------
+CALL_REUSE_TABLE = "agentobs_call_reuse"
+# the tables the model reads: every insert makes a data part with a higher block number (ClickHouseSource.stamp)
+DATA_TABLES = ("spans", "metric_samples", "agentobs_engine_config", "agentobs_kv_events")
+DATA_PARTS_SQL = ("SELECT table, toInt64(sum(rows)) AS n, toInt64(max(max_block_number)) AS b FROM system.parts "
+                  "WHERE database = currentDatabase() AND active AND has({tables:Array(String)}, table) "
+                  "GROUP BY table ORDER BY table")
+
+
+def data_parts(ch: ClickHouse) -> tuple:
+    """Per table the model reads, (table, rows, highest block number) of its active data parts (``system.parts``:
+    metadata, no data read). Merges keep both; an insert or a deletion changes them."""
+    t = ch.arrow(DATA_PARTS_SQL, {"tables": list(DATA_TABLES)})
+    return tuple(zip(*(c.to_pylist() for c in t.columns), strict=True))
+
+
+def call_reuse_version(ch: ClickHouse) -> str:
+    """What ``agentobs_call_reuse``'s rows are a function of: the data (data_parts) and the SQL (call_reuse.sql and
+    the view stack under it, as transpiled)."""
+    from ...model.reuse import reuse_sql
+
+    h = hashlib.sha256(reuse_sql().encode())
+    h.update(views_sql().encode())
+    h.update(repr(data_parts(ch)).encode())
+    return h.hexdigest()[:32]
+
+
+def _stored_version(ch: ClickHouse) -> str | None:
+    t = ch.arrow("SELECT comment FROM system.tables WHERE database = currentDatabase() AND name = {name:String}",
+                 {"name": CALL_REUSE_TABLE})
+    return t.column(0)[0].as_py() if t.num_rows else None
+
+
+def refresh_call_reuse(ch: ClickHouse, force: bool = False) -> bool:
+    """Compute ``agentobs_call_reuse`` (call_reuse.sql over llm_calls, the built-in defaults: the view's rows) by
+    steps when its data version is not the stored one (or ``force``), and (re)create the view ``call_reuse`` over it.
+    Returns whether it computed. The version is read before the computation, so data that arrives meanwhile makes
+    the next call compute again."""
+    from ...model.reuse import reuse_sql
+
+    with ch.lock:
+        version = call_reuse_version(ch)
+        if not force and _stored_version(ch) == version:
+            return False
+        schema = reuse_schema()
+        made: list[str] = []
+
+        def create(table: str, select: str) -> list[str]:
+            made.append(table)
+            ch.command(f"DROP TABLE IF EXISTS `{table}`")
+            ch.command(f"CREATE TABLE `{table}` ENGINE = Memory AS {to_clickhouse(select, schema)}")
+            return ch.arrow(f"SELECT * FROM `{table}` LIMIT 0").column_names
+
+        try:
+            final, _ = steps.run(reuse_sql(), f"agentobs_run_cr_{os.getpid()}_", create)
+            ch.command(f"CREATE OR REPLACE TABLE {CALL_REUSE_TABLE} ENGINE = MergeTree ORDER BY tuple() "
+                       f"COMMENT '{version}' AS {to_clickhouse(final, schema)}")
+        finally:
+            for t in made:
+                ch.command(f"DROP TABLE IF EXISTS `{t}`")
+        ch.command(f"CREATE OR REPLACE VIEW call_reuse AS SELECT * FROM {CALL_REUSE_TABLE}")
+        return True
 
 
 def create_tables(ch: ClickHouse, settings: Settings | None = None, backfill: bool = True) -> None:
@@ -353,3 +420,8 @@ def create_tables(ch: ClickHouse, settings: Settings | None = None, backfill: bo
 def create_views(ch: ClickHouse, settings: Settings | None = None) -> None:
     for stmt in model_statements(settings):
         ch.command(stmt)
+    # call_reuse's table when there is none (a store from before it: its inline call_reuse view is replaced); one there
+    # is brought up to date by its readers (a `clickhouse load` runs this before it writes: computing now would be
+    # for data about to change)
+    if _stored_version(ch) is None:
+        refresh_call_reuse(ch, force=True)

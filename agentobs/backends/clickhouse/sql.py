@@ -11,6 +11,7 @@ For a server, use a ClickHouse user with read-only grants as well.
 
 from __future__ import annotations
 
+import re
 import time
 
 import pyarrow as pa
@@ -62,14 +63,25 @@ def check_select(query: str) -> str:
     return query.strip().rstrip(";")
 
 
+_CALL_REUSE = re.compile(r"\bcall_reuse\b", re.IGNORECASE)
+
+
 def run_query(ch: ClickHouse, query: str, row_cap: int = 10_000, timeout_s: float = 30.0):
     """The query as an agentobs.sql.QueryResult (truncation noted, elapsed time), as `agentobs sql` shows it."""
     from ...sql import QueryResult
+    from .model import refresh_call_reuse
 
     t0 = time.perf_counter()
     q = check_select(query)
     if "settings" in q.lower().split()[-6:]:
         raise QueryError("a SETTINGS clause is not allowed")
+    if _CALL_REUSE.search(q):
+        # call_reuse reads a table computed by steps: brought up to date with the data first (model.py)
+        try:
+            refresh_call_reuse(ch)
+        except QueryError as e:
+            raise QueryError(f"call_reuse could not be brought up to date with the data ({e}); a ClickHouse user "
+                             "that may create tables runs `agentobs clickhouse init` to do it") from None
     t = ch.arrow(f"SELECT * FROM ({q}) LIMIT {int(row_cap) + 1} "
                  f"SETTINGS readonly = 1, max_execution_time = {float(timeout_s)}")
     truncated = t.num_rows > row_cap

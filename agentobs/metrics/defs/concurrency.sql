@@ -31,6 +31,8 @@ agg AS (
     FROM o
     GROUP BY grp, k
 )
+-- final: from agg (grp, k, calls, request_s) and bounds (w0, w1), the buckets above (the rollup form,
+--   rollup_concurrency.sql, sums them per minute from model_rollup_minute: agentobs/metrics/rollup.py)
 SELECT grp,
        make_timestamp(CAST(k * $bucket_s * 1e6 AS BIGINT)) AS bucket_start,
        least((k + 1) * $bucket_s, w1) - greatest(k * $bucket_s, w0) AS bucket_s,
