@@ -586,7 +586,8 @@ def _new_spans_sql(cur, old: Marks) -> str:
 def _spans_of(cur, out: str, traces: str, create: bool) -> None:
     """Into temp table ``out`` (made, or added to), every span of the traces in temp table ``traces``: those of
     ``spans_part`` found by a scan of its ``trace_id`` alone and then read by row id (a semi join on the whole row
-    would read every column of every row), and those of the segment tail (agentobs.store.segments) by trace id."""
+    would read every column of every row), and those of the Parquet files (merged and tail: segments.tail_sql) by
+    trace id."""
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_sr AS SELECT rowid AS r FROM spans_part "
                 f"WHERE trace_id IN (SELECT trace_id FROM {traces})")
     sql = "SELECT * FROM spans_part WHERE rowid IN (SELECT r FROM inc_sr)"
