@@ -388,9 +388,8 @@ def test_saved_queries_file_errors(tmp_path):
 
 
 def test_findings_page_matches_findings_run(view, db):
-    from agentobs.findings import run
-
     from agentobs.console.findings import head
+    from agentobs.findings import run
 
     goto(view, "findings.py")
     found = run(as_source(str(db)))
