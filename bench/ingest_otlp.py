@@ -10,7 +10,7 @@ attributes), protobuf. The receiver runs in this process as `agentobs collect` r
 spool (acknowledged once fsync'd) → loader (``--processes`` decoder processes, default one per core) →
 the store in the layout ``--span-store`` names (``table``: the loader thread inserts into DuckDB;
 ``segments``: the decoders write Parquet segments, the loader thread commits their catalog rows and merges
-them into the table part every ``--compact-after`` segments; default: the setting ``span_store``). The clients run in separate processes, each with a keep-alive connection, posting pre-built
+the oldest half into one large Parquet file every ``--compact-after`` segments; default: the setting ``span_store``). The clients run in separate processes, each with a keep-alive connection, posting pre-built
 payloads and waiting for each 200 before the next export (like an OTLP exporter).
 
 End to end = from the first request until the loader has committed every acknowledged span to the
@@ -18,10 +18,13 @@ store (what `agentobs sql` then reads; the count is checked with a query). Decod
 own decode of the same bodies (``decode_records``: spool read → the ``--decoder`` (default native:
 otlp_native.py) → Arrow table → IPC) in one process, alternated with the end-to-end rounds so both see
 the same machine load; ``--python-decode`` also times otlp.py's decode of them (the reference). ``--prefill`` stores N spans first (copies of
-round 1 under new trace ids and earlier times), to see the rate at a large stored count.
+round 1 under new trace ids and earlier times; segments layout: published as segments and merged into
+Parquet files of ``--prefill-merge`` rounds each, as the collector's compaction stores them), to see the rate at
+a large stored count.
 
 CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread
-and DuckDB's insert; the loader thread's own share in parentheses) and the decoder processes. The store
+and DuckDB's insert; the loader thread's own share in parentheses) and the decoder processes, taken before
+the bench's own count check (whose CPU is printed beside each round). The store
 connection gets ``collect_memory_limit`` as ``agentobs collect`` does.
 
 Memory (from the first round on: the prefill's own peak is reset), per process of the collector — this process (receivers, spool, loader thread, DuckDB), the
@@ -61,6 +64,7 @@ from agentobs.collect.receiver import Ingest  # noqa: E402
 from agentobs.collect.spool import Spool  # noqa: E402
 from agentobs.config import load_settings  # noqa: E402
 from agentobs.model import connect  # noqa: E402
+from agentobs.store import segments  # noqa: E402
 from agentobs.store.db import set_memory_limit  # noqa: E402
 
 
@@ -128,6 +132,16 @@ class PssSampler(threading.Thread):
                 self.peak, self.at_peak = sum(each.values()), each
 
 
+def _prefill_segment(con, db, table) -> None:
+    """Publish ``table`` as the loader publishes a decoder's segment (file, rename, catalog row + view)."""
+    seg = segments.write_segment(table, segments.segments_dir(db))
+    seq = segments.next_seq(con)
+    f = segments.publish_file(seg, seq)
+    con.execute("BEGIN")
+    segments.add(con, seq, f, seg, (0, 0))
+    con.execute("COMMIT")
+
+
 def _decode_only(items, decoder: str, total: int):
     """Decode-only of ``items`` in this (separate) process: spans/s and µs CPU/span."""
     s = load_settings(env={"AGENTOBS_LOADER_DECODER": decoder})
@@ -152,6 +166,8 @@ def main() -> None:
                     help="the store layout (span_store; default: the setting)")
     ap.add_argument("--compact-after", type=int, default=None,
                     help="segment_compact_after for the segments layout (default: the setting)")
+    ap.add_argument("--prefill-merge", type=int, default=16,
+                    help="segments layout: prefill rounds merged into one Parquet file (as compaction would)")
     ap.add_argument("--python-decode", action="store_true",
                     help="also time otlp.py's decode-only of the same bodies (the reference)")
     a = ap.parse_args()
@@ -197,10 +213,19 @@ def main() -> None:
                                    for k in range(0, a.batches, 8))  # (freed below: only its rows stay, in DuckDB)
             con.register("_round", one)
             for k in range(-(-a.prefill // one.num_rows)):
-                con.execute(f"INSERT INTO spans_part BY NAME SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
-                            f"start_ns - {(k + 1) * 10**12} AS start_ns) FROM _round")
+                shifted = (f"SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
+                           f"start_ns - {(k + 1) * 10**12} AS start_ns) FROM _round")
+                if settings.span_store == "segments":  # as the collector stores them: segments, merged into Parquet
+                    _prefill_segment(con, db, con.sql(shifted).to_arrow_table())
+                    if (k + 1) % a.prefill_merge == 0:
+                        segments.compact(con)
+                else:
+                    con.execute(f"INSERT INTO spans_part BY NAME {shifted}")
             con.unregister("_round")
             del one
+            if settings.span_store == "segments":
+                segments.compact(con)
+                segments.sweep(con)
             con.execute("CHECKPOINT")
         prefilled = con.execute("SELECT count(*) FROM spans").fetchone()[0]
         try:  # the peak RSS from here on: the collector running, not the prefill's own work
@@ -238,18 +263,23 @@ def main() -> None:
             t_acked = time.perf_counter() - t0
             ok = sum(c.get(200, 0) for c in codes)
             assert loader.wait_idle(600)
-            # queryable: the count a reader's `agentobs sql` would see (segments: read through the spans view)
-            assert con.execute("SELECT count(*) FROM spans").fetchone()[0] - prefilled == acked + ok * a.spans
-            wall = time.perf_counter() - t0
+            # the collector's CPU: taken before the bench's own check below (a count over the whole store, whose
+            # cost grows with it: 10M stored spans made it ~17 µs per span of a round)
             c_self, c_kids = time.process_time() - c_self0, sum(_cpu(k) for k in kids) - c_kids0
             c_loader = _thread_cpu(loader._thread.native_id) - c_loader0
+            # queryable: the count a reader's `agentobs sql` would see (segments: read through the spans view)
+            c_q = time.process_time()
+            assert con.execute("SELECT count(*) FROM spans").fetchone()[0] - prefilled == acked + ok * a.spans
+            wall = time.perf_counter() - t0
+            c_q = time.process_time() - c_q
             for p in clients:
                 p.join()
             acked += ok * a.spans
             rows.append({"decode": dec_rate, "decode_cpu": dec_cpu, "e2e": total / wall, "ack": total / t_acked,
                          "self": c_self / total * 1e6, "kids": c_kids / total * 1e6, "ok": ok,
                          "loader": c_loader / total * 1e6, "py": py_rate, "py_cpu": py_cpu,
-                         "r429": sum(c.get(429, 0) for c in codes), "load": os.getloadavg()[0]})
+                         "r429": sum(c.get(429, 0) for c in codes), "load": os.getloadavg()[0],
+                         "query_ms": c_q * 1e3})
         rss_self = _hwm_mb(os.getpid())
         rss_kids = [_hwm_mb(p.pid) for p in loader.pool._processes.values()] if loader.pool else []
         rss_fs = _hwm_mb(fs_pid) if fs_pid else 0.0
@@ -261,10 +291,13 @@ def main() -> None:
         loader.stop()
         stored = con.execute("SELECT count(*) FROM spans").fetchone()[0] - prefilled
         segs = con.execute("SELECT count(*) FROM span_segments").fetchone()[0]
+        n_merged, merged_rows = con.execute("SELECT count(*), coalesce(sum(rows), 0) FROM span_merged").fetchone()
+        in_table = con.execute("SELECT count(*) FROM spans_part").fetchone()[0]
         con.close()
     print(f"span_store = {settings.span_store}"
           + (f" (segments merged {loader.compacted_segments}, left {segs}; segment_compact_after "
-             f"{settings.segment_compact_after})" if settings.span_store == "segments" else ""))
+             f"{settings.segment_compact_after}; {n_merged} merged Parquet files, {merged_rows:,} rows)"
+             if settings.span_store == "segments" else "") + f"; rows in the DuckDB table spans_part: {in_table:,}")
     print(f"payloads: {a.rounds} rounds x {a.batches} x {a.spans} spans, {mb:.1f} MB protobuf a round, "
           f"{a.clients} client processes, {procs_n} decoder processes, {prefilled:,} spans stored before, "
           f"{os.cpu_count()} CPUs")
@@ -273,7 +306,7 @@ def main() -> None:
     for i, r in enumerate(rows):
         print(f"{i + 1:5d}  {r['decode']:10,.0f} ({r['decode_cpu']:5.1f})    {r['ack']:12,.0f}   {r['e2e']:12,.0f}"
               f"       {r['e2e'] / r['decode']:5.0%}   {r['self']:6.1f} ({r['loader']:5.1f}) + {r['kids']:5.1f}"
-              f"{'':22s}{r['r429']:4d}  {r['load']:.1f}")
+              f"{'':22s}{r['r429']:4d}  {r['load']:.1f}  (the count check: {r['query_ms']:,.0f} ms CPU)")
         if r["py"]:
             print(f"       otlp.py decode-only {r['py']:10,.0f} spans/s ({r['py_cpu']:.1f} µs CPU/span)")
     med = {k: statistics.median(r[k] for r in rows) for k in ("decode", "e2e", "decode_cpu", "self", "kids", "loader")}

@@ -402,6 +402,42 @@ def test_the_same_spans_in_another_batch_are_stored_once(store):
     assert health.value("agentobs_writer_rows_total") == (5 if SETTINGS.span_store == "table" else 3 + 5)
 
 
+def test_the_same_spans_sent_three_times_with_compaction_between_are_read_once(tmp_path):
+    """span_store = segments with a compaction after every segment: the same spans sent 3x in bodies that differ
+    (the spool's hash cannot catch them), each stored as a segment and merged into a Parquet file before the next
+    arrives; and a timed-out export retried after its compaction. Readers see every span once, and the merged
+    files hold each span once (the copies are dropped in the merge, not only hidden by the view)."""
+    settings = load_settings(env={"AGENTOBS_SPAN_STORE": "segments", "AGENTOBS_SEGMENT_COMPACT_AFTER": "1"})
+    p = Pipeline(tmp_path)
+    p.loader = Loader(p.spool, p.con, settings, p.health, processes=0)
+    p.start()
+    ing, health, hs, gs = _servers(p)
+    try:
+        for n in (3, 4, 5):  # spans 1-3, then 1-4, then 1-5: three bodies, each a copy of the one before
+            assert _post(hs.port, _proto_of(GOOD_JSON, n))[0] == 200
+            p.settle()
+        body = _payload(20, 11)
+        assert _post(hs.port, body)[0] == 200
+        p.settle()  # stored and merged
+        assert _post(hs.port, body)[0] == 200  # sent again (an exporter's retry after its timeout): hash caught
+        p.settle()
+    finally:
+        hs.stop()
+        gs.stop(0)
+    con = p.con
+    assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (25, 25)
+    assert con.execute("SELECT count(*) FROM spans_part").fetchone()[0] == 0  # nothing in the DuckDB table
+    # every segment but (at most) the newest is merged; the merged files and the tail hold each span once
+    files = [r[0] for r in con.execute("SELECT file FROM span_merged UNION ALL SELECT file FROM span_segments"
+                                       ).fetchall()]
+    assert con.execute("SELECT sum(rows) FROM span_merged").fetchone()[0] >= 5
+    n, distinct = con.execute(f"SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM read_parquet({files!r})"
+                              ).fetchone()
+    assert (n, distinct) == (25, 25)
+    assert health.value("agentobs_otlp_requests_total", {"transport": "http", "outcome": "duplicate"}) == 1
+    p.close()
+
+
 def _proto_of(doc: dict, n: int) -> bytes:
     """The JSON request as protobuf with n spans (span ids 1..n)."""
     from opentelemetry.proto.trace.v1.trace_pb2 import Span

@@ -390,14 +390,20 @@ def test_saved_queries_file_errors(tmp_path):
 def test_findings_page_matches_findings_run(view, db):
     from agentobs.findings import run
 
+    from agentobs.console.findings import head
+
     goto(view, "findings.py")
-    n = len(run(as_source(str(db))))
+    found = run(as_source(str(db)))
+    n = len(found)
     if n == 0:
         assert view.success[0].value == "No findings in this view."
     else:
         assert view.caption[1].value.startswith(f"{n} finding(s)")
-    # one expander per finding (the sidebar has its own), then the evidence available per instance
+    # one expander per finding (the sidebar has its own), in the ledger's order, each label naming its scope (one
+    # rule firing on several instances gives several findings that must tell apart), then the evidence per instance
     assert len(view.main.expander) == n + 1
+    assert [e.label for e in view.main.expander[:-1]] == [head(f) for f in found]
+    assert all(f.scope.instance is None or f.scope.instance in head(f) for f in found)
     ev = view.main.expander[-1]
     assert ev.label == "Evidence available per instance"
     # the console store (tests/test_console_store.py): two vLLM instances and one SGLang, each scraped (vllm_metrics.prom

@@ -272,8 +272,10 @@ def test_findings_page_equals_duckdb(view, stores):
         assert view.success[0].value == "No findings in this view."
     else:
         assert view.caption[1].value.startswith(f"{len(duck)} finding(s)")
+        from agentobs.console.findings import head
+
         heads = sorted(e.label for e in view.main.expander[:-1])
-        assert heads == sorted(e.label for e in _duck_expanders(duck))
+        assert heads == sorted(head(f) for f in duck)
     # one expander per finding, then the evidence available per instance: DuckDB's table (evidence_sql on each)
     assert len(view.main.expander) == len(duck) + 1
     ev = view.main.expander[-1]
@@ -299,16 +301,6 @@ def test_whatif_page_equals_duckdb(view, stores):
     assert shown["figure"].to_list() == [r["figure"] for r in want]
     assert shown["before"].to_list() == pytest.approx([r["before"] for r in want], nan_ok=True)
     assert shown["after"].to_list() == pytest.approx([r["after"] for r in want], nan_ok=True)
-
-
-def _duck_expanders(items):
-    class E:  # the expander label the page renders for a finding (agentobs/console/findings.py render)
-        def __init__(self, f):
-            usd = getattr(f.tax, "usd_week", None)
-            per = getattr(f.tax, "per", "/week")
-            self.label = f"**{f.severity}** · {f.title}" + (f" · ${usd:,.2f}{per} at stake" if usd is not None else "")
-
-    return [E(f) for f in items]
 
 
 # -- filters in the URL ---------------------------------------------------------------------------------

@@ -78,7 +78,10 @@ def test_every_remediation_names_documented_flags(store, tmp_path):
     fleet = Fleet(calls, sglang={SG: {"schedule_policy": "fcfs"}},
                   vllm={VL: {}, VL2: {}, "10.0.0.4:8000": {"enable_prefix_caching": "False"},
                         "10.0.0.5:8000": {}, "10.0.0.6:8000": {}},
-                  queue={SG: [(0.0, 0.0), (150.0, 5.0), (400.0, 0.0)]})
+                  queue={SG: [(0.0, 0.0), (150.0, 5.0), (400.0, 0.0)]},
+                  # the retractions inside session a's gap make its 16,000-token miss an eviction before the queue
+                  # builds (at 150 s), which hicache_off owns: the SG two-turn misses (queued) go to sglang_fcfs first
+                  preemptions=itl_fleet().preemptions)
     build(store, tmp_path, fleet)
     by_rule, found = findings_by_rule(store[0], settings=settings(findings_no_session_share=0.1))  # 20 of 106 calls
     assert {"hicache_off", "sglang_fcfs", "prefix_cache_off", "non_affine_routing", "vllm_no_offload",

@@ -55,6 +55,10 @@ class Fleet:
     vllm: dict[str, dict] = field(default_factory=dict)       # instance -> cache_config_info labels
     queue: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # instance -> [(t, waiting)]
     scraped: bool = True  # engines scraped through the hour (an empty queue gauge at 0 and 3,599 s)
+    # instance -> [(t, preemptions so far)]: the engine's preemption counter (vllm:num_preemptions_total, SGLang's
+    # sglang:num_retracted_requests_total) scraped at t — instance evidence of eviction when it rises between two
+    # scrapes inside a session's idle gap (docs/metrics.md, "Instance evidence")
+    preemptions: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
 
 
 def otlp_doc(calls: list[Call]) -> dict:
@@ -108,6 +112,12 @@ def build(store, tmp_path, fleet: Fleet) -> None:
             p = tmp_path / f"q_{inst.replace(':', '_')}_{t:g}.prom"
             p.write_text("# TYPE sglang:num_queue_reqs gauge\n"
                          f'sglang:num_queue_reqs{{engine_type="unified",model_name="Qwen/Qwen3-8B"}} {v}\n')
+            import_prom([p], inst, w, at=T0 + t)
+    for inst, points in fleet.preemptions.items():
+        name = "sglang:num_retracted_requests" if inst in fleet.sglang else "vllm:num_preemptions"
+        for t, v in points:
+            p = tmp_path / f"pre_{inst.replace(':', '_')}_{t:g}.prom"
+            p.write_text(f"# TYPE {name} counter\n{name}_total{{model_name=\"Qwen/Qwen3-8B\"}} {v}\n")
             import_prom([p], inst, w, at=T0 + t)
     # the engines were scraped through the whole hour (an empty queue at its first and last second), so the hour
     # is the observed window the ledger scales from (docs/findings.md: observed = asked ∩ what the store saw)
@@ -168,9 +178,12 @@ def test_hicache_off_fires_with_sizing(store, tmp_path):
     assert f.id == f"hicache_off/instance={SG}"
     ev = dict(f.evidence.numbers)
     assert ev["reprefill_tokens"] == 100_000          # 10 × R_eff 10,000
-    # SGLang's KV events carry no session: nothing proves these were evictions, so the model calls them unexplained
-    # (issue 20; before evicted_full); the rule still sizes them, its band's lower end is 0 (severity on it: low)
-    assert ev["unexplained_tokens"] == 100_000 and ev["evicted_full_tokens"] == 0 and ev["evicted_miss_calls"] == 10
+    # SGLang's KV events carry no session; the instance evidence decides: during each 60 s gap the other sessions
+    # allocated more than the 40,000-token pool (churn: 9 × 10,000 first calls and the 12,000-token misses before
+    # it, churn_ratio 1.77–2.42), so under LRU each session's blocks were reused — an eviction (evicted_full, C = 0).
+    # An eviction does not say how much of the shortfall it caused, so the band's lower end stays 0 (severity on it:
+    # low)
+    assert ev["unexplained_tokens"] == 0 and ev["evicted_full_tokens"] == 100_000 and ev["evicted_miss_calls"] == 10
     assert (f.tax.mode, f.tax.usd_low_week) == ("estimate", 0.0) and f.tax.usd_high_week == f.tax.usd_week
     assert f.severity == "low" and f.confidence == "low"
     # computed prefill: 10 × 10,000 (cold) + 10 × 12,000 (misses) = 220,000
@@ -188,7 +201,7 @@ def test_hicache_off_fires_with_sizing(store, tmp_path):
     from agentobs.metrics import compute
 
     m = compute("reprefill", db=as_source(store[0]), since=WINDOW[0], until=WINDOW[1], by="cause", settings=settings())
-    row = m.filter(m["cause"] == "unexplained").to_dicts()[0]  # (issue 20: was evicted_full, see above)
+    row = m.filter(m["cause"] == "evicted_full").to_dicts()[0]  # (the churn evidence, see above)
     assert f.tax.usd_week == pytest.approx(row["reprefill_cost_usd"] * WEEK)
 
 
@@ -330,7 +343,10 @@ def itl_fleet() -> Fleet:
     for i in range(3):
         calls.append(Call(f"b{i}", SG, 98.9, 4.2, 1000, 0, ttft=0.1, itl=[50.0] * 20 + [250.0] * 8 + [50.0] * 20))
     calls.append(Call("c", SG, 198.9, 2.0, 1000, 0, ttft=0.1, itl=[250.0] * 6))
-    return Fleet(calls, sglang={SG: {"enable_hierarchical_cache": True}})
+    # the pool (40,000 tokens) never fills (16,000 + 3 × 1,000 allocated since start), so without more evidence the
+    # instance evidence would call a's miss a prompt edit (no_churn, X = 0); the engine's retraction counter rising
+    # inside a's gap [27, 100] (scrapes at 30 and 90 s) makes it an eviction: X = 16,000
+    return Fleet(calls, sglang={SG: {"enable_hierarchical_cache": True}}, preemptions={SG: [(30.0, 0), (90.0, 2)]})
 
 
 def test_itl_long_prefill_fires(store, tmp_path):
@@ -438,10 +454,16 @@ def test_retention_hold_too_long(store, tmp_path):
     assert "g* ≈ 40 s" in f.remediation
 
 
+PREEMPTED_IN_THE_GAPS = {VL: [(115.0, 0), (155.0, 3)]}
+
+
 def test_retention_drop_too_early(store, tmp_path):
     # pool 250,000 × 16 = 4M tokens → g* = 4,000 s; sessions evicted after 60 s gaps. The instance already has a
     # CPU tier (so vllm_no_offload, which claims evicted misses before retention in the ledger, does not fire)
-    build(store, tmp_path, Fleet(two_turn_sessions(VL, gap=60.0, C2=0),
+    # A 4M pool that 220,000 allocated tokens never fill: without evidence of eviction the misses would be prompt
+    # edits (no_churn). The preemption counter rising inside every gap ([102–111, 162–171]: scrapes at 115 and
+    # 155 s) is that evidence
+    build(store, tmp_path, Fleet(two_turn_sessions(VL, gap=60.0, C2=0), preemptions=PREEMPTED_IN_THE_GAPS,
                                  vllm={VL: {"num_gpu_blocks": "250000", "kv_offloading_size": "8"}}))
     by_rule, _ = findings_by_rule(store[0])
     assert "vllm_no_offload" not in by_rule
@@ -459,7 +481,8 @@ def test_retention_drop_yields_to_the_second_tier_rule(store, tmp_path):
     # retention owns nothing, is dropped, and the ledger counts the 100,000 tokens once
     from agentobs.findings import build as ledger
 
-    build(store, tmp_path, Fleet(two_turn_sessions(VL, gap=60.0, C2=0), vllm={VL: {"num_gpu_blocks": "250000"}}))
+    build(store, tmp_path, Fleet(two_turn_sessions(VL, gap=60.0, C2=0), preemptions=PREEMPTED_IN_THE_GAPS,
+                                 vllm={VL: {"num_gpu_blocks": "250000"}}))
     by_rule, _ = findings_by_rule(store[0])
     assert "retention_vs_recompute" not in by_rule
     f = by_rule["vllm_no_offload"]

@@ -446,5 +446,7 @@ def test_ctrl_c_stops_the_cli_cleanly_and_keeps_what_ran(engine, tmp_path):
     con = connect(db, read_only=True)
     stored = con.sql("SELECT count(*) FROM llm_calls").fetchall()[0][0]
     con.close()
-    # every request the engine got is a stored call (finished, or cancelled by the stop and stored as an error)
-    assert 20 <= stored == sent
+    # every request the engine got is a stored call (finished, or cancelled by the stop and stored as an error); a
+    # call the stop cancelled while its request was still being sent is stored too (as an error) although the engine
+    # never read it: at most one per worker (--concurrency 4) — seen once at load 9 (29 stored, 28 received)
+    assert 20 <= sent <= stored <= sent + 4

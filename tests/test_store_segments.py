@@ -1,4 +1,4 @@
-"""The segments layout of spans (agentobs/store/segments.py): a compacted table part plus Parquet segments."""
+"""The segments layout of spans (agentobs/store/segments.py): a table part, merged Parquet files and a tail of segments."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ def rows(con):
     return con.sql("SELECT trace_id, span_id, name FROM spans ORDER BY trace_id, span_id").fetchall()
 
 
+def merged(con):
+    return con.sql("SELECT rows, min_start_ns, max_start_ns, min_seq, max_seq FROM span_merged ORDER BY min_seq"
+                   ).fetchall()
+
+
 def test_a_retried_export_in_two_segments_is_read_once_and_compaction_keeps_the_rows(con, tmp_path):
     insert_spans(con, span_rows([("t0", "s0", 5)], "part"))  # an imported span in the table part
     publish_segment(con, span_rows([("t1", "s1", 10), ("t1", "s2", 20)], "first"))
@@ -33,30 +38,139 @@ def test_a_retried_export_in_two_segments_is_read_once_and_compaction_keeps_the_
     assert rows(con) == want  # 6 rows stored, 4 spans: each once, the first copy
     assert con.sql("SELECT count(*) FROM span_segments").fetchall() == [(2,)]
     out = segments.compact(con)
-    assert (out.segments, out.rows, out.left) == (2, 3, 0)  # s1, s2, s3 moved; t0/s0 was in the part
+    assert (out.segments, out.files, out.rows, out.left) == (2, 1, 3, 0)  # s1, s2, s3 merged; t0/s0 in the part
     assert rows(con) == want
-    assert con.sql("SELECT count(*) FROM spans_part").fetchall() == [(4,)]
-    # the rowids the merged rows got: part had rowid 0; the 3 merged rows are 1..3, up to segment seq 2
+    assert con.sql("SELECT count(*) FROM spans_part").fetchall() == [(1,)]  # the table part did not grow
+    # one merged file: 3 spans, start_ns 10..30, from segments 1..2; rows in seq order, each with its segment
+    assert merged(con) == [(3, 10, 30, 1, 2)]
+    (mf,) = con.sql("SELECT file FROM span_merged").fetchall()[0]
+    assert os.path.basename(mf) == "merged-0000000000000001-0000000000000002.parquet"
+    assert con.sql(f"SELECT span_id, start_ns, name, _seg FROM read_parquet('{mf}')").fetchall() == [
+        ("s1", 10, "first", 1), ("s2", 20, "first", 1), ("s3", 30, "second", 2)]
     assert con.sql("SELECT max_seq, segments, rowid_lo, rowid_hi, rows FROM span_compactions").fetchall() == [
-        (2, 2, 1, 3, 3)]
+        (2, 2, None, None, 3)]
     files = [r[0] for r in con.sql("SELECT file FROM span_segments_retired").fetchall()]
     assert len(files) == 2 and all(os.path.exists(f) for f in files)  # kept for read snapshots until swept
     assert segments.sweep(con, grace_s=0) == 2
     assert not any(os.path.exists(f) for f in files)
-    # a span sent again after compaction is still read once
+    # a span sent again after compaction is still read once, before and after the next compaction
     publish_segment(con, span_rows([("t1", "s3", 30), ("t2", "s4", 40)], "late"))
     assert rows(con) == want + [("t2", "s4", "late")]
+    assert segments.compact(con).rows == 1  # s3 is in the first merged file: only s4 is written
+    assert merged(con) == [(3, 10, 30, 1, 2), (1, 40, 40, 3, 3)]
+    assert rows(con) == want + [("t2", "s4", "late")]
+    assert segments.next_seq(con) == 4
+
+
+def test_the_same_export_three_times_is_read_once_whenever_compaction_runs(con):
+    """An export sent 3x (bodies that differ, e.g. re-batched: the spool's hash does not catch them): read once
+    with all three in the tail, with the first merged and two in the tail, and with all merged one at a time
+    (the second and third merges find every span stored and write no file)."""
+    export = span_rows([("t1", f"s{i}", 100 + i) for i in range(5)], "x")
+    for _ in range(3):
+        publish_segment(con, export)
+    want = [("t1", f"s{i}", "x") for i in range(5)]
+    assert rows(con) == want
+    assert segments.compact(con, group=1, keep=2).files == 1
+    assert rows(con) == want
+    out = segments.compact(con, group=1)
+    assert (out.segments, out.files, out.rows, out.left) == (2, 0, 0, 0)
+    assert rows(con) == want and merged(con) == [(5, 100, 104, 1, 1)]
+    assert con.sql("SELECT count(*) FROM spans").fetchall() == [(5,)]
 
 
 def test_compaction_stops_at_keep_and_orders_by_seq(con):
     for k in range(5):
         publish_segment(con, span_rows([(f"t{k}", "s", k)], f"n{k}"))
     out = segments.compact(con, group=2, keep=1)
-    assert (out.segments, out.left) == (4, 1)  # groups of 2, 2; the newest stays in the tail
+    assert (out.segments, out.files, out.left) == (4, 2, 1)  # groups of 2, 2; the newest stays in the tail
     assert con.sql("SELECT seq FROM span_segments").fetchall() == [(5,)]
     assert con.sql("SELECT max_seq FROM span_compactions ORDER BY max_seq").fetchall() == [(2,), (4,)]
+    assert merged(con) == [(2, 0, 1, 1, 2), (2, 2, 3, 3, 4)]
     assert len(rows(con)) == 5
     assert segments.next_seq(con) == 6
+
+
+def test_rows_since_a_segment_come_from_the_tail_and_the_merged_files(con):
+    """The session model's mark is a segment seq: rows of later segments are read whether merged or not."""
+    for k in range(4):
+        publish_segment(con, span_rows([(f"t{k}", "s", k)]))
+    segments.compact(con, group=3, keep=1)  # segments 1..3 in one merged file, 4 in the tail
+    got = con.sql(segments.since_sql(con, "trace_id", 1)).fetchall()
+    assert sorted(got) == [("t1",), ("t2",), ("t3",)]  # segments 2, 3 (merged) and 4 (tail)
+    assert sorted(con.sql(segments.since_sql(con, "trace_id", 3)).fetchall()) == [("t3",)]
+    assert segments.since_sql(con, "trace_id", 4) is None
+
+
+def test_a_segment_from_an_older_schema_reads_and_merges_with_nulls(con):
+    """A release added a span column between two segments (here: the older file lacks ``name``): the tail reads
+    both by column name, the missing value is NULL, and the merged file has every column."""
+    publish_segment(con, span_rows([("t1", "s1", 10)], "old").drop_columns(["name"]))
+    publish_segment(con, span_rows([("t1", "s2", 20)], "new"))
+    assert rows(con) == [("t1", "s1", None), ("t1", "s2", "new")]
+    assert segments.compact(con).files == 1
+    assert rows(con) == [("t1", "s1", None), ("t1", "s2", "new")]
+
+
+def test_an_insert_into_the_table_part_skips_spans_stored_in_parquet(con):
+    """An import (or span_store = table after segments) of spans the collector already stored in a merged file or
+    a tail segment: insert_spans skips them, so readers still see each span once."""
+    publish_segment(con, span_rows([("t1", "s1", 10), ("t1", "s2", 20)], "merged"))
+    segments.compact(con)
+    publish_segment(con, span_rows([("t1", "s3", 30)], "tail"))
+    # s1 (merged), s3 (tail) again, and a new s4; the window 10..40 meets both files
+    assert insert_spans(con, span_rows([("t1", "s1", 10), ("t1", "s3", 30), ("t1", "s4", 40)], "part")) == 1
+    assert rows(con) == [("t1", "s1", "merged"), ("t1", "s2", "merged"), ("t1", "s3", "tail"), ("t1", "s4", "part")]
+
+
+_CRASH = """
+import os, sys
+from agentobs.store import segments
+from agentobs.store.db import connect
+step = sys.argv[2]
+def crash(s):
+    if s == step:
+        os._exit(9)  # as a SIGKILL: no rollback, no close
+segments._crash_point = crash
+con = connect(sys.argv[1])
+segments.compact(con, group=2)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("step", ["written", "renamed", "committed"])
+def test_a_compaction_killed_between_its_steps_loses_nothing_and_doubles_nothing(tmp_path, step):
+    import subprocess
+    import sys
+
+    db = tmp_path / "s.duckdb"
+    c = connect(db)
+    publish_segment(c, span_rows([("t1", "s1", 10), ("t1", "s2", 20)], "a"))
+    publish_segment(c, span_rows([("t1", "s2", 20), ("t1", "s3", 30)], "b"))  # s2 again
+    publish_segment(c, span_rows([("t2", "s4", 40)], "c"))
+    c.close()
+    want = [("t1", "s1", "a"), ("t1", "s2", "a"), ("t1", "s3", "b"), ("t2", "s4", "c")]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", _CRASH, str(db), step], cwd=root, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    assert r.returncode == 9, r.stderr
+    c = connect(db)
+    try:
+        d = segments.segments_dir(db)
+        segments.recover(c, d)  # what the next start does
+        assert rows(c) == want
+        # every file on disk is listed once: a merged file that never committed, or retired files, are gone
+        listed = {r[0] for r in c.sql("SELECT file FROM span_segments UNION ALL SELECT file FROM span_merged"
+                                      ).fetchall()}
+        assert {os.path.join(d, f) for f in os.listdir(d)} == listed
+        # the first group (segments 1, 2) is merged iff the kill came after the commit
+        assert len(merged(c)) == (1 if step == "committed" else 0)
+        segments.compact(c)
+        assert rows(c) == want
+        assert c.sql("SELECT count(*) FROM span_segments").fetchall() == [(0,)]
+        assert sum(m[0] for m in merged(c)) == 4
+    finally:
+        c.close()
 
 
 def test_restart_deletes_an_unpublished_file_and_a_missing_file_is_an_error(con, tmp_path):
@@ -69,7 +183,7 @@ def test_restart_deletes_an_unpublished_file_and_a_missing_file_is_an_error(con,
     assert not os.path.exists(tmp) and not os.path.exists(renamed) and os.path.exists(kept)
     assert rows(con) == [("t1", "s1", "a")]
     os.unlink(kept)
-    with pytest.raises(StoreError, match="span_segments.*missing.*0000000000000001.parquet"):
+    with pytest.raises(StoreError, match="span_segments, span_merged.*missing.*0000000000000001.parquet"):
         segments.recover(con, d)
 
 
@@ -82,6 +196,10 @@ def test_the_sql_sandbox_reads_segment_rows_and_nothing_else(con, tmp_path):
     db = str(tmp_path / "s.duckdb")
     res = run_query("SELECT span_id, name FROM spans", db=db)
     assert res.table.to_pylist() == [{"span_id": "s1", "name": "seg"}]
+    c = connect(db)
+    segments.compact(c)  # now in a merged file
+    c.close()
+    assert run_query("SELECT span_id, name FROM spans", db=db).table.to_pylist() == [{"span_id": "s1", "name": "seg"}]
     other = tmp_path / "other.parquet"
     import pyarrow.parquet as pq
     pq.write_table(span_rows([("x", "y", 1)]), other)
@@ -96,8 +214,10 @@ def test_model_compact_command_merges_and_deletes(con, tmp_path):
     f2 = publish_segment(con, span_rows([("t1", "s2", 20), ("t1", "s3", 30)]))  # s2 again: a retried export
     con.close()
     r = run_cli("model", "compact", "--db", str(tmp_path / "s.duckdb"))
-    # 2 segments merged; 3 distinct spans added; both files deleted at once (no collector's snapshots to wait for)
-    assert r.returncode == 0 and "2 merged (3 spans added" in r.stdout and "0 left, 2 files deleted" in r.stdout
+    # 2 segments merged into one file; 3 distinct spans written; both small files deleted at once (no collector's
+    # snapshots to wait for)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "2 merged into 1 file(s) (3 spans written" in r.stdout and "0 left, 2 files deleted" in r.stdout
     assert not os.path.exists(f1) and not os.path.exists(f2)
     c = connect(tmp_path / "s.duckdb")
     assert rows(c) == [("t1", "s1", "a"), ("t1", "s2", "a"), ("t1", "s3", "a")]

@@ -16,8 +16,8 @@ Where the spans go is the setting ``span_store`` (agentobs/store/segments.py):
   fsync'd) and sends back only its name; the loader thread renames it to ``<seq>.parquet`` and commits the
   catalog row with the ``spool_loaded`` row. A file whose commit never happened is deleted at the next start
   (its requests load again from the spool). When ``segment_compact_after`` segments are unmerged, the loader
-  thread merges the oldest into ``spans_part`` (``segments.compact``, a bounded step between batches) and
-  deletes merged files once no read snapshot can list them.
+  thread merges the oldest into one large Parquet file (``segments.compact``, a bounded step between batches;
+  DuckDB holds no table part for them) and deletes the small files once no read snapshot can list them.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ class Loader:
                                     ).fetchall()[0][0]
             self.segment_dir = segments.segments_dir(path or ":memory:")
         self.compact_after = max(1, int(settings.segment_compact_after))
-        self.retire_grace_s = retire_grace_s  # merged files are deleted this long after (read snapshots list them)
+        self.retire_grace_s = retire_grace_s  # merged small files are deleted this long after (snapshots list them)
         self.compacted_segments = 0
         self.settings = settings
         self.health = health or Health()
@@ -370,9 +370,10 @@ class Loader:
         self.rejected_spans += b.rejected
 
     def _compact(self) -> None:
-        """One bounded step: merge the oldest segments into spans_part down to half the threshold, for up to
-        a second (the spool keeps what arrives meanwhile), then delete merged files past the grace period."""
-        out = segments.compact(self.cur, max_seconds=1.0, group=8, keep=self.compact_after // 2)
+        """One step: merge the oldest segments down to half the threshold into one Parquet file (the spool keeps
+        what arrives meanwhile), then delete merged small files past the grace period."""
+        keep = self.compact_after // 2
+        out = segments.compact(self.cur, max_seconds=1.0, group=max(1, self.tail - keep), keep=keep)
         self.tail = out.left
         self.compacted_segments += out.segments
         segments.sweep(self.cur, self.retire_grace_s)

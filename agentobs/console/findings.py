@@ -136,17 +136,27 @@ def answer(ctx: Context, simulate: bool = True, slot=None):
     return slot
 
 
+def _scope_parts(f) -> list[str]:
+    return [f"{k}: {getattr(f.scope, k)}" for k in ("instance", "model", "task_type") if getattr(f.scope, k, None)]
+
+
+def head(f) -> str:
+    """A finding's one-line label: $ at stake (or its kind), title, scope (so findings of one rule on several
+    instances tell apart), severity."""
+    usd, per = f.tax.usd_week, f.tax.per  # per: "/week", or " in the observed window" for short windows
+    scope = ", ".join(_scope_parts(f))
+    return ((f"**{money(usd)}{per}** · {f.title}" if usd is not None else f"**{f.kind}** · {f.title}")
+            + (f" · {scope}" if scope else "") + f" · {f.severity}")
+
+
 def render(f, ctx: Context | None = None, expanded: bool = False) -> None:
     tax = f.tax
     usd = tax.usd_week
-    per = tax.per  # "/week", or " in the observed window" for short windows
-    head = (f"**{money(usd)}{per}** · {f.title}" if usd is not None else f"**{f.kind}** · {f.title}") + \
-        f" · {f.severity}"
-    with st.expander(head, expanded=expanded):
+    per = tax.per
+    with st.expander(head(f), expanded=expanded):
         if f.summary:
             st.write(f.summary)
-        scope = f.scope
-        parts = [f"{k}: {getattr(scope, k)}" for k in ("instance", "model", "task_type") if getattr(scope, k, None)]
+        parts = _scope_parts(f)
         st.caption(f"`{f.id}` · confidence {f.confidence} · scope: {', '.join(parts) or 'fleet'}")
         c = st.columns(3)
         c[0].metric(f"Tax{per}", money(usd) if usd is not None else "–",

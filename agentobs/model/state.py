@@ -12,11 +12,11 @@ when it differs). What an incremental refresh re-derives — every call of the t
 out-of-order call re-derives its session's tail with the rest of it:
 
 - **New spans.** Spans are append-only rows keyed by (trace, span) in two parts (agentobs/store/segments.py): the
-  table ``spans_part`` and the Parquet segments of the catalog ``span_segments``. ``model_state_meta`` records the
+  table ``spans_part`` and the Parquet segments of the catalogs ``span_segments`` and ``span_merged``. ``model_state_meta`` records the
   highest ``rowid`` of ``spans_part`` read and its row count then (a store whose older rows changed — count below
   the mark differs — is rebuilt), and the highest segment ``seq`` read. New spans: the part's rows above the rowid
   mark (less those a compaction moved there from segments already read: ``span_compactions``) and the rows of the
-  segments above the seq mark. The new spans' traces, widened by the request/response ids that pair gateway and engine
+  segments above the seq mark (a merged file's column ``_seg`` says each row's segment). The new spans' traces, widened by the request/response ids that pair gateway and engine
   spans across traces (agentobs/model/views.sql ``_engine_match``), are the traces whose calls can change; their
   calls are derived from those traces' spans alone (the views' SQL over a copy of those spans). Sessions touched:
   the sessions those calls are in now and were in before (a late agent span can move a call to a session).
@@ -601,17 +601,17 @@ def _new_spans_sql(cur, old: Marks) -> str:
                        [old.segment_seq, old.span_rowid]).fetchall()
     cond = "".join(f" AND rowid NOT BETWEEN {int(lo)} AND {int(hi)}" for lo, hi in skip)
     sql = f"SELECT {cols} FROM spans_part WHERE rowid > {int(old.span_rowid)}{cond}"
-    files = [r[0] for r in cur.execute("SELECT file FROM span_segments WHERE seq > ? ORDER BY seq",
-                                       [old.segment_seq]).fetchall()]
-    if files:
-        sql += f" UNION ALL SELECT {cols} FROM {segments.read_sql(files)}"
+    seg = segments.since_sql(cur, cols, old.segment_seq)  # tail segments and merged files' rows above the mark
+    if seg:
+        sql += f" UNION ALL {seg}"
     return sql
 
 
 def _spans_of(cur, out: str, traces: str, create: bool) -> None:
     """Into temp table ``out`` (made, or added to), every span of the traces in temp table ``traces``: those of
     ``spans_part`` found by a scan of its ``trace_id`` alone and then read by row id (a semi join on the whole row
-    would read every column of every row), and those of the segment tail (agentobs.store.segments) by trace id."""
+    would read every column of every row), and those of the Parquet files (merged and tail: segments.tail_sql) by
+    trace id."""
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_sr AS SELECT rowid AS r FROM spans_part "
                 f"WHERE trace_id IN (SELECT trace_id FROM {traces})")
     sql = "SELECT * FROM spans_part WHERE rowid IN (SELECT r FROM inc_sr)"

@@ -182,4 +182,19 @@ MIGRATIONS: tuple[tuple[str, str], ...] = (
         CREATE VIEW spans AS SELECT * FROM spans_part;
         """,
     ),
+    (
+        "0005_span_merged",
+        """
+        -- compaction merges tail segments into large Parquet files, not into spans_part (agentobs/store/segments.py)
+        CREATE TABLE span_merged (
+            file          VARCHAR NOT NULL,    -- absolute path of the merged Parquet file
+            rows          BIGINT NOT NULL,     -- spans in it: none in spans_part or another merged file
+            min_start_ns  BIGINT,
+            max_start_ns  BIGINT,
+            min_seq       BIGINT NOT NULL,     -- the tail segments merged into it (its column _seg: each row's)
+            max_seq       BIGINT NOT NULL,
+            created_at    TIMESTAMP
+        );
+        """,
+    ),
 )

@@ -1,23 +1,28 @@
-"""Span storage layout: ``spans`` is a view over a compacted DuckDB table and a tail of Parquet segments.
+"""Span storage layout: ``spans`` is a view over a DuckDB table part, merged Parquet files and a tail of Parquet segments.
 
-- ``spans_part``: the compacted part, a DuckDB table. Importers, sim bundles and the ``table`` layout of the
-  collector append to it (agentobs.store.writer.insert_spans: a span already stored there is skipped).
+- ``spans_part``: a DuckDB table. Importers, sim bundles and the ``table`` layout of the collector append to it
+  (agentobs.store.writer.insert_spans: a span already stored there is skipped). With ``span_store = segments``
+  OTLP spans never go there (a store may keep rows merged there by older releases: they stay readable).
 - ``span_segments``: the catalog of the tail, one row per Parquet file the collector's loader published
   (``span_store = segments``): seq, absolute file path, rows, min/max ``start_ns`` and the spool position
   loaded with it. A decoder process writes the file under a temporary name and fsyncs it
   (:func:`write_segment`); the loader renames it to ``<seq>.parquet`` and then commits, in one DuckDB
   transaction, the catalog row, the ``spool_loaded`` mark and the new ``spans`` view (:func:`add`). At start
   (:func:`recover`) a file without a catalog row (a batch whose commit never happened: its requests are
-  still in the spool and load again) is deleted, and a catalog row whose file is missing is an error.
-- ``spans`` (:func:`view_sql`): ``spans_part`` UNION ALL the segments (``read_parquet`` over the catalog's
-  file list), the tail deduplicated span by span: a span repeated in two segments (a re-batched or retried
-  export) is read from the first, and a tail span already in ``spans_part`` (in the tail's ``start_ns``
-  range, so DuckDB reads only the row groups there) is not read again. The view is re-made in the
-  transaction that changes the catalog, so a reader sees a catalog and its view together.
-- :func:`compact` merges the oldest segments into ``spans_part`` (same dedupe) in one transaction per group,
-  records the rowids the rows got in ``span_compactions`` (the session model's marks read it), and moves the
-  files to ``span_segments_retired``; :func:`sweep` deletes retired files once no read snapshot can list
-  them (the collector's snapshots copy the catalog and read the live files).
+  still in the spool and load again; a merged file whose compaction never committed) is deleted, and a catalog
+  row whose file is missing is an error.
+- ``span_merged``: the catalog of the merged files (:func:`compact`): each holds the spans of a run of tail
+  segments (``min_seq``..``max_seq``) that no other part holds, once each, with column ``_seg`` (the segment
+  each row came from: the session model's marks, :func:`since_sql`).
+- ``spans`` (:func:`view_sql`): ``spans_part`` UNION ALL the merged files UNION ALL the tail deduplicated span
+  by span: a span repeated in two segments (a re-batched or retried export) is read from the first, and a tail
+  span already in ``spans_part`` or a merged file (looked up in the tail's ``start_ns`` range, so DuckDB reads
+  only the row groups there) is not read again. The view is re-made in the transaction that changes a catalog,
+  so a reader sees a catalog and its view together.
+- :func:`compact` merges the oldest tail segments into one merged file per group (same dedupe), lists it and
+  unlists the segments in one transaction, and moves their files to ``span_segments_retired``; :func:`sweep`
+  deletes retired files once no read snapshot can list them (the collector's snapshots copy the catalogs and
+  read the live files).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -112,7 +118,8 @@ def add(cur: duckdb.DuckDBPyConnection, seq: int, file: str, seg: SegmentFile, s
 def next_seq(cur: duckdb.DuckDBPyConnection) -> int:
     """The seq the next published segment gets (above every one published, merged ones included)."""
     return int(cur.execute("SELECT coalesce(greatest((SELECT max(seq) FROM span_segments), "
-                           "(SELECT max(max_seq) FROM span_compactions)), 0) + 1").fetchall()[0][0])
+                           "(SELECT max(max_seq) FROM span_compactions), (SELECT max(max_seq) FROM span_merged)), 0) "
+                           "+ 1").fetchall()[0][0])
 
 
 def _lit(s: str) -> str:
@@ -124,38 +131,111 @@ def read_sql(files: list[str]) -> str:
     return f"read_parquet([{', '.join(_lit(f) for f in files)}], filename = true, union_by_name = true)"
 
 
-def _window(rows: list[tuple]) -> str:
-    """The ``start_ns`` range of catalog rows, as a condition on ``p`` (spans_part) for the anti-join."""
-    los = [r[1] for r in rows if r[1] is not None]
-    his = [r[2] for r in rows if r[2] is not None]
-    if not los or any(r[1] is None for r in rows):
-        return "TRUE"
-    return f"p.start_ns BETWEEN {int(min(los))} AND {int(max(his))}"
+def _bounds(rows: list[tuple]) -> tuple[int, int] | None:
+    """The ``start_ns`` range of catalog rows (``(file, min_start_ns, max_start_ns, ...)``); None: unbounded (a
+    file without start times)."""
+    if not rows or any(r[1] is None or r[2] is None for r in rows):
+        return None
+    return int(min(r[1] for r in rows)), int(max(r[2] for r in rows))
 
 
-def _dedupe_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple]) -> str:
-    """The tail's rows once each (first segment wins) and not already in spans_part, in spans_part's columns."""
-    cols = cur.execute("SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = "
-                       "current_database() AND schema_name = 'main' AND table_name = 'spans_part' "
-                       "ORDER BY column_index").fetchall()
-    src = read_sql([r[0] for r in rows])
-    have = {r[0] for r in cur.execute(f"DESCRIBE SELECT * FROM {src}").fetchall()}
+def _in(alias: str, bounds: tuple[int, int] | None) -> str:
+    return "TRUE" if bounds is None else f"{alias}.start_ns BETWEEN {bounds[0]} AND {bounds[1]}"
+
+
+def _overlapping(merged: list[tuple], bounds: tuple[int, int] | None) -> list[str]:
+    """The merged files whose ``start_ns`` range meets ``bounds`` (those a tail span could repeat)."""
+    return [m[0] for m in merged
+            if bounds is None or m[1] is None or m[2] is None or (m[1] <= bounds[1] and m[2] >= bounds[0])]
+
+
+def _columns(cur: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
+    """spans_part's columns and types (what every part of the ``spans`` view gives)."""
+    return [(str(c), str(t)) for c, t in cur.execute(
+        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() AND "
+        "schema_name = 'main' AND table_name = 'spans_part' ORDER BY column_index").fetchall()]
+
+
+def _merged_rows(cur: duckdb.DuckDBPyConnection) -> list[tuple]:
+    return cur.execute("SELECT file, min_start_ns, max_start_ns, min_seq, max_seq FROM span_merged "
+                       "ORDER BY min_seq").fetchall()
+
+
+# a tail row's place: its segment's seq (the file name, seg_name) in the high bits, its row in the file below
+_ORD = "(CAST(parse_filename(t.filename, true) AS BIGINT) * 4294967296 + t.file_row_number)"
+
+
+def _schema(cur: duckdb.DuckDBPyConnection, file: str) -> list[tuple[str, str]]:
+    return [(str(r[0]), str(r[1])) for r in
+            cur.execute(f"DESCRIBE SELECT * FROM read_parquet({_lit(file)})").fetchall()]
+
+
+def _columns_of(cur: duckdb.DuckDBPyConnection, files: list[str]) -> tuple[set[str], bool]:
+    """The columns ``files`` have, and whether their schemas differ (a release that changed the span columns
+    between the oldest and the newest file; they are in publication order). Reads two footers: reading the files
+    by name (``union_by_name``) binds every footer, ~10 ms for the tail's 32 on every commit, so it is used only
+    when the schemas differ."""
+    first = _schema(cur, files[0])
+    last = _schema(cur, files[-1]) if len(files) > 1 else first
+    return {c for c, _ty in first} | {c for c, _ty in last}, first != last
+
+
+def _src(files: list[str], by_name: bool) -> str:
+    return (f"read_parquet([{', '.join(_lit(f) for f in files)}], filename = true, file_row_number = true"
+            f"{', union_by_name = true' if by_name else ''})")
+
+
+def _keep_sql(rows: list[tuple], merged: list[tuple], by_name: bool) -> str:
+    """The tail segments ``rows`` (catalog rows): each span's first copy (lowest seq, then row: column ``o``,
+    as ``_ORD``) that is not stored already (in spans_part or a merged file, looked up in the tail's ``start_ns``
+    range only, so DuckDB reads only the row groups there). Reads the key columns only."""
+    b = _bounds(rows)
+    cond = (f"NOT EXISTS (SELECT 1 FROM spans_part p WHERE {_in('p', b)} "
+            "AND p.trace_id = t.trace_id AND p.span_id = t.span_id)")
+    over = _overlapping(merged, b)
+    if over:
+        cond += (f" AND NOT EXISTS (SELECT 1 FROM read_parquet([{', '.join(_lit(f) for f in over)}]) m "
+                 f"WHERE {_in('m', b)} AND m.trace_id = t.trace_id AND m.span_id = t.span_id)")
+    return (f"SELECT t.trace_id, t.span_id, min({_ORD}) AS o FROM {_src([r[0] for r in rows], by_name)} t "
+            f"WHERE {cond} GROUP BY t.trace_id, t.span_id")
+
+
+def _tail_select(cur: duckdb.DuckDBPyConnection, rows: list[tuple], merged: list[tuple]) -> str:
+    """The tail's rows, each span once (:func:`_keep_sql`), in spans_part's columns: the key columns pick the
+    rows, the wide ones stream through a join (no window over whole rows: memory stays that of the keys)."""
+    have, by_name = _columns_of(cur, [r[0] for r in rows])
     sel = ", ".join(f'CAST(t."{c}" AS {ty}) AS "{c}"' if c in have else f'CAST(NULL AS {ty}) AS "{c}"'
-                    for c, ty in cols)
-    return (f"SELECT {sel} FROM {src} t "
-            f"WHERE NOT EXISTS (SELECT 1 FROM spans_part p WHERE {_window(rows)} "
-            "AND p.trace_id = t.trace_id AND p.span_id = t.span_id) "
-            "QUALIFY row_number() OVER (PARTITION BY t.trace_id, t.span_id ORDER BY t.filename) = 1")
+                    for c, ty in _columns(cur))
+    return (f"SELECT {sel} FROM {_src([r[0] for r in rows], by_name)} t "
+            f"JOIN ({_keep_sql(rows, merged, by_name)}) k "
+            f"ON t.trace_id = k.trace_id AND t.span_id = k.span_id AND {_ORD} = k.o")
+
+
+def _merged_select(cur: duckdb.DuckDBPyConnection, files: list[str]) -> str:
+    """The merged files' rows (each span once by construction) in spans_part's columns."""
+    have, by_name = _columns_of(cur, files)
+    src = f"read_parquet([{', '.join(_lit(f) for f in files)}]{', union_by_name = true' if by_name else ''})"
+    sel = ", ".join(f'CAST("{c}" AS {ty}) AS "{c}"' if c in have else f'CAST(NULL AS {ty}) AS "{c}"'
+                    for c, ty in _columns(cur))
+    return f"SELECT {sel} FROM {src}"
 
 
 def tail_sql(cur: duckdb.DuckDBPyConnection) -> str | None:
-    """The rows the ``spans`` view adds to ``spans_part`` (the segments', deduplicated), or None: no segments."""
+    """The rows the ``spans`` view adds to ``spans_part`` — the merged files' and the tail's, each span once —
+    in spans_part's columns, or None: no Parquet files."""
     rows = cur.execute("SELECT file, min_start_ns, max_start_ns FROM span_segments ORDER BY seq").fetchall()
-    return _dedupe_select(cur, rows) if rows else None
+    merged = _merged_rows(cur)
+    parts = []
+    if merged:
+        parts.append(_merged_select(cur, [m[0] for m in merged]))
+    if rows:
+        parts.append(_tail_select(cur, rows, merged))
+    return " UNION ALL ".join(parts) if parts else None
 
 
 def view_sql(cur: duckdb.DuckDBPyConnection) -> str:
-    """The ``spans`` view for the catalog as ``cur`` sees it."""
+    """The ``spans`` view for the catalogs as ``cur`` sees them: spans_part, the merged files, the deduplicated
+    tail."""
     tail = tail_sql(cur)
     return "SELECT * FROM spans_part" if tail is None else f"SELECT * FROM spans_part UNION ALL {tail}"
 
@@ -164,24 +244,64 @@ def ensure_view(cur: duckdb.DuckDBPyConnection) -> None:
     cur.execute(f"CREATE OR REPLACE VIEW spans AS {view_sql(cur)}")
 
 
+def since_sql(cur: duckdb.DuckDBPyConnection, cols: str, seq: int) -> str | None:
+    """The rows (``cols``) of the segments published after segment ``seq`` (the session model's mark): the tail's
+    segments above it and the merged files' rows that came from them (column ``_seg``); None: none. A span can
+    come twice (a retried export in two tail segments)."""
+    parts = []
+    files = [r[0] for r in cur.execute("SELECT file FROM span_segments WHERE seq > ? ORDER BY seq",
+                                       [int(seq)]).fetchall()]
+    if files:
+        parts.append(f"SELECT {cols} FROM {read_sql(files)}")
+    merged = [r[0] for r in cur.execute("SELECT file FROM span_merged WHERE max_seq > ? ORDER BY min_seq",
+                                        [int(seq)]).fetchall()]
+    if merged:
+        parts.append(f"SELECT {cols} FROM read_parquet([{', '.join(_lit(f) for f in merged)}]) "
+                     f"WHERE _seg > {int(seq)}")
+    return " UNION ALL ".join(parts) if parts else None
+
+
+def not_in_files_sql(cur: duckdb.DuckDBPyConnection, alias: str, lo: int | None, hi: int | None) -> str:
+    """A condition (`` AND NOT EXISTS …``, or ``""``) that the span ``alias``.(trace_id, span_id) is in no merged
+    file or tail segment whose ``start_ns`` range meets ``lo``..``hi`` (None: all): what an insert into
+    ``spans_part`` adds so that a span already stored in Parquet is not stored twice."""
+    # (a query of a missing table would abort the caller's transaction: looked up first)
+    if cur.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = current_database() AND schema_name "
+                   "= 'main' AND table_name IN ('span_merged', 'span_segments')").fetchall()[0][0] < 2:
+        return ""  # not a store migrated to 0005
+    rows = _merged_rows(cur) + cur.execute("SELECT file, min_start_ns, max_start_ns FROM span_segments").fetchall()
+    b = None if lo is None or hi is None else (int(lo), int(hi))
+    files = _overlapping(rows, b)
+    if not files:
+        return ""
+    return (f" AND NOT EXISTS (SELECT 1 FROM read_parquet([{', '.join(_lit(f) for f in files)}], union_by_name = true)"
+            f" f WHERE {_in('f', b)} AND f.trace_id = {alias}.trace_id AND f.span_id = {alias}.span_id)")
+
+
 def directories(cur: duckdb.DuckDBPyConnection) -> list[str]:
     """The directories the ``spans`` view reads files from (a sandbox allows exactly those)."""
     try:
         rows = cur.execute("SELECT DISTINCT file FROM span_segments").fetchall()
     except duckdb.CatalogException:  # not an agentobs store (or before migration 0004)
         return []
+    try:
+        rows += cur.execute("SELECT DISTINCT file FROM span_merged").fetchall()
+    except duckdb.CatalogException:  # before migration 0005
+        pass
     return sorted({os.path.dirname(r[0]) + os.sep for r in rows})
 
 
 def recover(cur: duckdb.DuckDBPyConnection, directory: str) -> int:
-    """At start: delete the files under ``directory`` that no catalog row lists (unpublished batches and
-    retired files); a catalog row whose file is missing is a StoreError. Returns the files deleted."""
-    listed = {r[0] for r in cur.execute("SELECT file FROM span_segments").fetchall()}
+    """At start: delete the files under ``directory`` that no catalog row lists (unpublished batches, merged files
+    whose compaction never committed, retired files); a catalog row whose file is missing is a StoreError.
+    Returns the files deleted."""
+    listed = {r[0] for r in cur.execute("SELECT file FROM span_segments UNION ALL SELECT file FROM span_merged"
+                                        ).fetchall()}
     missing = sorted(f for f in listed if not os.path.exists(f))
     if missing:
-        raise StoreError(f"span segment file(s) listed in the store's catalog (span_segments) are missing: "
-                         f"{', '.join(missing[:3])}{' …' if len(missing) > 3 else ''} — restore them, or the "
-                         "store was moved without its .segments directory")
+        raise StoreError(f"span segment file(s) listed in the store's catalog (span_segments, span_merged) are "
+                         f"missing: {', '.join(missing[:3])}{' …' if len(missing) > 3 else ''} — restore them, or "
+                         "the store was moved without its .segments directory")
     deleted = 0
     d = Path(directory)
     if d.is_dir():
@@ -196,17 +316,87 @@ def recover(cur: duckdb.DuckDBPyConnection, directory: str) -> int:
 @dataclass
 class Compacted:
     segments: int = 0
-    rows: int = 0  # rows inserted into spans_part (duplicates skipped)
+    rows: int = 0  # rows written to merged files (copies of stored spans skipped)
     seconds: float = 0.0
     left: int = 0  # segments still in the tail
+    files: int = 0  # merged files written
+
+
+def _crash_point(step: str) -> None:
+    """Between the steps of a compaction (the crash-safety test stops the process here)."""
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def merged_name(lo: int, hi: int) -> str:
+    return f"merged-{lo:016d}-{hi:016d}{SUFFIX}"
+
+
+def _merge_group(cur: duckdb.DuckDBPyConnection, rows: list[tuple], directory: str) -> tuple[str | None, int, tuple]:
+    """Write the group's new spans (:func:`_keep_sql`: once each, none already stored) to a temporary file in
+    ``directory``, fsync'd, with column ``_seg`` (each row's segment); returns (file or None when every span was
+    stored already, rows, (min, max start_ns)). DuckDB picks the rows on the key columns; pyarrow copies them
+    segment by segment (one row group each: the rows arrive in time order, so a row group's ``start_ns`` range is
+    narrow and the lookups of later merges read few), so memory is one segment's."""
+    files = [r[0] for r in rows]
+    res = cur.execute(f"SELECT o FROM ({_keep_sql(rows, _merged_rows(cur), _columns_of(cur, files)[1])}) "
+                      "ORDER BY o").fetchnumpy()
+    o = np.asarray(res["o"], dtype=np.int64)
+    if not len(o):
+        return None, 0, (None, None)
+    seqs, rownums = o >> 32, o & 0xFFFFFFFF
+    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
+    # the group's columns (a release may have added some between its segments): the union, missing ones null
+    schema = pa.unify_schemas([pq.read_schema(f) for f in files]).append(pa.field("_seg", pa.int64()))
+    writer: pq.ParquetWriter | None = None
+    lo = hi = None
+    try:
+        for file, _lo, _hi, seq in rows:
+            take = rownums[seqs == seq]
+            if not len(take):
+                continue
+            t = pq.ParquetFile(file).read()  # (not pq.read_table: its dataset layer costs ~1 µs/span more)
+            if len(take) < t.num_rows:  # copies dropped (the usual segment has none: no copy of its rows)
+                t = t.take(pa.array(take))
+            t = t.append_column("_seg", pa.array(np.full(t.num_rows, seq, np.int64)))
+            if writer is None:
+                writer = pq.ParquetWriter(tmp, schema, compression=COMPRESSION)
+            if t.schema != schema:
+                t = pa.table([t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+                              for f in schema], schema=schema)
+            writer.write_table(t)
+            mm = pc.min_max(t["start_ns"])
+            for v in (mm["min"].as_py(), mm["max"].as_py()):
+                if v is not None:
+                    lo, hi = (v if lo is None else min(lo, v)), (v if hi is None else max(hi, v))
+    except BaseException:
+        if writer is not None:
+            writer.close()
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    assert writer is not None
+    writer.close()
+    _fsync(tmp)
+    return tmp, len(o), (lo, hi)
 
 
 def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, group: int = 16,
             keep: int = 0) -> Compacted:
-    """Merge the oldest segments into ``spans_part``, ``group`` files per transaction, until ``keep`` are left
-    or ``max_seconds`` have passed (checked between groups). Each group: the rows not yet in spans_part, once
-    each, appended; the catalog rows deleted; ``span_compactions`` told the rowids; the ``spans`` view
-    re-made; the files retired (:func:`sweep` deletes them)."""
+    """Merge the oldest tail segments, ``group`` at a time, into merged Parquet files until ``keep`` are left or
+    ``max_seconds`` have passed (checked between groups). Each group: its spans not stored already (in spans_part
+    or an earlier merged file), once each (the first segment's copy), written in seq order (a row group per
+    segment) with column ``_seg`` (each row's segment: the session model's marks) under a temporary name, fsync'd,
+    renamed to
+    ``merged-<first seq>-<last seq>.parquet``; then one transaction: the ``span_merged`` row, the tail's catalog
+    rows deleted and their files retired (:func:`sweep` deletes them), a ``span_compactions`` row, the ``spans``
+    view re-made. A crash before the commit leaves files no catalog row lists (:func:`recover` deletes them; the
+    tail segments are still listed), after it retired files (deleted too): nothing lost, nothing read twice."""
     t0 = time.perf_counter()
     out = Compacted()
     cur = con.cursor()
@@ -218,25 +408,35 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
                 break
             rows = cur.execute("SELECT file, min_start_ns, max_start_ns, seq FROM span_segments ORDER BY seq "
                                "LIMIT ?", [min(group, n - keep)]).fetchall()
-            with transaction(cur):
-                before = cur.execute("SELECT coalesce(max(rowid), -1) FROM spans_part").fetchall()[0][0]
-                res = cur.execute(f"INSERT INTO spans_part {_dedupe_select(cur, rows)}").fetchone()
-                inserted = int(res[0]) if res else 0
-                top = max(r[3] for r in rows)
-                # spans_part is append-only with one writer: the rows get the rowids after the committed ones
-                # (checked after the commit; inside the transaction they have transaction-local rowids)
-                cur.execute("INSERT INTO span_compactions VALUES (?, ?, ?, ?, ?, now()::TIMESTAMP)",
-                            [top, len(rows), before + 1 if inserted else None,
-                             before + inserted if inserted else None, inserted])
-                cur.execute("INSERT INTO span_segments_retired SELECT file, now()::TIMESTAMP FROM span_segments "
-                            "WHERE seq <= ?", [top])
-                cur.execute("DELETE FROM span_segments WHERE seq <= ?", [top])
-                ensure_view(cur)
-            if inserted and cur.execute("SELECT max(rowid) FROM spans_part").fetchall()[0][0] != before + inserted:
-                # another writer appended meanwhile: the range is not known, so the model reads them as new
-                cur.execute("UPDATE span_compactions SET rowid_lo = NULL, rowid_hi = NULL WHERE max_seq = ?", [top])
+            first, top = min(r[3] for r in rows), max(r[3] for r in rows)
+            directory = os.path.dirname(rows[0][0])
+            tmp, written, (lo, hi) = _merge_group(cur, rows, directory)
+            _crash_point("written")
+            final = None
+            if tmp is not None:
+                final = os.path.join(directory, merged_name(first, top))
+                os.rename(tmp, final)
+                _fsync_dir(directory)
+                _crash_point("renamed")
+            try:
+                with transaction(cur):
+                    if final is not None:
+                        cur.execute("INSERT INTO span_merged VALUES (?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                                    [final, written, lo, hi, first, top])
+                    cur.execute("INSERT INTO span_compactions VALUES (?, ?, NULL, NULL, ?, now()::TIMESTAMP)",
+                                [top, len(rows), written])
+                    cur.execute("INSERT INTO span_segments_retired SELECT file, now()::TIMESTAMP FROM span_segments "
+                                "WHERE seq <= ?", [top])
+                    cur.execute("DELETE FROM span_segments WHERE seq <= ?", [top])
+                    ensure_view(cur)
+            except BaseException:
+                if final is not None:  # rolled back: the file no catalog row lists goes now (recover() would)
+                    Path(final).unlink(missing_ok=True)
+                raise
+            _crash_point("committed")
             out.segments += len(rows)
-            out.rows += inserted
+            out.rows += written
+            out.files += final is not None
     finally:
         cur.close()
     out.seconds = time.perf_counter() - t0

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import StoreError
+from . import segments
 
 TABLES = ("spans", "metric_samples", "scrapes", "engine_config", "kv_events", "ingest_log")
 APPEND_ONLY = {"ingest_log", "spans"}  # no primary key: plain INSERT (spans: insert_spans)
@@ -248,7 +249,8 @@ class Writer:
 
 def insert_spans(cur: duckdb.DuckDBPyConnection, batch: pa.Table, unique: bool = False) -> int:
     """Append ``batch`` to ``spans_part`` (the table part of ``spans``: agentobs/store/segments.py) inside the
-    caller's transaction, skipping a span (trace_id, span_id) already stored there or repeated in the batch; returns the rows inserted. ``unique``: the caller guarantees no
+    caller's transaction, skipping a span (trace_id, span_id) already stored there, in its Parquet files, or
+    repeated in the batch; returns the rows inserted. ``unique``: the caller guarantees no
     span is repeated in the batch (the loader: ``loader.first_of_each_span``), so that check is skipped.
 
     A span sent again has its start time again, so the stored side is read only where ``start_ns`` lies in
@@ -265,6 +267,7 @@ def insert_spans(cur: duckdb.DuckDBPyConnection, batch: pa.Table, unique: bool =
             "INSERT INTO spans_part BY NAME SELECT * FROM _agentobs_spans b "
             f"WHERE NOT EXISTS (SELECT 1 FROM spans_part s WHERE {window} "
             "AND s.trace_id = b.trace_id AND s.span_id = b.span_id) "
+            f"{segments.not_in_files_sql(cur, 'b', lo, hi)} "  # nor in a Parquet part (span_store = segments)
             + ("" if unique else "QUALIFY row_number() OVER (PARTITION BY b.trace_id, b.span_id) = 1")).fetchone()
     finally:
         cur.unregister("_agentobs_spans")
