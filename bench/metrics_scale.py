@@ -73,6 +73,14 @@ FROM t
 # a batch of calls numbered [lo, n): the next sessions, inside the same day (the incremental refresh's input)
 BATCH = GENERATE.replace("range($n)", "range($lo, $n)")
 
+# the instances' engine config: vLLM, 16-token blocks, a pool of $blocks blocks (--pool-blocks)
+POOL = """
+INSERT INTO engine_config (instance, ts, engine, key, value, source)
+SELECT printf('10.0.0.%d:8000', i), TIMESTAMP '2027-01-01', 'vllm', k, CASE k WHEN 'block_size' THEN '16' ELSE $blocks END,
+       'bench'
+FROM range(8) t(i), (VALUES ('block_size'), ('num_gpu_blocks')) v(k)
+"""
+
 BASELINE = """
 SELECT sum(prev_p) FROM (
     SELECT lag(prompt_tokens) OVER (PARTITION BY session_id ORDER BY start_ts) AS prev_p FROM llm_calls
@@ -93,16 +101,29 @@ def main() -> None:
     ap.add_argument("--derived", action="store_true", help="also time the suite deriving call_reuse (no state)")
     ap.add_argument("--batch", type=int, default=10_000, help="calls per incremental batch")
     ap.add_argument("--batches", type=int, default=3, help="incremental batches to time")
+    ap.add_argument("--existing", action="store_true",
+                    help="--db already holds this script's calls (an earlier run's store): generate none, rebuild the "
+                         "state; the batches follow its calls")
+    ap.add_argument("--pool-blocks", type=int, default=0,
+                    help="give every instance a KV pool of this many 16-token blocks (engine config), so the instance "
+                         "evidence runs (default: no pool size, no instance evidence)")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
+    if args.existing and not (args.db and Path(args.db).exists()):
+        raise SystemExit(f"--existing: no store at --db {args.db!r}")
     path = args.db or str(Path(tmp.name) / "bench.duckdb")
     con = connect(path)
     con.execute("SET memory_limit = ?", [args.memory_limit])
     t = time.perf_counter()
-    con.execute(GENERATE, {"n": args.calls})
+    if args.existing:
+        args.calls = con.execute("SELECT count(*) FROM spans_part").fetchall()[0][0]  # call i is span i: 0 .. N − 1
+    else:
+        con.execute(GENERATE, {"n": args.calls})
+    if args.pool_blocks:
+        con.execute(POOL, {"blocks": str(args.pool_blocks)})
     con.execute("CHECKPOINT")
     gen_s = time.perf_counter() - t
-    _progress(f"generated {args.calls:,} calls in {gen_s:.1f} s")
+    _progress(f"{'found' if args.existing else 'generated'} {args.calls:,} calls in {gen_s:.1f} s")
     derived = None
     if args.derived:  # the suite without the state first (a run derives when there is no current state)
         con.close()
@@ -169,7 +190,8 @@ def main() -> None:
     con.close()
 
     reuse = suite["reprefill"].to_dicts()
-    print(f"calls: {args.calls:,}  (generated in {gen_s:.1f} s)")
+    print(f"calls: {args.calls:,}  ({'an existing store' if args.existing else f'generated in {gen_s:.1f} s'})"
+          + (f"; every instance's KV pool {args.pool_blocks:,} blocks of 16 tokens" if args.pool_blocks else ""))
     print(f"maintained state built whole (model rebuild): {built.seconds:.2f} s ({built.calls:,} calls)")
     print(f"window pass over llm_calls (lag per session, summed): {base_s:.2f} s")
     if derived is not None:

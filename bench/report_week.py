@@ -43,20 +43,28 @@ def main() -> None:
     ap.add_argument("--no-findings", action="store_true", help="leave agentobs.findings out")
     ap.add_argument("--no-state", action="store_true",
                     help="no maintained session model: the report derives call_reuse (as before issue 22)")
+    ap.add_argument("--existing", action="store_true",
+                    help="--db already holds the generator's calls (e.g. a bench/metrics_scale.py --db store): "
+                         "generate none; the maintained state is refreshed (current: nothing to do), not rebuilt")
     args = ap.parse_args()
     tmp = tempfile.TemporaryDirectory()
+    if args.existing and not (args.db and Path(args.db).exists()):
+        raise SystemExit(f"--existing: no store at --db {args.db!r}")
     path = args.db or str(Path(tmp.name) / "bench.duckdb")
     con = connect(path)
     t = time.perf_counter()
-    con.execute(GENERATE, {"n": args.calls})
-    con.execute("CHECKPOINT")
+    if args.existing:
+        args.calls = con.execute("SELECT count(*) FROM spans_part").fetchall()[0][0]
+    else:
+        con.execute(GENERATE, {"n": args.calls})
+        con.execute("CHECKPOINT")
     gen_s = time.perf_counter() - t
     if not args.no_state:  # what imports and collect keep current (agentobs.model.state)
         from agentobs.model import state
 
-        built = state.rebuild(con, Settings())
+        built = (state.refresh if args.existing else state.rebuild)(con, Settings())
         con.execute("CHECKPOINT")
-        print(f"maintained session model built whole: {built.seconds:.2f} s")
+        print(f"maintained session model ({built.mode}): {built.seconds:.2f} s")
     con.close()
 
     con = connect(path, read_only=True)

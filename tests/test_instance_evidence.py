@@ -186,3 +186,49 @@ def test_a_kv_removal_on_the_instance_rules_out_never_evicted(tmp_path):
     con = duckdb.connect(path, read_only=True)
     assert con.sql("SELECT cause_evidence FROM call_reuse WHERE call_id = 'c2'").fetchall() == [("none",)]
     con.close()
+
+
+# s3 on A, arriving after the store's first refresh: e1 [200, 202] P 400 C 0 O 100 (allocates 500), e2 [300, 302]
+# P 1,000 C 0: R = 400, S = 400 beyond the tolerance, nothing in the gap (churn 0). The refresh derives s3 alone (its
+# calls start after every stored call): its activity is bounded to [200, 300], the earlier calls one row per instance
+S3 = [call("e1", "s3", 200, 202, 400, 0, 100, task="t3"), call("e2", "s3", 300, 302, 1000, 0, 100, task="t3")]
+
+
+@pytest.mark.parametrize("before, expected", [
+    # s1 allocated 500 + 1,100 before s3: up to e2, 2,100 + 16 × (3 calls + 1) = 2,164 ≥ 1,600 − 16: the pool may have
+    # wrapped — unexplained (from e1 alone, 500 + 16 × 2 = 532: it would read "never evicted")
+    (S1, "none"),
+    # z1, the instance's first call, hit 32 cached tokens: a warm engine, no bound from spans — unexplained (78 + 500
+    # + 16 × 3 = 626 is below the pool, and e1's C = 0 would make it young)
+    ([call("z1", "s0", 0, 1, 100, 32, 10, task="t0")], "none"),
+    # z1 hit nothing: young, 78 + 500 + 48 = 626 < 1,584 — never evicted
+    ([call("z1", "s0", 0, 1, 100, 0, 10, task="t0")], "no_churn"),
+])
+def test_refresh_reads_the_calls_before_its_window_as_one_row(tmp_path, before, expected):
+    """The maintained model's refresh reads the activity of a derived call's instance only in the time its derived calls
+    span, the calls before it summed (agentobs.model.state._activity_sql): the allocation since the engine started
+    and the instance's first call still count, and the refresh equals a rebuild."""
+    import pyarrow as pa
+    from builders import SPAN_TYPES
+
+    from agentobs.config import Settings
+    from agentobs.model import connect, state
+    from agentobs.store.writer import Writer
+
+    con = connect(make_db(tmp_path, before, config=VLLM_POOL))
+    s = Settings()
+    assert state.refresh(con, s).mode == "rebuild"
+    with Writer(con, flush_s=0.01) as w:
+        w.write("spans", pa.table({k: pa.array([c[k] for c in S3], t) for k, t in SPAN_TYPES.items()}))
+    r = state.refresh(con, s)
+    assert r.mode == "incremental" and r.sessions == 1 and r.derived == 2
+    cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall() if c[0] != "block_hashes"]
+    sel = ", ".join(cols)
+    con.execute(f"CREATE TEMP TABLE inc AS SELECT {sel} FROM model_calls")
+    assert con.sql("SELECT cause_evidence, churn_ratio FROM inc WHERE call_id = 'e2'").fetchall() == [(expected, 0.0)]
+    state.rebuild(con, s)
+    assert con.execute(f"SELECT count(*) FROM (SELECT * FROM inc EXCEPT SELECT {sel} FROM model_calls)").fetchall() \
+        == [(0,)]
+    assert con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM model_calls EXCEPT SELECT * FROM inc)").fetchall() \
+        == [(0,)]
+    con.close()

@@ -3,8 +3,11 @@
 --   calls_src    llm_calls columns (call_id, session_id, branch, instance, start_s, end_s, P, C, O, ...)
 --   cfg_src      instance_config (block_size, prefix_caching, kv_capacity_tokens)
 --   kv_src       kv_events (BlockStored with session_id, BlockRemoved, AllBlocksCleared)
---   act_src      every model call of the store (instance, start_s, end_s, P, C, O, status): the instances' activity,
---                which calls_src may not hold whole (a metric run's pruned working set, one session's calls)
+--   act_src      every model call of the store (instance, start_s, end_s, P, C, O, status, n): the instances'
+--                activity, which calls_src may not hold whole (a metric run's pruned working set, one session's
+--                calls); n: the calls a row stands for (1; a refresh's row summing an instance's calls before the
+--                time its derived calls reach, agentobs/model/state.py: those calls' allocation in O, P = 0, C the
+--                instance's first call's)
 --   cnt_src      metric_samples of the engines' counters (preemptions, prompt/cached/generated/evicted tokens)
 --   reuse_params one row: default_block_size, abandoned_after_s, hit_tolerance_blocks, data_end_s (the latest span
 --                end in the store)
@@ -368,14 +371,14 @@ ie_c AS (
 ie_act AS (
     SELECT instance, start_s, end_s, status,
            greatest(coalesce(prompt_tokens, 0) - coalesce(cached_tokens, 0), 0) + coalesce(output_tokens, 0) AS alloc,
-           coalesce(cached_tokens, 0) AS cached_tokens
+           coalesce(cached_tokens, 0) AS cached_tokens, n
     FROM act_src
     WHERE instance IN (SELECT instance FROM ie_c)
 ),
 ie_cum AS (
     SELECT instance, start_s,
            sum(alloc) OVER (PARTITION BY instance ORDER BY start_s) AS cum_alloc,
-           count(*) OVER (PARTITION BY instance ORDER BY start_s) AS cum_calls,
+           CAST(sum(n) OVER (PARTITION BY instance ORDER BY start_s) AS BIGINT) AS cum_calls,
            first_value(cached_tokens) OVER (PARTITION BY instance ORDER BY start_s) AS first_cached
     FROM ie_act
 ),

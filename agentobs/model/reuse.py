@@ -8,7 +8,9 @@
 The body reads relations named ``calls_src``, ``cfg_src``, ``kv_src``, ``act_src``, ``cnt_src`` and ``reuse_params``;
 the callers bind them as CTEs (our own constant SQL text, no user input is spliced). ``act_src`` is every call of the
 store (the instances' activity, for the instance evidence of docs/metrics.md): ``calls_src`` itself when that holds
-every call, else the relation the caller names (``activity``).
+every call, else the relation the caller names (``activity``); each of its rows has a weight ``n``, the number of
+calls it stands for (1, or — the maintained model's refresh, agentobs.model.state — a row per instance summing the
+calls before the time its derived calls can reach: ``activity_weighted``).
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ def body_sql(narrow: bool = False) -> str:
 
 def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: str = "*", tail: str = "",
               abandoned_after_s: float | None = None, has_rid: bool = False, rid: str = "rid", narrow: bool = False,
-              kv_index: bool = False, hit_tolerance_blocks: int | None = None, activity: str | None = None) -> str:
+              kv_index: bool = False, hit_tolerance_blocks: int | None = None, activity: str | None = None,
+              activity_weighted: bool = False) -> str:
     """The call_reuse SELECT over ``calls`` (a relation name of ours). ``block_size`` is a SQL
     expression for the default block size (a parameter such as ``$default_block_size``); ``select``
     and ``tail`` extend the outer query (the body is aliased ``r``). All arguments are our own SQL text;
@@ -85,7 +88,8 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
     ``hit_tolerance_blocks``: the setting (a shortfall of at most this many blocks, without evidence of eviction, is a
     hit in estimate mode); validated, then a literal. ``activity``: a relation of ours with every call of the store
     (``ACTIVITY_COLUMNS``) when ``calls`` holds only some (one session, a pruned working set); None: ``calls`` holds
-    every call."""
+    every call. ``activity_weighted``: that relation has a column ``n``, the calls each row stands for (call_reuse.sql
+    ``ie_act``); otherwise every row is one call."""
     body = body_sql(narrow)
     if kv_index:
         from . import kvindex
@@ -103,7 +107,8 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
          f"WITH calls_src AS MATERIALIZED (SELECT row_number() OVER () AS rid, {CALL_COLUMNS} FROM {calls}),\n") +
         "cfg_src AS (SELECT * FROM instance_config),\n"
         "kv_src AS (SELECT * FROM kv_events),\n"
-        f"act_src AS (SELECT {ACTIVITY_COLUMNS} FROM {activity if activity is not None else 'calls_src'}),\n"
+        f"act_src AS (SELECT {ACTIVITY_COLUMNS}, {'n' if activity_weighted else 'CAST(1 AS BIGINT) AS n'} "
+        f"FROM {activity if activity is not None else 'calls_src'}),\n"
         "cnt_src AS (SELECT instance, ts, metric, labels, value FROM metric_samples\n"
         f"    WHERE metric IN ({', '.join(repr(m) for m in COUNTER_METRICS)})),\n"
         f"reuse_params AS (SELECT CAST({bs} AS INTEGER) AS default_block_size, CAST({ab} AS DOUBLE) AS abandoned_after_s,\n"

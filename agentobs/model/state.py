@@ -219,7 +219,8 @@ def _reuse(src: str, settings: Settings, call: str, own: str, kv_index: bool, ac
                      f"{skey('cs')} AS skey, hash({skey('cs')}) AS kh, hash(cs.trace_id) AS th, {call}, {own}",
                      "JOIN calls_src cs ON cs.rid = r.rid",
                      abandoned_after_s=settings.abandoned_after_s, has_rid=True, rid="rid", narrow=True,
-                     kv_index=kv_index, hit_tolerance_blocks=int(settings.hit_tolerance_blocks), activity=activity)
+                     kv_index=kv_index, hit_tolerance_blocks=int(settings.hit_tolerance_blocks), activity=activity,
+                     activity_weighted=activity is not None)
 
 
 _FIN: dict[tuple, list[str]] = {}
@@ -533,12 +534,9 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_del AS SELECT r FROM inc_rows UNION SELECT r FROM inc_old")
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_gone AS SELECT * FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_del)")
     cur.step("derive")
-    # every call of the instances the derived calls are on, for their instance evidence: the stored rows left (less
-    # those being replaced: the DELETE comes after) and the calls being derived
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE inc_act AS
-        SELECT {ACTIVITY_COLUMNS} FROM {TABLE} WHERE instance IN (SELECT DISTINCT instance FROM inc_src)
-          AND rowid NOT IN (SELECT r FROM inc_del)
-        UNION ALL SELECT {ACTIVITY_COLUMNS} FROM inc_src""")
+    # the instances' activity their instance evidence reads (the stored rows left — less those being replaced: the
+    # DELETE comes after — and the calls being derived), bounded in time: _activity_sql
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_act AS {_activity_sql()}")
     cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_out AS "
                 f"{_derive_sql('inc_src', kv, settings, fin, now.data_end_ns, activity='inc_act')}")
     cur.step("itl_gaps")
@@ -559,6 +557,32 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     cur.step("marks")
     _write_marks(cur, settings, now, "incremental", time.perf_counter() - t0)
     return n, derived, units
+
+
+def _activity_sql() -> str:
+    """The activity (``ACTIVITY_COLUMNS`` and the weight ``n``, reuse_sql ``activity_weighted``) the instance evidence
+    of the calls in ``inc_src`` reads, per instance they are on, without a row per call it cannot reach. A derived
+    call ``c`` with evidence has its previous call on the same instance, in the same session, so in ``inc_src``: the
+    gap ``[t0(prev) end, t0(c))`` lies inside ``[lo, hi]``, the first and last start of ``inc_src``'s calls on the
+    instance. The gap's churn (call_reuse.sql ``ie_span``) reads the calls that start in it: those starting in
+    ``[lo, hi]``, one row each. The allocation since the engine started (``ie_before``: the calls that started before
+    ``c``, their count and the first one's cached tokens) also needs those before ``lo``: one row per instance stands
+    for them, ``n`` calls, their allocation (computed prompt + output tokens, as ``ie_act`` sums it) in
+    ``output_tokens`` with ``prompt_tokens`` 0, the instance's first call's cached tokens, their latest start (before
+    every other row's) and no end (no gap holds it). The stored rows are those of ``model_calls`` less ``inc_del``; only
+    instances with a known pool size have evidence (``ie_c``), so the other instances' stored calls are not read."""
+    cols = ACTIVITY_COLUMNS
+    stored = f"(SELECT {cols} FROM {TABLE} WHERE instance IN (SELECT instance FROM b) AND rowid NOT IN (SELECT r FROM inc_del))"
+    return f"""WITH b AS (SELECT instance, min(start_s) AS lo, max(start_s) AS hi FROM inc_src
+            WHERE instance IN (SELECT instance FROM instance_config WHERE kv_capacity_tokens > 0) GROUP BY instance),
+        s AS NOT MATERIALIZED (SELECT s.*, b.lo, b.hi FROM {stored} s JOIN b USING (instance))
+        SELECT {cols}, CAST(1 AS BIGINT) AS n FROM s WHERE start_s BETWEEN lo AND hi
+        UNION ALL SELECT {cols}, CAST(1 AS BIGINT) AS n FROM inc_src
+        UNION ALL SELECT instance, max(start_s), CAST(NULL AS DOUBLE), CAST(0 AS BIGINT), arg_min(coalesce(cached_tokens, 0), start_s),
+                         CAST(sum(greatest(coalesce(prompt_tokens, 0) - coalesce(cached_tokens, 0), 0)
+                                  + coalesce(output_tokens, 0)) AS BIGINT),
+                         CAST(NULL AS VARCHAR), count(*)
+        FROM s WHERE start_s < lo GROUP BY instance"""
 
 
 def _by_hash(h: str, key: str, keys: str) -> str:
