@@ -328,6 +328,22 @@ def test_saved_queries_roundtrip(app, tmp_path):
     assert app.text_area(key="sql_text").value == "SELECT 42 AS answer"
 
 
+def test_cost_page_drill_box_lists_the_costliest_and_a_link_opens_any(app, db, monkeypatch):
+    # the box lists ui.DRILL_TASKS of the costliest tasks (task_cost's order); a store with more tasks says so, and a
+    # link's ?task= still opens a task beyond the list. With the limit at 2 on the console store:
+    from agentobs.console import ui
+
+    monkeypatch.setattr(ui, "DRILL_TASKS", 2)
+    api = compute("task_cost", db=as_source(str(db)), by="task")
+    ids = api["task_id"].to_list()
+    assert len(ids) > 3
+    goto(app, "cost.py", task=ids[-1])  # the cheapest task: not among the first two
+    box = app.selectbox(key="cost_task")
+    assert box.options == ids[:2] + [ids[-1]] and box.value == ids[-1]
+    assert any(f"the 2 costliest of {len(ids)} tasks" in c.value for c in app.caption)
+    assert df_of(app, len(app.dataframe) - 2)["task_id"].to_list() == [ids[-1]]
+
+
 def test_cost_page_drills_to_a_task(app, db):
     goto(app, "cost.py")
     api = compute("task_cost", db=as_source(str(db)), by="task")

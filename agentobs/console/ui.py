@@ -183,6 +183,10 @@ def table(df, column_config: dict | None = None, **kw) -> None:
 # (grouping, percentile, search, sort, the selected session or task, the SQL text). A page calls ``from_url``
 # before it makes a widget (the widget then takes its value from session state, no default argument) and
 # ``to_url`` after; Streamlit drops a page's own parameters when another page opens.
+# Cost attribution's "Drill to a task" box lists this many of the costliest tasks (a link's ?task= opens any other)
+DRILL_TASKS = 1000
+
+
 def from_url(key: str, param: str | None = None, options=None, default=None, cast=str):
     """Give the widget ``key`` its value from the URL parameter ``param`` (default: ``key``) the first time the
     page makes it (a reload, a shared link), else ``default``; a value that is not among ``options`` (or does not
@@ -198,8 +202,8 @@ def from_url(key: str, param: str | None = None, options=None, default=None, cas
             except (TypeError, ValueError):
                 v = None
             if v is None or (options is not None and v not in options):
-                st.warning(f"ignored {param}={raw!r}" + (f": choose one of {', '.join(map(str, options))}"
-                                                          if options is not None else ""))
+                listed = list(map(str, list(options)[:20])) + (["…"] if len(options) > 20 else []) if options is not None else []
+                st.warning(f"ignored {param}={raw!r}" + (f": choose one of {', '.join(listed)}" if listed else ""))
             else:
                 value = v
         if value is not None:

@@ -30,7 +30,15 @@ if df is not None and not ui.empty(df, "tasks"):
 st.subheader("Drill to a task")
 tasks_df, _ = ui.metric_section(ctx, "task_cost", by="task", key="drill") if df is not None else (None, None)
 if tasks_df is not None and "task_id" in tasks_df.columns and tasks_df.height:
-    ids = tasks_df["task_id"].to_list()
+    # the costliest tasks first (task_cost's order); a list of every task costs more than the rest of the page at
+    # 10M calls (668k tasks: docs/console.md), so the box holds the first ui.DRILL_TASKS, and a link's ?task= any other
+    ids = tasks_df["task_id"].head(ui.DRILL_TASKS).to_list()
+    want = st.query_params.get("task")
+    if want and want not in ids and tasks_df.height > ui.DRILL_TASKS and tasks_df["task_id"].is_in([want]).any():
+        ids.append(want)
+    if tasks_df.height > ui.DRILL_TASKS:
+        st.caption(f"the {ui.DRILL_TASKS:,} costliest of {tasks_df.height:,} tasks; open any other with `?task=ID` in the "
+                   "URL, or list them on the SQL page")
     ui.from_url("cost_task", "task", options=ids)
     pick = st.selectbox("Task", ids, index=None, key="cost_task", placeholder="choose a task")
     ui.to_url("task", pick)
