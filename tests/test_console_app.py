@@ -448,7 +448,8 @@ def test_finding_renders_evidence_money_and_copyable_fix():
     at = AppTest.from_function(_render_one, default_timeout=TIMEOUT).run()
     assert not at.exception
     # the ledger's order in the label: $/week at stake first, then the title and the severity
-    assert at.expander[0].label == "**$345.60/week** · Prefix caching is off · high"  # cents, as the CLI prints
+    # cents, as the CLI prints; the scope (here an instance) tells apart one rule's findings on several instances
+    assert at.expander[0].label == "**$345.60/week** · Prefix caching is off · instance: 10.42.7.31:8000 · high"
     assert "vllm serve ... --enable-prefix-caching" in [c.value for c in at.code]  # st.code has a copy button
     assert at.table[0].value.to_dict("list") == {"number": ["reprefill_tokens"], "value": ["1,808"]}
     assert [m.value for m in at.metric][:2] == ["$345.60", "$345.60"]  # tax and recoverable, per week
