@@ -255,9 +255,15 @@ def test_overview_tax_equals_the_cli_ledger(sample_console, sample_db, page):
         text = box.inner_text()
         priced = [f for f in want["findings"] if f["tax"]["usd_week"]][:3]
         assert priced, "the sample fleet's planted problems have a $ figure"
+        banded = 0
         for f in priced:
             assert usd(f["tax"]["usd_week"]) + "/week" in text and f["id"] in text
+            t = f["tax"]  # an estimate-mode finding shows its band as the CLI does ("estimate: $0.00–$3.84/week")
+            if t["mode"] in ("estimate", "mixed") and usd(t["usd_low_week"]) != usd(t["usd_high_week"]):
+                assert f"({t['mode']}: {usd(t['usd_low_week'])}–{usd(t['usd_high_week'])}/week)" in text
+                banded += 1
             assert f"{f['sessions']:,} sessions affected" in text
+        assert banded or qs  # the whole sample's top three include SGLang's hicache_off, an estimate-mode band
         shot(page, "overview-answer" + ("-filtered" if qs else ""))
     # drill down: the top finding's sessions
     top = priced[0]

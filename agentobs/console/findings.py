@@ -124,7 +124,9 @@ def answer(ctx: Context, simulate: bool = True, slot=None):
             rec = f.recoverable.usd_week
             recovers = ("recovers … (replaying sessions)" if not simulate else
                         f"recovers {money(rec)}{f.tax.per if rec is not None else ''}")
-            st.markdown(f"**{i}. {money(f.tax.usd_week)}{f.tax.per}** · {_fix_text(f)}  \n"
+            band = f.tax.band_text()  # estimate mode: the same band the CLI and the Findings page print
+            st.markdown(f"**{i}. {money(f.tax.usd_week)}{f.tax.per}**" + (f" ({band})" if band else "")
+                        + f" · {_fix_text(f)}  \n"
                         f"<small>`{f.id}` · {f.severity} · {recovers}</small>", unsafe_allow_html=True)
             sessions_page_link(ctx, f)
     with right:
