@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import StoreError
+from ..store.segments import fsync_path
 
 MAGIC = b"AOS1"
 HEADER = struct.Struct("<4sII16sBB")  # magic, body length, crc32, hash, format, transport
@@ -142,7 +143,7 @@ class Spool:
         self._f = open(self.dir / seg_name(self._seq), "ab")
         self._durable[self._seq] = []
         self._sizes[self._seq] = 0
-        _fsync_dir(self.dir)
+        fsync_path(self.dir)
 
     def _remember(self, h: bytes, p: _Pending | None) -> None:
         self._hashes[h] = p
@@ -324,9 +325,3 @@ class Spool:
         self._f.close()
 
 
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -87,8 +87,9 @@ def write_segment(table: pa.Table, directory: str) -> SegmentFile:
     return SegmentFile(tmp, table.num_rows, lo, hi)
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: str | os.PathLike) -> None:
+    """fsync a file or a directory (a directory: so a rename or a new name in it survives a crash) by its path."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -104,7 +105,7 @@ def publish_file(seg: SegmentFile, seq: int) -> str:
     caller then commits :func:`add` in its transaction, and deletes the file if that fails."""
     final = os.path.join(os.path.dirname(seg.tmp), seg_name(seq))
     os.rename(seg.tmp, final)
-    _fsync_dir(os.path.dirname(final))
+    fsync_path(os.path.dirname(final))
     return final
 
 
@@ -326,14 +327,6 @@ def _crash_point(step: str) -> None:
     """Between the steps of a compaction (the crash-safety test stops the process here)."""
 
 
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def merged_name(lo: int, hi: int) -> str:
     return f"merged-{lo:016d}-{hi:016d}{SUFFIX}"
 
@@ -382,7 +375,7 @@ def _merge_group(cur: duckdb.DuckDBPyConnection, rows: list[tuple], directory: s
         raise
     assert writer is not None
     writer.close()
-    _fsync(tmp)
+    fsync_path(tmp)
     return tmp, len(o), (lo, hi)
 
 
@@ -416,7 +409,7 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
             if tmp is not None:
                 final = os.path.join(directory, merged_name(first, top))
                 os.rename(tmp, final)
-                _fsync_dir(directory)
+                fsync_path(directory)
                 _crash_point("renamed")
             try:
                 with transaction(cur):
