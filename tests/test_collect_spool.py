@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from agentobs.collect.spool import HEADER, Spool, seg_name
+from agentobs.collect.spool import HEADER, Spool, SpoolFull, seg_name
 from agentobs.errors import StoreError
 
 
@@ -82,16 +82,17 @@ def test_concurrent_identical_appends_write_one_copy(tmp_path):
 
 
 def test_loaded_segments_are_deleted_and_unloaded_bytes_drive_admission(tmp_path):
-    sp = Spool(tmp_path, segment_bytes=50, max_unloaded_bytes=100)
-    assert sp.admit() is None
-    for i in range(3):
+    sp = Spool(tmp_path, segment_bytes=50, max_unloaded_bytes=150)
+    for i in range(3):  # a record is 30 header + 40 body bytes: 0, 70 and 140 unloaded when each is admitted
         sp.append(bytes([i]) * 40)
     recs = _all(sp)
-    assert sp.unloaded_bytes() == 3 * (HEADER.size + 40)  # 210 > 100
-    assert "not yet loaded" in sp.admit()
+    assert sp.unloaded_bytes() == 3 * (HEADER.size + 40)  # 210 > 150: the 4th new body is refused
+    with pytest.raises(SpoolFull, match="210 bytes not yet loaded"):
+        sp.append(b"x" * 40)
+    assert sp.append(bytes([0]) * 40) is False  # a retry of a spooled body is acknowledged even when full
     sp.mark_loaded(recs[1].seq, recs[1].end)
     assert sp.unloaded_bytes() == HEADER.size + 40
-    assert sp.admit() is None
+    assert sp.append(b"x" * 40) is True
     # the segments of the first two records are gone from disk; the third's stays
     on_disk = sorted(p.name for p in tmp_path.glob("*.seg"))
     assert seg_name(recs[0].seq) not in on_disk and seg_name(recs[2].seq) in on_disk
@@ -100,7 +101,8 @@ def test_loaded_segments_are_deleted_and_unloaded_bytes_drive_admission(tmp_path
 
 def test_free_disk_drives_admission(tmp_path):
     sp = Spool(tmp_path, min_free_bytes=1 << 62)  # more than any disk has free
-    assert "free on the spool's disk" in sp.admit()
+    with pytest.raises(SpoolFull, match="free on the spool's disk"):
+        sp.append(b"x")
     sp.close()
 
 

@@ -30,7 +30,7 @@ from ..config import Settings
 from ..errors import StoreError
 from . import otlp
 from .health import Health
-from .spool import Spool
+from .spool import Spool, SpoolFull
 
 
 @dataclass
@@ -140,13 +140,12 @@ class Ingest:
         if n_spans == 0:  # nothing to store: acknowledged without touching the disk
             h.requests.labels(transport, "ok").inc()
             return Outcome("ok")
-        full = self.spool.admit()
-        if full is not None:
+        try:
+            new = self.spool.append(body, fmt, transport, timeout=self.commit_timeout_s)
+        except SpoolFull as full:
             h.requests.labels(transport, "overloaded").inc()
             h.spans_rejected.labels("spool_full").inc(n_spans)
             return Outcome("overloaded", message=f"{full}; retry later", retry_after_s=self.retry_after_s)
-        try:
-            new = self.spool.append(body, fmt, transport, timeout=self.commit_timeout_s)
         except (TimeoutError, StoreError) as e:
             h.requests.labels(transport, "unavailable").inc()
             h.spans_rejected.labels("spool").inc(n_spans)

@@ -19,9 +19,10 @@ Retries: the body's hash is kept for the last ``dedupe_requests`` requests (rebu
 still on disk at open). A body already spooled is acknowledged again without a second copy, which
 is what an exporter retrying after a lost answer or a timeout sends.
 
-Backpressure: ``admit`` refuses (the receiver answers 429 / RESOURCE_EXHAUSTED with Retry-After)
-while the bytes spooled but not yet loaded exceed ``max_unloaded_bytes`` or the spool's file system
-has less than ``min_free_bytes`` free.
+Backpressure: ``append`` raises ``SpoolFull`` for a new body (the receiver answers 429 /
+RESOURCE_EXHAUSTED with Retry-After) while the bytes spooled but not yet loaded exceed
+``max_unloaded_bytes`` or the spool's file system has less than ``min_free_bytes`` free. The check and
+the body's place in the queue are taken under one lock, so concurrent requests cannot all pass it.
 """
 
 from __future__ import annotations
@@ -95,6 +96,10 @@ def scan(path: Path, seq: int) -> tuple[list[Record], list[bytes], int]:
     return recs, hashes, pos
 
 
+class SpoolFull(Exception):
+    """The spool refuses a new request for now (backpressure); the message says why."""
+
+
 class Spool:
     def __init__(self, directory: str | os.PathLike, segment_bytes: int = 64 << 20,
                  max_unloaded_bytes: int = 1 << 30, min_free_bytes: int = 512 << 20,
@@ -159,10 +164,11 @@ class Spool:
         return sum(size - self._loaded.get(seq, 0) for seq, size in self._sizes.items()) + sum(
             q[1] for q in self._queue)
 
-    def admit(self) -> str | None:
-        """None when a new request may be spooled, else why not (for the 429 message)."""
-        with self._lock:
-            unloaded = self._unloaded()
+    def _refusal(self) -> str | None:
+        """Why a new request may not be spooled now (the 429 message), else None. Called with the lock held,
+        so the check and the request's place in the queue are one step: concurrent requests cannot all pass
+        a check made before any of them is queued."""
+        unloaded = self._unloaded()
         if unloaded > self.max_unloaded_bytes:
             return f"spool holds {unloaded:,} bytes not yet loaded (limit {self.max_unloaded_bytes:,})"
         if self.free_bytes < self.min_free_bytes:
@@ -172,8 +178,9 @@ class Spool:
     def append(self, body: bytes, fmt: str = "protobuf", transport: str = "other",
                timeout: float | None = 30.0) -> bool:
         """Spool one request body; returns once it is fsync'd. False when the same body was spooled before
-        (a retry: nothing is written again). Raises StoreError when the spool cannot write, TimeoutError
-        when the write did not finish in ``timeout`` seconds."""
+        (a retry: nothing is written again, even while the spool is full). Raises SpoolFull when the spool
+        holds too many bytes not yet loaded or its disk is short, StoreError when the spool cannot write,
+        TimeoutError when the write did not finish in ``timeout`` seconds."""
         h = body_hash(body)
         header_tail = struct.pack("<16sBB", h, FORMATS[fmt], TRANSPORTS.get(transport, 2))
         crc = zlib.crc32(body, zlib.crc32(header_tail))
@@ -185,6 +192,9 @@ class Spool:
                 prev = self._hashes[h]
                 dup = True
             else:
+                full = self._refusal()
+                if full is not None:
+                    raise SpoolFull(full)
                 prev = _Pending(data)
                 self._remember(h, prev)
                 self._queue.append((prev, len(data), fmt, transport))
