@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import polars as pl
 import streamlit as st
 
-from . import data
+from . import cache, data
 from .shell import Context
 
 
@@ -95,23 +95,18 @@ def _held_run(stamp, filters: tuple, since, until):
     return None, None
 
 
-# Metric results are held, not copied: at 10M calls a page's results hold frames of hundreds of thousands of rows
-# (task_cost by task: one per task; reuse/reprefill by session: one per session), and st.cache_data pickles a result
-# and unpickles it on every hit — most of a warm Cost attribution or Sessions page (docs/console.md, "Caching and
-# performance"). st.cache_resource keeps the one result object, keyed exactly as the cache_data entry was (db stamp,
-# pairs, window, filters); every hit hands out shallow clones of its frames (polars shares the column buffers, so a
-# clone costs nothing per row) in a new dict, so a page that changes what it got cannot change the shared result.
-# Bounded: SUITE_ENTRIES results and an hour each; and when a store's stamp changes (new data), the results of its
-# earlier stamps are dropped at once (_supersede) rather than left to the bound: they can never be hit again.
+# Metric results are held, not copied per hit (agentobs/console/cache.py): at 10M calls a page's results hold frames
+# of hundreds of thousands of rows (task_cost by task: one per task; reuse/reprefill by session: one per session),
+# which st.cache_data unpickled on every warm render (docs/console.md, "Caching and performance"). Keyed as before:
+# db stamp, pairs, window, filters; a store's earlier stamps are dropped when it changes.
 SUITE_ENTRIES = 32
 
 
-@st.cache_resource(show_spinner="computing metrics…", max_entries=SUITE_ENTRIES, ttl=3600)
-def _suite_shared(stamp, pairs: tuple[tuple[str, str], ...], since, until, filters: tuple
-                  ) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], str]]:
+@cache.held(show_spinner="computing metrics…", max_entries=SUITE_ENTRIES)
+def _suite(stamp, pairs: tuple[tuple[str, str], ...], since, until, filters: tuple
+           ) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], str]]:
     """One preparation (``agentobs.metrics.prepare``), or a held one (``one_preparation``), then each (metric,
-    grouping); a failing metric is reported, not fatal. The cached result is shared by every hit: read it through
-    ``_suite``, never directly."""
+    grouping); a failing metric is reported, not fatal."""
     from agentobs.metrics import prepare
 
     run, own = _held_run(stamp, filters, since, until)
@@ -134,43 +129,6 @@ def _suite_shared(stamp, pairs: tuple[tuple[str, str], ...], since, until, filte
         else:
             close()
     return out, errors
-
-
-# per store (the stamp's backend and path/URL): the stamps seen, oldest first (a few), and the arguments cached under
-# each; a stamp never seen before is the store's new state, and the results under the earlier ones are dropped. A
-# page still running on an earlier stamp (another browser session, mid-run) recomputes what it asks for and caches it
-# under its stamp, which the next new stamp drops.
-_STAMPS: dict[tuple, dict[tuple, set[tuple]]] = {}
-_STAMPS_LOCK = threading.Lock()
-_STAMPS_KEPT = 8
-
-
-def _supersede(stamp, args: tuple) -> None:
-    """Record that ``args`` are cached under ``stamp``; when ``stamp`` is new for its store, drop what is cached under
-    the store's earlier stamps."""
-    store = tuple(stamp[:2])
-    drop: list[tuple] = []
-    with _STAMPS_LOCK:
-        seen = _STAMPS.setdefault(store, {})
-        if stamp not in seen:
-            for old, cached in seen.items():
-                drop.extend((old, *a) for a in cached)
-                cached.clear()
-            seen[stamp] = set()
-            while len(seen) > _STAMPS_KEPT:
-                del seen[next(iter(seen))]
-        seen[stamp].add(args)
-    for key in drop:
-        _suite_shared.clear(*key)
-
-
-def _suite(stamp, pairs: tuple[tuple[str, str], ...], since, until, filters: tuple
-           ) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], str]]:
-    """The cached result of ``_suite_shared`` as the caller's own: a new dict of clones of the shared frames (no
-    copy of their data) and of the errors."""
-    _supersede(stamp, (pairs, since, until, filters))
-    out, errors = _suite_shared(stamp, pairs, since, until, filters)
-    return {pair: df.clone() for pair, df in out.items()}, dict(errors)
 
 
 def known(names) -> list[str]:
