@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import polars as pl
-import pytest
 from console_checks import goto
 from streamlit.testing.v1 import AppTest
 from test_console_store import FIXTURES, build_store, otlp_document
@@ -24,14 +23,12 @@ TIMEOUT = 60
 COST = (("task_cost", "task_type"), ("task_cost", "task"))
 
 
-@pytest.fixture(autouse=True)
-def _fresh_caches():
-    """Each test starts from empty console caches (they are per process)."""
+def _fresh_caches() -> None:
+    """Start from empty console caches (they are per process)."""
     import streamlit as st
 
     st.cache_data.clear()
     st.cache_resource.clear()
-    yield
 
 
 def _app(monkeypatch, db, tmp_path) -> AppTest:
@@ -68,6 +65,7 @@ def _count_loads(monkeypatch) -> dict[str, int]:
 
 
 def test_a_warm_page_neither_computes_nor_copies_its_metric_results(monkeypatch, tmp_path):
+    _fresh_caches()
     db = build_store(tmp_path / "console.duckdb", tmp_path)
     app = _app(monkeypatch, db, tmp_path)
     n = _count_loads(monkeypatch)
@@ -93,6 +91,7 @@ def test_a_warm_page_neither_computes_nor_copies_its_metric_results(monkeypatch,
 
 
 def test_what_a_page_gets_is_its_own(monkeypatch, tmp_path):
+    _fresh_caches()
     db = build_store(tmp_path / "console.duckdb", tmp_path)
     stamp = data.db_stamp(db)
     out, errors = metrics._suite(stamp, COST, None, None, ())
@@ -109,6 +108,7 @@ def test_what_a_page_gets_is_its_own(monkeypatch, tmp_path):
 
 
 def test_a_store_change_gets_new_results_and_drops_the_old(monkeypatch, tmp_path):
+    _fresh_caches()
     # a store with the worked example only (one task), then the generated sessions imported into it (four more)
     db = tmp_path / "grows.duckdb"
     settings = load_settings(env={})
