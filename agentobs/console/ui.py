@@ -28,6 +28,7 @@ engine_samples = _cache(data.engine_samples)
 engine_overview = _cache(data.engine_overview)
 metric_names = _cache(data.metric_names)
 schema = _cache(data.schema)
+instance_evidence = _cache(data.instance_evidence)  # the Findings page's table: a query over the calls, per render before
 
 
 def md(text: str) -> str:
