@@ -3,6 +3,7 @@
     .venv/bin/python bench/console_pages.py                     # synthetic 1,000,000-call store
     .venv/bin/python bench/console_pages.py --calls 20000       # smaller synthetic store
     .venv/bin/python bench/console_pages.py --db sample.duckdb  # an existing store (e.g. agentobs demo)
+    .venv/bin/python bench/console_pages.py --only cost --param cost:by=task   # one page, in one of its views
     .venv/bin/python bench/console_pages.py --db sample.duckdb --browser   # the real server, in chromium
     .venv/bin/python bench/console_pages.py --db sample.duckdb --browser --first-visit 3   # the first Overview
 
@@ -107,8 +108,8 @@ def build(db: Path, n_calls: int, with_state: bool = True) -> float:
     return time.perf_counter() - t
 
 
-def measure(db: Path, session_id: str | None, preload: bool = True, skip: frozenset[str] = frozenset()
-            ) -> list[tuple[str, float, float]]:
+def measure(db: Path, session_id: str | None, preload: bool = True, skip: frozenset[str] = frozenset(),
+            params: dict[str, dict[str, str]] | None = None) -> list[tuple[str, float, float]]:
     from streamlit.testing.v1 import AppTest
 
     if preload:
@@ -145,6 +146,8 @@ def measure(db: Path, session_id: str | None, preload: bool = True, skip: frozen
             at.switch_page(f"views/{file}")
             if url == "session" and session_id:
                 at.query_params["session"] = session_id
+            for k, v in (params or {}).get(url, {}).items():  # --param: the page's view from its URL (e.g. by=task)
+                at.query_params[k] = v
             t = time.perf_counter()
             at.run()
             times.append(time.perf_counter() - t)
@@ -305,17 +308,41 @@ def main() -> None:
     ap.add_argument("--skip", default="", metavar="URLS",
                     help="AppTest: leave out these pages, by URL path, comma-separated (e.g. whatif: its cold render "
                          "replays the whole store); the Overview is always rendered first")
+    ap.add_argument("--keep", type=Path, metavar="PATH",
+                    help="write the synthetic store to PATH and keep it (measure it again later with --db PATH)")
+    ap.add_argument("--only", default="", metavar="URLS",
+                    help="AppTest: render only these pages, by URL path, comma-separated (the Overview is still "
+                         "rendered first: the first run of the app)")
+    ap.add_argument("--param", action="append", default=[], metavar="PAGE:KEY=VALUE",
+                    help="AppTest: open page PAGE (URL path) with the URL parameter KEY=VALUE, e.g. cost:by=task "
+                         "(Cost attribution grouped by task); repeatable")
     args = ap.parse_args()
+    urls = [p[2] for p in PAGES]
     skip = frozenset(u.strip() for u in args.skip.split(",") if u.strip())
-    unknown = skip - {p[2] for p in PAGES}
-    if unknown:
-        ap.error(f"--skip: no page {', '.join(sorted(unknown))}; pages: {', '.join(p[2] for p in PAGES)}")
+    only = frozenset(u.strip() for u in args.only.split(",") if u.strip())
+    for opt, given in (("--skip", skip), ("--only", only)):
+        if given - set(urls):
+            ap.error(f"{opt}: no page {', '.join(sorted(given - set(urls)))}; pages: {', '.join(urls)}")
+    if only:
+        skip |= frozenset(u for u in urls if u not in only and u != "overview")
+    params: dict[str, dict[str, str]] = {}
+    for raw in args.param:
+        page, _, kv = raw.partition(":")
+        key, eq, value = kv.partition("=")
+        if page not in urls or not key or not eq:
+            ap.error(f"--param {raw!r}: expected PAGE:KEY=VALUE with PAGE one of {', '.join(urls)}")
+        params.setdefault(page, {})[key] = value
     tmp = None
     if args.db:
         db = args.db
     else:
-        tmp = tempfile.TemporaryDirectory()
-        db = Path(tmp.name) / "bench.duckdb"
+        if args.keep:
+            if args.keep.exists():
+                ap.error(f"--keep {args.keep}: exists (measure it with --db, or remove it)")
+            db = args.keep
+        else:
+            tmp = tempfile.TemporaryDirectory()
+            db = Path(tmp.name) / "bench.duckdb"
         print(f"building a synthetic store of {args.calls:,} calls ...", flush=True)
         print(f"  built in {build(db, args.calls, not args.no_state):.1f} s ({db.stat().st_size / 1e6:.0f} MB)")
     import duckdb
@@ -340,7 +367,7 @@ def main() -> None:
         print(f"first Overview: {rows[0][1]:.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s; slowest "
               f"load: {max(r[3] for r in rows):.2f} s")
     else:
-        rows = measure(db, sid[0] if sid else None, preload=not args.no_preload, skip=skip)
+        rows = measure(db, sid[0] if sid else None, preload=not args.no_preload, skip=skip, params=params)
         print(f"{'page':<22}{'cold (s)':>10}{'warm (s)':>10}{'cold/warm':>11}")
         for title, cold, warm in rows:
             print(f"{title:<22}{cold:>10.2f}{warm:>10.2f}{cold / warm if warm else float('inf'):>10.1f}x")

@@ -207,3 +207,46 @@ def waterfall(df: pl.DataFrame, select=None) -> alt.LayerChart | alt.FacetChart:
     phases = alt.Chart(df.filter(pl.col("layer") == "phase")).mark_bar(height=6).encode(
         x=x, x2="end_s:Q", y=y, color=color, tooltip=tip)
     return alt.layer(spans, phases).properties(height=alt.Step(22))
+
+
+# -- distributions of many values -------------------------------------------------------------------------------
+# A per-task (per-session) distribution at 10M calls is ~670k values: the chart gets the bins, not the values
+# (Vega-Lite binning 670k points in the browser, and the page sending them, cost more than the rest of the page).
+HIST_BINS = 40
+
+
+def histogram_data(values: pl.Series, bins: int = HIST_BINS) -> pl.DataFrame:
+    """``bins`` equal-width bins over [min, max] of ``values`` (nulls and NaNs left out): ``bin_start``,
+    ``bin_end``, ``count``, one row per bin (empty bins included); each value in the bin [start, end), the
+    maximum in the last bin. The counts sum to the number of non-null values. One bin when every value is equal;
+    no rows when there is none."""
+    if bins < 1:
+        raise ValueError(f"histogram_data: bins must be ≥ 1, got {bins}")
+    v = values.drop_nulls().cast(pl.Float64)
+    v = v.filter(v.is_not_nan())
+    if v.len() == 0:
+        return pl.DataFrame(schema={"bin_start": pl.Float64, "bin_end": pl.Float64, "count": pl.Int64})
+    lo, hi = float(v.min()), float(v.max())  # type: ignore[arg-type]
+    if hi == lo:
+        return pl.DataFrame({"bin_start": [lo], "bin_end": [hi], "count": [v.len()]},
+                            schema={"bin_start": pl.Float64, "bin_end": pl.Float64, "count": pl.Int64})
+    width = (hi - lo) / bins
+    idx = ((v - lo) / width).floor().cast(pl.Int64).clip(0, bins - 1).alias("bin")
+    counts = idx.to_frame().group_by("bin").agg(pl.len().cast(pl.Int64).alias("count"))
+    return (pl.DataFrame({"bin": pl.int_range(0, bins, eager=True, dtype=pl.Int64)})
+            .join(counts, on="bin", how="left")
+            .select((lo + pl.col("bin") * width).alias("bin_start"),
+                    pl.when(pl.col("bin") == bins - 1).then(pl.lit(hi))
+                    .otherwise(lo + (pl.col("bin") + 1) * width).alias("bin_end"),
+                    pl.col("count").fill_null(0)))
+
+
+def histogram(bins: pl.DataFrame, title: str, count_title: str, fmt: str = "$,.3~g",
+              color: str = "#1565c0") -> alt.Chart:
+    """Bars of ``histogram_data``'s bins (already binned: Vega-Lite draws them as they are)."""
+    return alt.Chart(bins).mark_bar(color=color).encode(
+        x=alt.X("bin_start:Q", bin="binned", title=title, axis=alt.Axis(format=fmt)),
+        x2="bin_end:Q",
+        y=alt.Y("count:Q", title=count_title),
+        tooltip=[alt.Tooltip("bin_start:Q", title="from", format=fmt), alt.Tooltip("bin_end:Q", title="to", format=fmt),
+                 alt.Tooltip("count:Q", title=count_title, format=",d")])

@@ -189,6 +189,9 @@ def table(df, column_config: dict | None = None, **kw) -> None:
 # ``to_url`` after; Streamlit drops a page's own parameters when another page opens.
 # Cost attribution's "Drill to a task" box lists this many of the costliest tasks (a link's ?task= opens any other)
 DRILL_TASKS = 1000
+# Cost attribution grouped by task shows this many of the costliest tasks in its table (the totals and the histogram
+# are of every task; the SQL page and the CLI list the rest)
+TABLE_TASKS = 1000
 
 
 def from_url(key: str, param: str | None = None, options=None, default=None, cast=str):

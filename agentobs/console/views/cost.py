@@ -6,7 +6,7 @@ from __future__ import annotations
 import altair as alt
 import streamlit as st
 
-from agentobs.console import ui
+from agentobs.console import charts, ui
 
 ctx = ui.page("Cost attribution", "GPU-time cost of a call = (P − C) ÷ prefill_tps + O ÷ decode_tps instance-seconds × "
               "$/s (METRICS.md §8); the basis is stated in `cost_basis`. Amplification = computed tokens of all "
@@ -16,16 +16,36 @@ if df is not None and not ui.empty(df, "tasks"):
     cols = set(df.columns)
     usd = next((c for c in ("cost_usd", "gpu_cost_usd") if c in cols), None)
     key = {"task": "task_id", "session": "session_id"}.get(by, by)
+    # the totals of the view, summed from the one result the chart and the table show (each call is in one group)
+    groups = {"task": "tasks", "task_type": "task types", "session": "sessions"}.get(by, f"{by}s")
+    totals = [(groups, f"{df.height:,}")]
+    if "calls" in cols:
+        totals.append(("calls", f"{df['calls'].sum():,}"))
+    if usd:
+        totals.append(("cost", ui.usd(df[usd].sum())))
+    if "reprefill_cost_usd" in cols:
+        totals.append(("re-prefill cost", ui.usd(df["reprefill_cost_usd"].sum())))
+    for col, (label, value) in zip(st.columns(len(totals)), totals, strict=True):
+        col.metric(label, value)
     if usd and key in cols and by != "task":
         st.altair_chart(alt.Chart(df).mark_bar(color="#1565c0").encode(
             y=alt.Y(f"{key}:N", sort="-x", title=by),
             x=alt.X(f"{usd}:Q", title="cost ($)", axis=alt.Axis(format="$,.3~g")),
             tooltip=[key, alt.Tooltip(f"{usd}:Q", format="$,.3~g")]), width="stretch")
     if by == "task" and usd:
-        st.altair_chart(alt.Chart(df).mark_bar(color="#1565c0").encode(
-            x=alt.X(f"{usd}:Q", bin=alt.Bin(maxbins=40), title="cost per task ($)", axis=alt.Axis(format="$,.3~g")),
-            y=alt.Y("count():Q", title="tasks")), width="stretch")
-    ui.table(df)
+        # one row per task (~670k at 10M calls): the chart gets charts.HIST_BINS bins computed here, not the values
+        bins = charts.histogram_data(df[usd])
+        st.altair_chart(charts.histogram(bins, "cost per task ($)", "tasks"), width="stretch")
+        unknown = df.height - int(bins["count"].sum())
+        if unknown:
+            st.caption(f"{unknown:,} tasks without a known cost are not in the histogram")
+    if by == "task" and df.height > ui.TABLE_TASKS:
+        # the costliest first (task_cost's order); the others are not sent to the browser (~670k rows at 10M calls)
+        ui.table(df.head(ui.TABLE_TASKS))
+        st.caption(ui.md(f"{ui.TABLE_TASKS:,} of {df.height:,} tasks (the costliest); use the SQL page, the CLI "
+                         "(`agentobs metrics task_cost --by task`) or the filters for the rest"))
+    else:
+        ui.table(df)
 
 st.subheader("Drill to a task")
 tasks_df, _ = ui.metric_section(ctx, "task_cost", by="task", key="drill") if df is not None else (None, None)
