@@ -250,6 +250,33 @@ def test_late_span_moves_a_call_and_data_end(tmp_path):
     con.close()
 
 
+def test_refresh_attributes_a_long_gap_to_a_prefill_inside_it(tmp_path):
+    """A stored ITL gap over three 5 s cells takes, in a refresh, the prefill of a new call that lies inside its
+    middle cell (the overlap join's third form: neither the gap's first nor its last cell); and the result equals a
+    rebuild's. Hand-made: two calls on one instance."""
+    con = connect(tmp_path / "gap.duckdb")
+    s = Settings()
+    ins = ("INSERT INTO spans_part (trace_id, span_id, start_ns, end_ns, role, session_id, instance, model, "
+           "input_tokens, cached_tokens, output_tokens, ttft_s, itl_ms) "
+           "VALUES (?, ?, ?, ?, 'gateway', ?, 'i1', 'm', ?, 0, 3, ?, ?)")
+    sec = 1_000_000_000
+    # a: first token at 1 s, then gaps of 0.1, 12 and 0.1 s: the second spans [1.1, 13.1] s, cells 0, 1 and 2
+    con.execute(ins, ["ta", "a", 0, 14 * sec, "sa", 100, 1.0, [100.0, 12000.0, 100.0]])
+    assert state.refresh(con, s).mode == "rebuild"
+    assert con.execute("SELECT i, c0, c1, off_call_id FROM model_itl_gap ORDER BY i").fetchall() == [
+        (1, 0, 0, None), (2, 0, 2, None), (3, 2, 2, None)]
+    # b: starts at 5.5 s, first token at 6.5 s: its prefill [5.5, 6.5] s (P − C = 5000) lies in cell 1 only
+    con.execute(ins, ["tb", "b", int(5.5 * sec), 7 * sec, "sb", 5000, 1.0, None])
+    assert state.refresh(con, s).mode == "incremental"
+    got = con.execute("SELECT call_id, i, off_call_id, off_computed FROM model_itl_gap ORDER BY i").fetchall()
+    assert got == [("a", 1, None, None), ("a", 2, "b", 5000), ("a", 3, None, None)]
+    con.execute(f"CREATE TEMP TABLE inc AS SELECT * EXCLUDE (ta, tb) FROM {itl.TABLE}")
+    state.rebuild(con, s)
+    cols = [c[0] for c in con.execute("DESCRIBE inc").fetchall()]
+    assert _rows_differ(con, "inc", itl.TABLE, cols) == (0, 0)
+    con.close()
+
+
 def _same(a: pl.DataFrame, b: pl.DataFrame, name: str) -> None:
     assert a.schema == b.schema and a.height == b.height, name  # the same columns of the same types
     keys = [c for c, t in a.schema.items() if t in (pl.String, pl.Boolean)]

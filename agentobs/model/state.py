@@ -403,7 +403,7 @@ def _refresh(con, settings: Settings, budget: _Budget) -> Refreshed:
     below = con.execute("SELECT count(*) FROM spans_part WHERE rowid <= ?", [old.span_rowid]).fetchall()[0][0]
     if below != old.span_count:
         return _rebuild(con, settings, "spans already read changed", budget)
-    steps: dict[str, float] = {}
+    steps: dict[str, float] = {"check": time.perf_counter() - t0}
     t = time.perf_counter()
     kvindex.refresh(con)
     steps["kv_index"] = time.perf_counter() - t
@@ -414,11 +414,18 @@ def _refresh(con, settings: Settings, budget: _Budget) -> Refreshed:
         n = con.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
         return Refreshed("current", n, 0, 0, time.perf_counter() - t0)
 
+    done = []
+
     def work(cur):
-        return _incremental(cur, settings, old, now, t0, steps, budget)
+        out = _incremental(cur, settings, old, now, t0, steps, budget)
+        done.append(time.perf_counter())
+        return out
 
     budget.check()
     n, derived, units = _transaction(con, work, budget)
+    # the commit: the write-ahead log of the changes, and an automatic checkpoint when the log has grown past
+    # DuckDB's checkpoint_threshold (every few batches: then every changed row group is written to the file)
+    steps["commit"] = time.perf_counter() - done[0]
     return Refreshed("incremental", n, derived, units, time.perf_counter() - t0, steps=steps)
 
 
@@ -505,8 +512,11 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     if changed:
         cur.execute("CREATE OR REPLACE TEMP TABLE inc_cfg AS SELECT unnest(?::VARCHAR[]) AS instance", [changed])
         parts.append(f"SELECT skey FROM {TABLE} WHERE instance IN (SELECT instance FROM inc_cfg)")
-    # the instances' activity (instance evidence): a new or changed call on an instance, from its start on
-    parts.append(f"""SELECT m.skey FROM {TABLE} m JOIN (
+    # the instances' activity (instance evidence): a new or changed call on an instance, from its start on. Only
+    # calls on an instance with a pool size have evidence (churn_ratio; call_reuse.sql ie_c), and an instance whose
+    # pool size changed has every session re-derived above: without any such instance nothing is scanned
+    if changed or cur.execute("SELECT count(*) FROM instance_config WHERE kv_capacity_tokens > 0").fetchall()[0][0]:
+        parts.append(f"""SELECT m.skey FROM {TABLE} m JOIN (
             SELECT instance, min(start_s) AS t FROM (
                 SELECT instance, start_s FROM inc_calls
                 UNION ALL SELECT instance, start_s FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_old))
