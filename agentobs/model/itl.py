@@ -26,8 +26,7 @@ def itl_gaps_sql() -> str:
 # -- the maintained gap attribution (kept with the session model, agentobs.model.state) --------------------------
 # ``model_itl_gap``: one row per inter-token gap of every streamed call in ``model_calls`` (trace_id, call_id, i),
 # with the call's instance, model and start, the gap g_ms and its time span [ta, tb] (itl_gaps.sql's), the cells
-# c0 = ⌊ta/5⌋, c1 = ⌊tb/5⌋ it spans (and k0, k1: hashes of the instance with each, the integer keys a refresh joins
-# prefill windows on — one column scanned, filtered by the windows' keys before any other column is read), and the prefill of another call on the instance that overlaps it computing the
+# c0 = ⌊ta/5⌋, c1 = ⌊tb/5⌋ it spans, and the prefill of another call on the instance that overlaps it computing the
 # most tokens P − C (off_call_id, off_computed; a tie: the greater call id; NULL: none overlaps) over every call of
 # the store. What depends on the window or the settings — the tail threshold (a p99 of the window's gaps), the
 # tail flag, long_overlap (off_computed ≥ long_prefill_tokens) — is applied when a metric run reads it
@@ -46,7 +45,6 @@ _BOUNDS_SQL = "SELECT coalesce(max(ttft_s), 0) AS max_ttft_s, coalesce(-least(mi
 
 # the gaps of the streamed calls in relation {calls} (model_calls' columns); tb as itl_gaps.sql computes it
 _GAPS_SQL = """
-SELECT *, hash(instance, c0) AS k0, hash(instance, c1) AS k1 FROM (
 SELECT trace_id, call_id, i, instance, model, start_s, g_ms, tb - g_ms / 1000.0 AS ta, tb,
        CAST(floor((tb - g_ms / 1000.0) / {cell}) AS BIGINT) AS c0, CAST(floor(tb / {cell}) AS BIGINT) AS c1
 FROM (
@@ -59,11 +57,7 @@ FROM (
             WHERE {streamed}))
     )
 )
-)
 """
-# model_itl_gap's columns
-_GAP_COLS = ("trace_id", "call_id", "i", "instance", "model", "start_s", "g_ms", "ta", "tb", "c0", "c1", "k0", "k1",
-             "off_call_id", "off_computed")
 # the calls with gaps (a stored call has rows in model_itl_gap exactly when this holds of its row)
 _STREAMED = "itl_ms IS NOT NULL AND ttft_s IS NOT NULL AND len(itl_ms) > 0"
 
@@ -120,24 +114,22 @@ def rebuild(cur, calls: str) -> None:
 
 
 def _overlapping(cells: str, cols: str = "") -> str:
-    """The stored gaps a prefill window of temp table ``cells`` (instance, pa, pb, cell, k = hash(instance, cell):
-    one row per 5 s cell the window spans) overlaps: the gap's row id (and ``cols`` of the window). Joined on the
-    gap's first or last cell (by the integer keys k0, k1, the instance and cell compared on the rows found); a gap
-    over more than two cells, rare, by its cell range (such a gap is longer than a cell: g_ms > 5000, a filter of
-    the scan — 4000 leaves room for the rounding of ta)."""
+    """The stored gaps a prefill window of temp table ``cells`` (instance, pa, pb, cell: one row per 5 s cell the
+    window spans) overlaps: the gap's row id (and ``cols`` of the window). Joined on the gap's first or last cell;
+    a gap over more than two cells, rare, by its cell range (such a gap is longer than a cell: g_ms > 5000, a filter
+    of the scan before the join — 4000 leaves room for the rounding of ta)."""
     on = "w.pa < g.tb AND w.pb > g.ta"
-    return f"""SELECT g.rowid AS r{cols} FROM {TABLE} g JOIN {cells} w ON w.k = g.k0
-            WHERE w.instance = g.instance AND w.cell = g.c0 AND {on}
-        UNION ALL SELECT g.rowid{cols} FROM {TABLE} g JOIN {cells} w ON w.k = g.k1
-            WHERE w.instance = g.instance AND w.cell = g.c1 AND g.c1 <> g.c0 AND {on}
+    return f"""SELECT g.rowid AS r{cols} FROM {TABLE} g JOIN {cells} w ON w.instance = g.instance AND w.cell = g.c0
+            WHERE {on}
+        UNION ALL SELECT g.rowid{cols} FROM {TABLE} g JOIN {cells} w ON w.instance = g.instance AND w.cell = g.c1
+            WHERE g.c1 <> g.c0 AND {on}
         UNION ALL SELECT g.rowid{cols} FROM {TABLE} g JOIN {cells} w ON w.instance = g.instance
             WHERE g.g_ms > {(CELL_S - 1) * 1000} AND g.c1 - g.c0 > 1 AND w.cell > g.c0 AND w.cell < g.c1 AND {on}"""
 
 
 def _cells(rel: str) -> str:
-    return f"""SELECT *, hash(instance, cell) AS k FROM (
-        SELECT *, unnest(generate_series(CAST(floor(pa / {CELL_S}) AS BIGINT),
-                                         CAST(floor(pb / {CELL_S}) AS BIGINT))) AS cell FROM {rel})"""
+    return f"""SELECT *, unnest(generate_series(CAST(floor(pa / {CELL_S}) AS BIGINT),
+                                             CAST(floor(pb / {CELL_S}) AS BIGINT))) AS cell FROM {rel}"""
 
 
 def _count(cur, table: str) -> int:
@@ -176,23 +168,24 @@ def apply_delta(cur, calls: str, removed: str, old: str, new: str) -> None:
     if _count(cur, "itl_cr"):
         parts.append(_overlapping("itl_cr"))
     cur.execute("CREATE OR REPLACE TEMP TABLE itl_r AS SELECT DISTINCT r FROM (" + " UNION ALL ".join(parts) + ")")
-    # the stored gaps an added window overlaps (the others), their rows read by the same join (the window's keys
-    # filter the scan before the other columns are read): the added prefill computing the most (a tie: the greater
-    # call id, as _ATTR_SQL); their rows with it as the offender, where it computes more (a tie: the greater call id)
-    if _count(cur, "itl_ca"):
-        rows = _overlapping("itl_ca", ", g.*, w.p_call_id AS w_id, w.computed AS w_c")
-    else:
-        rows = f"SELECT rowid AS r, *, NULL::VARCHAR AS w_id, NULL::BIGINT AS w_c FROM {TABLE} WHERE false"
-    keep = ", ".join(f"any_value({c}) AS {c}" for c in _GAP_COLS)
+    # the stored gaps an added window overlaps (the others), with what the join reads of them (narrow columns: a
+    # read of the whole rows there reads every column of every row it scans): the added prefill computing the most
+    # (a tie: the greater call id, as _ATTR_SQL), where it computes more than their offender (a tie: the greater call
+    # id); then those rows, by row id, with it as the offender
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_u AS SELECT r, a_id, a_c FROM (
+        SELECT r, arg_max(p_call_id, (computed, p_call_id)) AS a_id, max(computed) AS a_c,
+               any_value(o_id) AS o_id, any_value(o_c) AS o_c
+        FROM ({_overlapping('itl_ca', ', g.call_id AS g_call_id, g.off_call_id AS o_id, g.off_computed AS o_c, '
+                                      'w.p_call_id, w.computed')})
+        WHERE p_call_id <> g_call_id AND r NOT IN (SELECT r FROM itl_r)
+        GROUP BY r)
+        WHERE o_c IS NULL OR a_c > o_c OR (a_c = o_c AND a_id > o_id)""")
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_ux AS
-        SELECT * EXCLUDE (a_id, a_c) REPLACE (a_id AS off_call_id, a_c AS off_computed) FROM (
-            SELECT r, {keep}, arg_max(w_id, (w_c, w_id)) AS a_id, max(w_c) AS a_c
-            FROM ({rows}) WHERE w_id <> call_id AND r NOT IN (SELECT r FROM itl_r)
-            GROUP BY r)
-        WHERE off_computed IS NULL OR a_c > off_computed OR (a_c = off_computed AND a_id > off_call_id)""")
+        SELECT g.* REPLACE (u.a_id AS off_call_id, u.a_c AS off_computed)
+        FROM (SELECT rowid AS r, * FROM {TABLE} WHERE rowid IN (SELECT r FROM itl_u)) g JOIN itl_u u USING (r)""")
     # the gaps to attribute in full: the new calls' and the unchanged calls' among those
     cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_g AS {_fmt(_GAPS_SQL, calls=new)}")
-    cols = "trace_id, call_id, i, instance, model, start_s, g_ms, ta, tb, c0, c1, k0, k1"
+    cols = "trace_id, call_id, i, instance, model, start_s, g_ms, ta, tb, c0, c1"
     cur.execute(f"""INSERT INTO itl_g SELECT {cols} FROM {TABLE} g
         WHERE rowid IN (SELECT r FROM itl_r)
           AND NOT EXISTS (SELECT 1 FROM itl_k k WHERE k.trace_id = g.trace_id AND k.call_id = g.call_id)""")
@@ -228,7 +221,7 @@ def apply_delta(cur, calls: str, removed: str, old: str, new: str) -> None:
     cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM itl_r UNION ALL SELECT r FROM itl_ux)")
     cur.execute(f"INSERT INTO {TABLE} BY NAME SELECT * EXCLUDE (r) FROM itl_ux")
     cur.execute(f"INSERT INTO {TABLE} {_fmt(_ATTR_SQL, gaps='itl_g', pre='itl_p')}")
-    for t in ("itl_ca", "itl_cr", "itl_k", "itl_ko", "itl_g", "itl_r", "itl_ux", "itl_sc", "itl_pr", "itl_p"):
+    for t in ("itl_ca", "itl_cr", "itl_k", "itl_ko", "itl_g", "itl_r", "itl_u", "itl_ux", "itl_sc", "itl_pr", "itl_p"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
 
 
