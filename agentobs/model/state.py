@@ -19,7 +19,10 @@ out-of-order call re-derives its session's tail with the rest of it:
   segments above the seq mark (a merged file's column ``_seg`` says each row's segment). The new spans' traces, widened by the request/response ids that pair gateway and engine
   spans across traces (agentobs/model/views.sql ``_engine_match``), are the traces whose calls can change; their
   calls are derived from those traces' spans alone (the views' SQL over a copy of those spans). Sessions touched:
-  the sessions those calls are in now and were in before (a late agent span can move a call to a session).
+  the sessions those calls are in now and were in before (a late agent span can move a call to a session). Two
+  directories (``model_state_traces``, ``model_state_keys``: a row per trace read, per unit key stored) say which
+  of them were seen before; only those are looked up in ``spans_part`` and ``model_calls`` (a new trace's spans are
+  the part's rows above the mark).
 - **What crosses sessions** (checked every refresh, each by a digest kept beside the state):
   the instances' activity (the instance evidence of docs/metrics.md reads every call and the engine counters of
   the call's instance): a new or changed call on an instance re-derives the sessions with a call there that started
