@@ -837,3 +837,37 @@ def test_table_drops_a_row_arrow_cannot_store():
     assert t.column("span_id").to_pylist() == ["0000000000000001", "0000000000000003"]
     assert (dec.accepted, dec.rejected, dec.reasons) == (2, 1, {"unstorable": 1})
     assert dec.errors == ["span 0000000000000002: kind 300 cannot be stored as int8 (ArrowInvalid)"]
+
+
+@pytest.mark.parametrize("layout", ["segments", "table"])
+def test_batches_decoded_while_one_is_stored_share_its_commit(tmp_path, layout):
+    """A backlog in the spool: the batches already decoded when the loader stores one go into the same
+    transaction (one catalog commit, one ``spans`` view for all), each still its own segment with its own spool
+    position; the rows are those of one commit per batch, and a restart loads nothing again."""
+    settings = load_settings(env={"AGENTOBS_SPAN_STORE": layout, "AGENTOBS_SEGMENT_COMPACT_AFTER": "100"})
+    p = Pipeline(tmp_path)
+    for seed in range(6):
+        assert p.spool.append(_payload(20, seed), "protobuf", "http")
+    # the 7th repeats request 0's spans in another body (the spool's hash cannot catch it): read once
+    assert p.spool.append(_payload(20, 0), "protobuf", "http") is False  # the same body again: a retry, not spooled
+    assert p.spool.append(_proto_of(GOOD_JSON, 3), "protobuf", "http")
+    assert p.spool.append(_proto_of(GOOD_JSON, 4), "protobuf", "http")  # spans 1-3 again, and 4
+    # one request a batch (batch_bytes=1); processes=0 decodes at submission, so with two batches in flight the
+    # second is decoded when the first is stored: 8 batches, 4 commits of 2
+    p.loader = Loader(p.spool, p.con, settings, p.health, processes=0, batch_bytes=1)
+    p.start()
+    p.settle()
+    con = p.con
+    assert (p.loader.stored_batches, p.loader.commits) == (8, 4)
+    assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (124, 124)
+    assert con.execute("SELECT count(*), sum(requests), sum(spans) FROM spool_loaded").fetchone() == (4, 8, 127)
+    if layout == "segments":
+        cat = con.execute("SELECT seq, rows, spool_segment, spool_end FROM span_segments ORDER BY seq").fetchall()
+        assert [r[0] for r in cat] == list(range(1, 9)) and [r[1] for r in cat] == [20] * 6 + [3, 4]
+        assert len({(r[2], r[3]) for r in cat}) == 8  # each segment with its own spool position
+    p.loader.stop()
+    p.loader = Loader(p.spool, p.con, settings, p.health, processes=0).start()  # a restart: nothing again
+    p.settle()
+    assert p.loader.stored_batches == 0
+    assert con.execute("SELECT count(*) FROM spans").fetchone()[0] == 124
+    p.close()

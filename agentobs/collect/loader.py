@@ -243,6 +243,7 @@ class Loader:
         self.compact_after = max(1, int(settings.segment_compact_after))
         self.retire_grace_s = retire_grace_s  # merged small files are deleted this long after (snapshots list them)
         self.compacted_segments = 0
+        self.seq = self.tail = 0  # (segments layout: the next segment's seq and the unmerged segments, at start)
         self.settings = settings
         self.health = health or Health()
         if processes is None:  # the setting: 0 = one decoder process per core
@@ -250,6 +251,7 @@ class Loader:
         self.processes = processes
         self.batch_bytes = batch_bytes or int(settings.loader_batch_mb * 1024 * 1024)
         self.depth = max(2, 2 * self.processes)  # batches being decoded at once
+        self.max_group = self.depth  # batches stored in one commit at most (those decoded while one was stored)
         self.pool: ProcessPoolExecutor | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -258,6 +260,8 @@ class Loader:
         self.loaded_spans = 0  # spans stored (duplicates of stored spans not counted)
         self.rejected_spans = 0
         self.errors = 0
+        self.commits = 0  # transactions that stored batches (several batches decoded meanwhile share one)
+        self.stored_batches = 0
 
     def start(self) -> Loader:
         self.position = stored_position(self.cur)
@@ -316,7 +320,14 @@ class Loader:
                 continue
             recs, fut = inflight.popleft()
             try:
-                self._store(recs, fut.result())
+                group = [(recs, fut.result())]
+                # a backlog: the batches decoded meanwhile are stored in the same commit (one catalog commit and
+                # one view re-bind for all: the fixed cost per commit, docs/collectors.md part G)
+                while (inflight and len(group) < self.max_group and inflight[0][1].done()
+                       and not inflight[0][1].cancelled() and inflight[0][1].exception() is None):
+                    r2, f2 = inflight.popleft()
+                    group.append((r2, f2.result()))
+                self._store(group)
                 if self.segment_dir is not None and self.tail >= self.compact_after and not stopping:
                     self._compact()
             except Exception as e:  # noqa: BLE001 - the batch stays in the spool; retried after a pause
@@ -333,41 +344,57 @@ class Loader:
                 if self._stop.wait(1.0):
                     return
 
-    def _store(self, recs: list[Record], b: Batch) -> None:
-        end = (recs[-1].seq, recs[-1].end)
+    def _store(self, group: list[tuple[list[Record], Batch]]) -> None:
+        """Store decoded batches (in spool order) in one transaction: their segment files (renamed first: a crash
+        before the commit leaves files recover() deletes) and catalog rows, or their rows in spans_part; the
+        ``spans`` view once; one ``spool_loaded`` row up to the last batch's end."""
+        end = (group[-1][0][-1].seq, group[-1][0][-1].end)
         t0 = time.perf_counter()
         cur = self.cur
-        published = None
+        published: list[str | None] = []
+        n_files = 0
+        inserted = 0
         try:
-            if b.segment is not None:  # renamed first: a crash before the commit leaves a file recover() deletes
-                published = segments.publish_file(b.segment, self.seq)
+            for _recs, b in group:
+                published.append(segments.publish_file(b.segment, self.seq + n_files)
+                                 if b.segment is not None else None)
+                n_files += b.segment is not None
             with transaction(cur):
-                if published is not None and b.segment is not None:
-                    segments.add(cur, self.seq, published, b.segment, end)
-                    inserted = b.segment.rows  # spans in the file (a copy of a stored span is dropped by readers)
-                else:
-                    inserted = insert_spans(cur, _read_ipc(b.ipc), unique=True) if b.ipc is not None else 0
+                seq = self.seq
+                for (recs, b), file in zip(group, published, strict=True):
+                    if file is not None and b.segment is not None:
+                        segments.add(cur, seq, file, b.segment, (recs[-1].seq, recs[-1].end), view=False)
+                        seq += 1
+                        inserted += b.segment.rows  # spans in the file (a copy of a stored span: readers drop it)
+                    elif b.ipc is not None:
+                        inserted += insert_spans(cur, _read_ipc(b.ipc), unique=True)
+                if any(f is not None for f in published):
+                    segments.ensure_view(cur)
                 cur.execute("INSERT INTO spool_loaded VALUES (?, ?, ?, ?, ?, now())",
-                            [end[0], end[1], b.requests, b.accepted, b.rejected])
+                            [end[0], end[1], sum(b.requests for _r, b in group),
+                             sum(b.accepted for _r, b in group), sum(b.rejected for _r, b in group)])
         except BaseException:
-            _drop(b, published)
+            for k, (_recs, b) in enumerate(group):
+                _drop(b, published[k] if k < len(published) else None)
             raise
-        if published is not None:
-            self.seq += 1
-            self.tail += 1
+        self.seq += n_files
+        self.tail += n_files
         self.position = end
         self.spool.mark_loaded(*end)
         h = self.health
         h.on_commit(time.perf_counter() - t0, inserted)
-        for reason, n in b.reasons.items():  # invalid_id, invalid_count, too_deep, ...: docs/collectors.md
-            h.spans_rejected.labels(reason).inc(n)
-        if b.malformed:
-            h.requests.labels("loader", "malformed").inc(b.malformed)
-        for note in b.notes:
-            log.info("spool: %s", note)
-        self.loaded_requests += b.requests
+        for _recs, b in group:
+            for reason, n in b.reasons.items():  # invalid_id, invalid_count, too_deep, ...: docs/collectors.md
+                h.spans_rejected.labels(reason).inc(n)
+            if b.malformed:
+                h.requests.labels("loader", "malformed").inc(b.malformed)
+            for note in b.notes:
+                log.info("spool: %s", note)
+            self.loaded_requests += b.requests
+            self.rejected_spans += b.rejected
         self.loaded_spans += inserted
-        self.rejected_spans += b.rejected
+        self.commits += 1
+        self.stored_batches += len(group)
 
     def _compact(self) -> None:
         """One step: merge the oldest segments down to half the threshold into one Parquet file (the spool keeps
