@@ -318,6 +318,8 @@ def main() -> None:
     print(f"peak summed PSS: {sampler.peak:,.0f} MB (receiver process, forkserver, decoders: "
           f"{', '.join(f'{x:,.0f}' for x in sampler.at_peak.values())} MB)")
     print(f"exports ok {sum(r['ok'] for r in rows)}/{a.batches * a.rounds}, rows stored {stored:,}")
+    if hasattr(loader, "commits"):  # (a release before grouped commits has no count)
+        print(f"loader: {loader.stored_batches} batches stored in {loader.commits} commits")
     assert stored == acked, "every acknowledged span must be stored once"
     print(f"e2e_spans_per_s={med['e2e']:.0f} decode_only_spans_per_s={med['decode']:.0f} "
           f"ratio={med['e2e'] / med['decode']:.2f} stored={stored + prefilled} acked={acked}")
