@@ -117,21 +117,57 @@ def _pss_mb(pid: int) -> float:
     return 0.0
 
 
+def _kind(name: str) -> str:
+    """What a thread of this process does, by its Python name (threads without one: DuckDB's and Arrow's pools)."""
+    if name == "agentobs-loader":
+        return "loader thread"
+    if name == "agentobs-spool":
+        return "spool writer"
+    if "process_request" in name:
+        return "HTTP handlers"
+    if name in ("MainThread", "bench-sampler"):
+        return "bench"
+    if name == "":
+        return "native (DuckDB, Arrow)"
+    return "other Python"
+
+
 class PssSampler(threading.Thread):
-    """The peak of the summed PSS of ``pids()`` (and each one's PSS then), sampled every 0.25 s."""
+    """The peak of the summed PSS of ``pids()`` (and each one's PSS then), sampled every 0.25 s; and the CPU of each
+    thread of this process as last seen (``threads``: tid -> [kind, CPU s]; a thread that ended keeps its last)."""
 
     def __init__(self, pids):
-        super().__init__(daemon=True)
+        super().__init__(daemon=True, name="bench-sampler")
         self.pids, self.peak, self.at_peak = pids, 0.0, {}
         self.done = threading.Event()
         self.cpu = 0.0  # this thread's CPU seconds so far (reading smaps_rollup: ~0.9 ms a process): not the collector's
+        self.threads: dict[int, list] = {}
+
+    def sample_threads(self) -> dict[int, list]:
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                cpu = _thread_cpu(int(tid))
+            except OSError:
+                continue
+            ent = self.threads.setdefault(int(tid), [_kind(names.get(int(tid), "")), 0.0])
+            ent[1] = cpu
+        return {k: list(v) for k, v in self.threads.items()}
 
     def run(self):
         while not self.done.wait(0.25):
             each = {pid: _pss_mb(pid) for pid in self.pids()}
             if sum(each.values()) > self.peak:
                 self.peak, self.at_peak = sum(each.values()), each
+            self.sample_threads()
             self.cpu = time.thread_time()
+
+
+def _by_kind(before: dict[int, list], after: dict[int, list]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for tid, (kind, cpu) in after.items():
+        out[kind] = out.get(kind, 0.0) + cpu - (before[tid][1] if tid in before else 0.0)
+    return out
 
 
 def _prefill_segment(con, db, table) -> None:
@@ -259,6 +295,7 @@ def main() -> None:
             kids = [p.pid for p in loader.pool._processes.values()] if loader.pool else []
             c_self0, c_kids0 = time.process_time() - sampler.cpu, sum(_cpu(k) for k in kids)
             c_loader0 = _thread_cpu(loader._thread.native_id)
+            thr0 = sampler.sample_threads()
             t0 = time.perf_counter()
             start.set()
             codes = [q.get() for _ in clients]
@@ -269,6 +306,7 @@ def main() -> None:
             # cost grows with it: 10M stored spans made it ~17 µs per span of a round)
             c_self, c_kids = time.process_time() - sampler.cpu - c_self0, sum(_cpu(k) for k in kids) - c_kids0
             c_loader = _thread_cpu(loader._thread.native_id) - c_loader0
+            kinds = _by_kind(thr0, sampler.sample_threads())
             # queryable: the count a reader's `agentobs sql` would see (segments: read through the spans view)
             c_q = time.process_time()
             assert con.execute("SELECT count(*) FROM spans").fetchone()[0] - prefilled == acked + ok * a.spans
@@ -281,7 +319,7 @@ def main() -> None:
                          "self": c_self / total * 1e6, "kids": c_kids / total * 1e6, "ok": ok,
                          "loader": c_loader / total * 1e6, "py": py_rate, "py_cpu": py_cpu,
                          "r429": sum(c.get(429, 0) for c in codes), "load": os.getloadavg()[0],
-                         "query_ms": c_q * 1e3})
+                         "query_ms": c_q * 1e3, "kinds": {k: v / total * 1e6 for k, v in kinds.items()}})
         rss_self = _hwm_mb(os.getpid())
         rss_kids = [_hwm_mb(p.pid) for p in loader.pool._processes.values()] if loader.pool else []
         rss_fs = _hwm_mb(fs_pid) if fs_pid else 0.0
@@ -311,6 +349,9 @@ def main() -> None:
               f"{'':22s}{r['r429']:4d}  {r['load']:.1f}  (the count check: {r['query_ms']:,.0f} ms CPU)")
         if r["py"]:
             print(f"       otlp.py decode-only {r['py']:10,.0f} spans/s ({r['py_cpu']:.1f} µs CPU/span)")
+    kinds = sorted({k for r in rows for k in r["kinds"] if k != "bench"})
+    print("µs CPU/span of the receiver process by thread, per round: "
+          + "; ".join(f"{k} {' / '.join(format(r['kinds'].get(k, 0.0), '.1f') for r in rows)}" for k in kinds))
     med = {k: statistics.median(r[k] for r in rows) for k in ("decode", "e2e", "decode_cpu", "self", "kids", "loader")}
     print(f"median decode only (one process):       {med['decode']:10,.0f} spans/s ({med['decode_cpu']:.1f} µs CPU/span)")
     print(f"median end to end (stored, queryable):  {med['e2e']:10,.0f} spans/s "
