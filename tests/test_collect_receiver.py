@@ -871,3 +871,49 @@ def test_batches_decoded_while_one_is_stored_share_its_commit(tmp_path, layout):
     assert p.loader.stored_batches == 0
     assert con.execute("SELECT count(*) FROM spans").fetchone()[0] == 124
     p.close()
+
+
+def test_the_loader_stores_batches_while_a_merge_is_written(tmp_path, monkeypatch):
+    """span_store = segments: the merged file is written by a thread of its own; the loader goes on storing batches
+    (readable at once) and commits the merge once its file is written. Each span is read once before, during and
+    after."""
+    import time
+
+    from agentobs.store import segments
+
+    settings = load_settings(env={"AGENTOBS_SPAN_STORE": "segments", "AGENTOBS_SEGMENT_COMPACT_AFTER": "2"})
+    started, gate = threading.Event(), threading.Event()
+    real = segments.write_merge
+
+    def held(plan):
+        started.set()
+        assert gate.wait(30)
+        return real(plan)
+
+    monkeypatch.setattr(segments, "write_merge", held)
+    p = Pipeline(tmp_path)
+    p.loader = Loader(p.spool, p.con, settings, p.health, processes=0, batch_bytes=1)
+    p.start()
+    try:
+        for seed in (0, 1):  # two segments: the merge of the older one (down to 2 // 2 = 1) starts
+            assert p.spool.append(_payload(20, seed), "protobuf", "http")
+        assert started.wait(30)
+        for seed in (2, 3, 4):
+            assert p.spool.append(_payload(20, seed), "protobuf", "http")
+        deadline = time.monotonic() + 30
+        while p.loader.position < p.spool.durable_end() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert p.loader.position == p.spool.durable_end()  # stored while the merged file is not written yet
+        con = p.con
+        assert con.execute("SELECT count(*) FROM span_merged").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM span_segments").fetchone()[0] == 5
+        assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (100, 100)
+        gate.set()
+        p.settle()  # the merge committed, and the ones due after it
+        assert p.loader.compacted_segments >= 1 and p.loader.tail < 2
+        assert con.execute("SELECT min(min_seq), max(max_seq), sum(rows) FROM span_merged").fetchone() == (
+            1, 5 - p.loader.tail, 20 * (5 - p.loader.tail))
+        assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (100, 100)
+    finally:
+        gate.set()
+        p.close()
