@@ -22,9 +22,10 @@ round 1 under new trace ids and earlier times; segments layout: published as seg
 Parquet files of ``--prefill-merge`` rounds each, as the collector's compaction stores them), to see the rate at
 a large stored count.
 
-CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread
-and DuckDB's insert; the loader thread's own share in parentheses; the bench's own memory sampler's CPU left out)
-and the decoder processes, taken before the bench's own count check (whose CPU is printed beside each round). The store
+CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread, merge
+thread and DuckDB's and Arrow's threads; the loader thread's own share in parentheses, and a line per kind of
+thread; the bench's own memory sampler's CPU left out) and the decoder processes, taken before the bench's own
+count check (whose CPU is printed beside each round). The store
 connection gets ``collect_memory_limit`` as ``agentobs collect`` does.
 
 Memory (from the first round on: the prefill's own peak is reset), per process of the collector — this process (receivers, spool, loader thread, DuckDB), the
@@ -123,6 +124,8 @@ def _kind(name: str) -> str:
         return "loader thread"
     if name == "agentobs-spool":
         return "spool writer"
+    if name.startswith("agentobs-merge"):
+        return "merge thread"
     if "process_request" in name:
         return "HTTP handlers"
     if name in ("MainThread", "bench-sampler"):
