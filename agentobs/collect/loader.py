@@ -424,12 +424,12 @@ class Loader:
             if stopping or self.tail < self.compact_after or time.monotonic() < self._merge_after:
                 return
             keep = self.compact_after // 2
-            plan = segments.plan_merge(self.cur, group=max(1, self.tail - keep), keep=keep)
-            if plan is None:
+            nxt = segments.plan_merge(self.cur, group=max(1, self.tail - keep), keep=keep)
+            if nxt is None:
                 self.tail = int(self.cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
                 return
             assert self._merger is not None
-            self._merge = (plan, self._merger.submit(segments.write_merge, plan))
+            self._merge = (nxt, self._merger.submit(segments.write_merge, nxt))
         except Exception as e:  # noqa: BLE001 - the segments stay in the tail; merged again later
             self.errors += 1
             self.health.write_errors.labels("loader").inc()
