@@ -107,7 +107,8 @@ def build(db: Path, n_calls: int, with_state: bool = True) -> float:
     return time.perf_counter() - t
 
 
-def measure(db: Path, session_id: str | None, preload: bool = True) -> list[tuple[str, float, float]]:
+def measure(db: Path, session_id: str | None, preload: bool = True, skip: frozenset[str] = frozenset()
+            ) -> list[tuple[str, float, float]]:
     from streamlit.testing.v1 import AppTest
 
     if preload:
@@ -137,6 +138,8 @@ def measure(db: Path, session_id: str | None, preload: bool = True) -> list[tupl
     first = time.perf_counter() - t
     rows = []
     for file, title, url, _icon, _section in PAGES:
+        if url in skip:
+            continue
         times = [first] if url == "overview" else []
         while len(times) < 2:  # cold, then warm (cached)
             at.switch_page(f"views/{file}")
@@ -148,6 +151,7 @@ def measure(db: Path, session_id: str | None, preload: bool = True) -> list[tupl
             if at.exception:
                 raise SystemExit(f"{title}: {at.exception[0].value}")
         rows.append((title, times[0], times[1]))
+        print(f"  {title}: cold {times[0]:.2f} s, warm {times[1]:.2f} s", flush=True)  # progress (a long 10M run)
     return rows
 
 
@@ -298,7 +302,14 @@ def main() -> None:
                     help="with --browser: only the first Overview after a fresh start, N times")
     ap.add_argument("--arrive-after", type=float, default=5.0, metavar="S",
                     help="with --first-visit: open the Overview S seconds after the server answers (default 5)")
+    ap.add_argument("--skip", default="", metavar="URLS",
+                    help="AppTest: leave out these pages, by URL path, comma-separated (e.g. whatif: its cold render "
+                         "replays the whole store); the Overview is always rendered first")
     args = ap.parse_args()
+    skip = frozenset(u.strip() for u in args.skip.split(",") if u.strip())
+    unknown = skip - {p[2] for p in PAGES}
+    if unknown:
+        ap.error(f"--skip: no page {', '.join(sorted(unknown))}; pages: {', '.join(p[2] for p in PAGES)}")
     tmp = None
     if args.db:
         db = args.db
@@ -329,11 +340,14 @@ def main() -> None:
         print(f"first Overview: {rows[0][1]:.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s; slowest "
               f"load: {max(r[3] for r in rows):.2f} s")
     else:
-        rows = measure(db, sid[0] if sid else None, preload=not args.no_preload)
+        rows = measure(db, sid[0] if sid else None, preload=not args.no_preload, skip=skip)
         print(f"{'page':<22}{'cold (s)':>10}{'warm (s)':>10}{'cold/warm':>11}")
         for title, cold, warm in rows:
             print(f"{title:<22}{cold:>10.2f}{warm:>10.2f}{cold / warm if warm else float('inf'):>10.1f}x")
         print(f"slowest cold page: {max(r[1] for r in rows):.2f} s; slowest warm page: {max(r[2] for r in rows):.2f} s")
+        import resource
+
+        print(f"peak memory (RSS) of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     if tmp:
         tmp.cleanup()
 

@@ -580,6 +580,7 @@ def test_warm_default_view_makes_the_first_overview_a_cache_hit(db, monkeypatch,
     from agentobs.metrics.run import MetricRun
 
     st.cache_data.clear()
+    st.cache_resource.clear()   # the metric results (agentobs/console/metrics.py) are held there
     assert serve.warm_default_view(str(db)) == []
     prepared, evaluated = [], []
     real_prepare, real_run = MetricRun._prepare, agentobs.findings.run

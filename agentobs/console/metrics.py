@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import polars as pl
 import streamlit as st
 
-from . import data
+from . import cache, data
 from .shell import Context
 
 
@@ -95,7 +95,14 @@ def _held_run(stamp, filters: tuple, since, until):
     return None, None
 
 
-@st.cache_data(show_spinner="computing metrics…", max_entries=256, ttl=3600)
+# Metric results are held, not copied per hit (agentobs/console/cache.py): at 10M calls a page's results hold frames
+# of hundreds of thousands of rows (task_cost by task: one per task; reuse/reprefill by session: one per session),
+# which st.cache_data unpickled on every warm render (docs/console.md, "Caching and performance"). Keyed as before:
+# db stamp, pairs, window, filters; a store's earlier stamps are dropped when it changes.
+SUITE_ENTRIES = 32
+
+
+@cache.held(show_spinner="computing metrics…", max_entries=SUITE_ENTRIES)
 def _suite(stamp, pairs: tuple[tuple[str, str], ...], since, until, filters: tuple
            ) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], str]]:
     """One preparation (``agentobs.metrics.prepare``), or a held one (``one_preparation``), then each (metric,

@@ -9,14 +9,17 @@ import polars as pl
 import streamlit as st
 
 from ..output import bound_text, rel_err_column
-from . import data
+from . import cache, data
 from .filters import to_query_params
 from .shell import Context, context
 
 _cache = st.cache_data(show_spinner=False, max_entries=256, ttl=3600)
 
 # cached reads (keyed by db stamp + arguments)
-sessions = _cache(data.sessions)
+# the sessions listing is held (agentobs/console/cache.py), not unpickled per hit: a finding's "sessions affected"
+# link lists every session it owns (up to 1,000,000 rows at 10M calls); the other listings are small (one session's
+# or task's calls, engine scrapes, the schema)
+sessions = cache.held(max_entries=64)(data.sessions)
 session_calls = _cache(data.session_calls)
 session_tools = _cache(data.session_tools)
 session_ids_like = _cache(data.session_ids_like)
@@ -25,6 +28,7 @@ engine_samples = _cache(data.engine_samples)
 engine_overview = _cache(data.engine_overview)
 metric_names = _cache(data.metric_names)
 schema = _cache(data.schema)
+instance_evidence = _cache(data.instance_evidence)  # the Findings page's table: a query over the calls, per render before
 
 
 def md(text: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from agentobs.console import data, findings, ui
+from agentobs.console import findings, ui
 
 ctx = ui.page("Findings", "The recompute-tax ledger (agentobs.findings): the same findings, $ and order as "
               "`agentobs findings` for this window and filters — $/week at stake first, each call's re-prefill "
@@ -18,4 +18,4 @@ with st.expander("Evidence available per instance", icon=":material/fact_check:"
                "(the pool never filled since the engine started); spans alone, with the pool size, bound the churn "
                "from the calls seen. Without any, a shortfall is `unexplained`: counted in X, not in X_low, so a "
                "finding's severity (on X_low) stays low — typical of SGLang, which publishes no session ids.")
-    st.dataframe(data.instance_evidence(ctx.stamp), hide_index=True, width="stretch")
+    st.dataframe(ui.instance_evidence(ctx.stamp), hide_index=True, width="stretch")
