@@ -22,9 +22,10 @@ round 1 under new trace ids and earlier times; segments layout: published as seg
 Parquet files of ``--prefill-merge`` rounds each, as the collector's compaction stores them), to see the rate at
 a large stored count.
 
-CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread
-and DuckDB's insert; the loader thread's own share in parentheses) and the decoder processes, taken before
-the bench's own count check (whose CPU is printed beside each round). The store
+CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread, merge
+thread and DuckDB's and Arrow's threads; the loader thread's own share in parentheses, and a line per kind of
+thread; the bench's own memory sampler's CPU left out) and the decoder processes, taken before the bench's own
+count check (whose CPU is printed beside each round). The store
 connection gets ``collect_memory_limit`` as ``agentobs collect`` does.
 
 Memory (from the first round on: the prefill's own peak is reset), per process of the collector — this process (receivers, spool, loader thread, DuckDB), the
@@ -117,19 +118,59 @@ def _pss_mb(pid: int) -> float:
     return 0.0
 
 
+def _kind(name: str) -> str:
+    """What a thread of this process does, by its Python name (threads without one: DuckDB's and Arrow's pools)."""
+    if name == "agentobs-loader":
+        return "loader thread"
+    if name == "agentobs-spool":
+        return "spool writer"
+    if name.startswith("agentobs-merge"):
+        return "merge thread"
+    if "process_request" in name:
+        return "HTTP handlers"
+    if name in ("MainThread", "bench-sampler"):
+        return "bench"
+    if name == "":
+        return "native (DuckDB, Arrow)"
+    return "other Python"
+
+
 class PssSampler(threading.Thread):
-    """The peak of the summed PSS of ``pids()`` (and each one's PSS then), sampled every 0.25 s."""
+    """The peak of the summed PSS of ``pids()`` (and each one's PSS then), sampled every 0.25 s; and the CPU of each
+    thread of this process as last seen (``threads``: tid -> [kind, CPU s]; a thread that ended keeps its last)."""
 
     def __init__(self, pids):
-        super().__init__(daemon=True)
+        super().__init__(daemon=True, name="bench-sampler")
         self.pids, self.peak, self.at_peak = pids, 0.0, {}
         self.done = threading.Event()
+        self.cpu = 0.0  # this thread's CPU seconds so far (reading smaps_rollup: ~0.9 ms a process): not the collector's
+        self.threads: dict[int, list] = {}
+
+    def sample_threads(self) -> dict[int, list]:
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                cpu = _thread_cpu(int(tid))
+            except OSError:
+                continue
+            ent = self.threads.setdefault(int(tid), [_kind(names.get(int(tid), "")), 0.0])
+            ent[1] = cpu
+        return {k: list(v) for k, v in self.threads.items()}
 
     def run(self):
         while not self.done.wait(0.25):
             each = {pid: _pss_mb(pid) for pid in self.pids()}
             if sum(each.values()) > self.peak:
                 self.peak, self.at_peak = sum(each.values()), each
+            self.sample_threads()
+            self.cpu = time.thread_time()
+
+
+def _by_kind(before: dict[int, list], after: dict[int, list]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for tid, (kind, cpu) in after.items():
+        out[kind] = out.get(kind, 0.0) + cpu - (before[tid][1] if tid in before else 0.0)
+    return out
 
 
 def _prefill_segment(con, db, table) -> None:
@@ -255,8 +296,9 @@ def main() -> None:
                 p.start()
             time.sleep(1.0)  # the clients build their payloads
             kids = [p.pid for p in loader.pool._processes.values()] if loader.pool else []
-            c_self0, c_kids0 = time.process_time(), sum(_cpu(k) for k in kids)
+            c_self0, c_kids0 = time.process_time() - sampler.cpu, sum(_cpu(k) for k in kids)
             c_loader0 = _thread_cpu(loader._thread.native_id)
+            thr0 = sampler.sample_threads()
             t0 = time.perf_counter()
             start.set()
             codes = [q.get() for _ in clients]
@@ -265,8 +307,9 @@ def main() -> None:
             assert loader.wait_idle(600)
             # the collector's CPU: taken before the bench's own check below (a count over the whole store, whose
             # cost grows with it: 10M stored spans made it ~17 µs per span of a round)
-            c_self, c_kids = time.process_time() - c_self0, sum(_cpu(k) for k in kids) - c_kids0
+            c_self, c_kids = time.process_time() - sampler.cpu - c_self0, sum(_cpu(k) for k in kids) - c_kids0
             c_loader = _thread_cpu(loader._thread.native_id) - c_loader0
+            kinds = _by_kind(thr0, sampler.sample_threads())
             # queryable: the count a reader's `agentobs sql` would see (segments: read through the spans view)
             c_q = time.process_time()
             assert con.execute("SELECT count(*) FROM spans").fetchone()[0] - prefilled == acked + ok * a.spans
@@ -279,7 +322,7 @@ def main() -> None:
                          "self": c_self / total * 1e6, "kids": c_kids / total * 1e6, "ok": ok,
                          "loader": c_loader / total * 1e6, "py": py_rate, "py_cpu": py_cpu,
                          "r429": sum(c.get(429, 0) for c in codes), "load": os.getloadavg()[0],
-                         "query_ms": c_q * 1e3})
+                         "query_ms": c_q * 1e3, "kinds": {k: v / total * 1e6 for k, v in kinds.items()}})
         rss_self = _hwm_mb(os.getpid())
         rss_kids = [_hwm_mb(p.pid) for p in loader.pool._processes.values()] if loader.pool else []
         rss_fs = _hwm_mb(fs_pid) if fs_pid else 0.0
@@ -309,6 +352,9 @@ def main() -> None:
               f"{'':22s}{r['r429']:4d}  {r['load']:.1f}  (the count check: {r['query_ms']:,.0f} ms CPU)")
         if r["py"]:
             print(f"       otlp.py decode-only {r['py']:10,.0f} spans/s ({r['py_cpu']:.1f} µs CPU/span)")
+    kinds = sorted({k for r in rows for k in r["kinds"] if k != "bench"})
+    print("µs CPU/span of the receiver process by thread, per round: "
+          + "; ".join(f"{k} {' / '.join(format(r['kinds'].get(k, 0.0), '.1f') for r in rows)}" for k in kinds))
     med = {k: statistics.median(r[k] for r in rows) for k in ("decode", "e2e", "decode_cpu", "self", "kids", "loader")}
     print(f"median decode only (one process):       {med['decode']:10,.0f} spans/s ({med['decode_cpu']:.1f} µs CPU/span)")
     print(f"median end to end (stored, queryable):  {med['e2e']:10,.0f} spans/s "
@@ -318,6 +364,8 @@ def main() -> None:
     print(f"peak summed PSS: {sampler.peak:,.0f} MB (receiver process, forkserver, decoders: "
           f"{', '.join(f'{x:,.0f}' for x in sampler.at_peak.values())} MB)")
     print(f"exports ok {sum(r['ok'] for r in rows)}/{a.batches * a.rounds}, rows stored {stored:,}")
+    if hasattr(loader, "commits"):  # (a release before grouped commits has no count)
+        print(f"loader: {loader.stored_batches} batches stored in {loader.commits} commits")
     assert stored == acked, "every acknowledged span must be stored once"
     print(f"e2e_spans_per_s={med['e2e']:.0f} decode_only_spans_per_s={med['decode']:.0f} "
           f"ratio={med['e2e'] / med['decode']:.2f} stored={stored + prefilled} acked={acked}")

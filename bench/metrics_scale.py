@@ -11,7 +11,8 @@ with SQL, then in the same run times:
 2. the whole metric suite (``agentobs.metrics.compute_all``: one preparation + every metric) from the maintained
    state (``--derived``: also the suite deriving call_reuse as without the state, side by side);
 3. the incremental refresh of the state after each of ``--batches`` batches of ``--batch`` new calls (new
-   sessions, inside the data's time range) at the stored count;
+   sessions, inside the data's time range) at the stored count, wall and CPU seconds, by step (``Refreshed.steps``:
+   ``commit`` is the transaction's end, with DuckDB's automatic checkpoint when one falls due);
 
 and prints them, the suite's ratio to the window pass, the process's peak memory (ru_maxrss: DuckDB runs
 in-process) and the suite split into the shared preparation and the metrics' own queries. The last line is
@@ -180,12 +181,16 @@ def main() -> None:
 
     con = connect(path)
     con.execute("SET memory_limit = ?", [args.memory_limit])
-    incs = []
+    incs, cpus = [], []
     for b in range(args.batches):
         lo = args.calls + b * args.batch
         con.execute(BATCH, {"lo": lo, "n": lo + args.batch})
+        # the process's CPU time beside the wall time (DuckDB's threads are in-process): on a shared machine the wall
+        # time grows with the load, the CPU time much less
+        c = time.process_time()
         incs.append(state.refresh(con, Settings()))
-        _progress(f"refresh {incs[-1].seconds:.2f} s at {incs[-1].calls:,}: "
+        cpus.append(time.process_time() - c)
+        _progress(f"refresh {incs[-1].seconds:.2f} s (cpu {cpus[-1]:.2f} s) at {incs[-1].calls:,}: "
                   + ", ".join(f"{k}={v:.2f}s" for k, v in incs[-1].steps.items()))
     con.close()
 
@@ -213,8 +218,9 @@ def main() -> None:
     print("steps: " + ", ".join(f"{k}={v:.2f}s" for k, v in run.timings.items()))
     print("rows per metric: " + ", ".join(f"{k}={v.height}" for k, v in suite.items()))
     print("re-prefill by cause: " + ", ".join(f"{r['cause']}={r['reprefill_tokens']}" for r in reuse))
-    for r in incs:
+    for r, cpu in zip(incs, cpus, strict=True):
         print(f"incremental refresh ({r.mode}) of {args.batch:,} new calls at {r.calls:,} stored: {r.seconds:.2f} s "
+              f"(cpu {cpu:.2f} s) "
               f"({r.derived:,} calls of {r.sessions:,} sessions derived); steps "
               + ", ".join(f"{k}={v:.2f}s" for k, v in r.steps.items()))
     print(f"ratio={suite_s / base_s:.2f} suite_s={suite_s:.2f} window_s={base_s:.2f} calls={args.calls}")

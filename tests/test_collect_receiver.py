@@ -837,3 +837,83 @@ def test_table_drops_a_row_arrow_cannot_store():
     assert t.column("span_id").to_pylist() == ["0000000000000001", "0000000000000003"]
     assert (dec.accepted, dec.rejected, dec.reasons) == (2, 1, {"unstorable": 1})
     assert dec.errors == ["span 0000000000000002: kind 300 cannot be stored as int8 (ArrowInvalid)"]
+
+
+@pytest.mark.parametrize("layout", ["segments", "table"])
+def test_batches_decoded_while_one_is_stored_share_its_commit(tmp_path, layout):
+    """A backlog in the spool: the batches already decoded when the loader stores one go into the same
+    transaction (one catalog commit, one ``spans`` view for all), each still its own segment with its own spool
+    position; the rows are those of one commit per batch, and a restart loads nothing again."""
+    settings = load_settings(env={"AGENTOBS_SPAN_STORE": layout, "AGENTOBS_SEGMENT_COMPACT_AFTER": "100"})
+    p = Pipeline(tmp_path)
+    for seed in range(6):
+        assert p.spool.append(_payload(20, seed), "protobuf", "http")
+    # the 7th repeats request 0's spans in another body (the spool's hash cannot catch it): read once
+    assert p.spool.append(_payload(20, 0), "protobuf", "http") is False  # the same body again: a retry, not spooled
+    assert p.spool.append(_proto_of(GOOD_JSON, 3), "protobuf", "http")
+    assert p.spool.append(_proto_of(GOOD_JSON, 4), "protobuf", "http")  # spans 1-3 again, and 4
+    # one request a batch (batch_bytes=1); processes=0 decodes at submission, so with two batches in flight the
+    # second is decoded when the first is stored: 8 batches, 4 commits of 2
+    p.loader = Loader(p.spool, p.con, settings, p.health, processes=0, batch_bytes=1)
+    p.start()
+    p.settle()
+    con = p.con
+    assert (p.loader.stored_batches, p.loader.commits) == (8, 4)
+    assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (124, 124)
+    assert con.execute("SELECT count(*), sum(requests), sum(spans) FROM spool_loaded").fetchone() == (4, 8, 127)
+    if layout == "segments":
+        cat = con.execute("SELECT seq, rows, spool_segment, spool_end FROM span_segments ORDER BY seq").fetchall()
+        assert [r[0] for r in cat] == list(range(1, 9)) and [r[1] for r in cat] == [20] * 6 + [3, 4]
+        assert len({(r[2], r[3]) for r in cat}) == 8  # each segment with its own spool position
+    p.loader.stop()
+    p.loader = Loader(p.spool, p.con, settings, p.health, processes=0).start()  # a restart: nothing again
+    p.settle()
+    assert p.loader.stored_batches == 0
+    assert con.execute("SELECT count(*) FROM spans").fetchone()[0] == 124
+    p.close()
+
+
+def test_the_loader_stores_batches_while_a_merge_is_written(tmp_path, monkeypatch):
+    """span_store = segments: the merged file is written by a thread of its own; the loader goes on storing batches
+    (readable at once) and commits the merge once its file is written. Each span is read once before, during and
+    after."""
+    import time
+
+    from agentobs.store import segments
+
+    settings = load_settings(env={"AGENTOBS_SPAN_STORE": "segments", "AGENTOBS_SEGMENT_COMPACT_AFTER": "2"})
+    started, gate = threading.Event(), threading.Event()
+    real = segments.write_merge
+
+    def held(plan):
+        started.set()
+        assert gate.wait(30)
+        return real(plan)
+
+    monkeypatch.setattr(segments, "write_merge", held)
+    p = Pipeline(tmp_path)
+    p.loader = Loader(p.spool, p.con, settings, p.health, processes=0, batch_bytes=1)
+    p.start()
+    try:
+        for seed in (0, 1):  # two segments: the merge of the older one (down to 2 // 2 = 1) starts
+            assert p.spool.append(_payload(20, seed), "protobuf", "http")
+        assert started.wait(30)
+        for seed in (2, 3, 4):
+            assert p.spool.append(_payload(20, seed), "protobuf", "http")
+        deadline = time.monotonic() + 30
+        while p.loader.position < p.spool.durable_end() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert p.loader.position == p.spool.durable_end()  # stored while the merged file is not written yet
+        con = p.con
+        assert con.execute("SELECT count(*) FROM span_merged").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM span_segments").fetchone()[0] == 5
+        assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (100, 100)
+        gate.set()
+        p.settle()  # the merge committed, and the ones due after it
+        assert p.loader.compacted_segments >= 1 and p.loader.tail < 2
+        assert con.execute("SELECT min(min_seq), max(max_seq), sum(rows) FROM span_merged").fetchone() == (
+            1, 5 - p.loader.tail, 20 * (5 - p.loader.tail))
+        assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (100, 100)
+    finally:
+        gate.set()
+        p.close()

@@ -39,6 +39,17 @@ def _rows_differ(con, a: str, b: str, cols: list[str]) -> tuple[int, int]:
 SUBSET = "hash(trace_id, 108) % 3 = 0"
 
 
+def _directories_exact(con) -> None:
+    """The state's directories hold each trace of the spans read and each unit key of model_calls once, and no
+    other (a refresh asks them whether a key was seen before: one missing would skip its stored rows)."""
+    for table, key, want in ((state.TRACES, "trace_id", "SELECT DISTINCT trace_id FROM spans"),
+                             (state.KEYS, "skey", "SELECT DISTINCT skey FROM model_calls")):
+        assert _rows_differ(con, f"(SELECT {key} FROM {table})", f"({want})", [key]) == (0, 0), table
+        bad = con.execute(f"SELECT count(*) FROM {table} WHERE {key.replace('trace_id', 'th').replace('skey', 'kh')} "
+                          f"<> hash({key})").fetchall()[0][0]
+        assert bad == 0, table
+
+
 def _has_every_shape(con) -> None:
     got = con.execute("""SELECT count(*) FILTER (WHERE is_retry), count(*) FILTER (WHERE branch <> 'main'),
                                 count(*) FILTER (WHERE abandoned), count(*) FILTER (WHERE prev_instance <> instance),
@@ -131,6 +142,7 @@ def test_incremental_equals_rebuild_shuffled_late_duplicate(sample_db, tmp_path)
     assert modes == ["incremental"] * 4
     assert state.current(con, s)
     _has_every_shape(con)
+    _directories_exact(con)
     cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall()]
     con.execute("CREATE TEMP TABLE inc AS SELECT * FROM model_calls")
     for t in (*rollups.TABLES, itl.TABLE):
@@ -187,6 +199,7 @@ def test_incremental_reads_segment_rows_and_skips_compacted_ones(sample_db, tmp_
     n_spans = con.sql("SELECT count(*) FROM sp").fetchall()[0][0]
     assert con.sql("SELECT count(*) FROM spans").fetchall()[0][0] == n_spans  # the repeated part read once
     _has_every_shape(con)
+    _directories_exact(con)
     con.execute("CREATE TEMP TABLE inc AS SELECT * FROM model_calls")
     cols = [c[0] if c[0] != "block_hashes" else "CAST(block_hashes AS VARCHAR) AS bh"
             for c in con.execute("DESCRIBE model_calls").fetchall()]
@@ -217,10 +230,50 @@ def test_late_span_moves_a_call_and_data_end(tmp_path):
     # g2: prev g1 (P(g1) = 1000 ≤ 1600: append-only R = 1000, R_eff = floor(1000/16)·16 = 992 = C: X = 0);
     # g2 is s1's last call and ended 188 s before the data's end (200 s) ≥ 100 s: abandoned
     assert got == [("g1", "s1", None, None, None, False, False), ("g2", "s1", "g1", 1000, 0, True, True)]
+    # g2's own unit ('call:t2/g2') is gone from the key directory, s1 is there once
+    _directories_exact(con)
+    # a new trace t3 (none of its spans seen before) continues the stored session s1: found by the key directory,
+    # s1 is derived again with it — g3's previous call is g2 (P(g2) = 1600 ≤ 2000: R = 1600, R_eff = C = 1600)
+    con.execute(ins, ["t3", "g3", None, 201 * sec, 203 * sec, "gateway", "s1", 2000, 1600])
+    r = state.refresh(con, s)
+    assert (r.mode, r.sessions, r.derived) == ("incremental", 1, 3)
+    got = con.execute("SELECT call_id, prev_call_id, reusable_tokens, reprefill_tokens, is_last, abandoned "
+                      "FROM model_calls ORDER BY call_id").fetchall()
+    # g2 is no longer s1's last call (g3 is, 0 s before the data's end): neither abandoned
+    assert got == [("g1", None, None, None, False, False), ("g2", "g1", 1000, 0, False, False),
+                   ("g3", "g2", 1600, 0, True, False)]
+    _directories_exact(con)
     con.execute("CREATE TEMP TABLE inc AS SELECT * FROM model_calls")
     state.rebuild(con, s)
     cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall() if c[0] != "block_hashes"]
     assert _rows_differ(con, "inc", "model_calls", cols) == (0, 0)
+    con.close()
+
+
+def test_refresh_attributes_a_long_gap_to_a_prefill_inside_it(tmp_path):
+    """A stored ITL gap over three 5 s cells takes, in a refresh, the prefill of a new call that lies inside its
+    middle cell (the overlap join's third form: neither the gap's first nor its last cell); and the result equals a
+    rebuild's. Hand-made: two calls on one instance."""
+    con = connect(tmp_path / "gap.duckdb")
+    s = Settings()
+    ins = ("INSERT INTO spans_part (trace_id, span_id, start_ns, end_ns, role, session_id, instance, model, "
+           "input_tokens, cached_tokens, output_tokens, ttft_s, itl_ms) "
+           "VALUES (?, ?, ?, ?, 'gateway', ?, 'i1', 'm', ?, 0, 3, ?, ?)")
+    sec = 1_000_000_000
+    # a: first token at 1 s, then gaps of 0.1, 12 and 0.1 s: the second spans [1.1, 13.1] s, cells 0, 1 and 2
+    con.execute(ins, ["ta", "a", 0, 14 * sec, "sa", 100, 1.0, [100.0, 12000.0, 100.0]])
+    assert state.refresh(con, s).mode == "rebuild"
+    assert con.execute("SELECT i, c0, c1, off_call_id FROM model_itl_gap ORDER BY i").fetchall() == [
+        (1, 0, 0, None), (2, 0, 2, None), (3, 2, 2, None)]
+    # b: starts at 5.5 s, first token at 6.5 s: its prefill [5.5, 6.5] s (P − C = 5000) lies in cell 1 only
+    con.execute(ins, ["tb", "b", int(5.5 * sec), 7 * sec, "sb", 5000, 1.0, None])
+    assert state.refresh(con, s).mode == "incremental"
+    got = con.execute("SELECT call_id, i, off_call_id, off_computed FROM model_itl_gap ORDER BY i").fetchall()
+    assert got == [("a", 1, None, None), ("a", 2, "b", 5000), ("a", 3, None, None)]
+    con.execute(f"CREATE TEMP TABLE inc AS SELECT * EXCLUDE (ta, tb) FROM {itl.TABLE}")
+    state.rebuild(con, s)
+    cols = [c[0] for c in con.execute("DESCRIBE inc").fetchall()]
+    assert _rows_differ(con, "inc", itl.TABLE, cols) == (0, 0)
     con.close()
 
 

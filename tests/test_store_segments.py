@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pyarrow as pa
 import pytest
 from builders import publish_segment, span_rows
 
@@ -223,3 +224,24 @@ def test_model_compact_command_merges_and_deletes(con, tmp_path):
     assert rows(c) == [("t1", "s1", "a"), ("t1", "s2", "a"), ("t1", "s3", "a")]
     assert c.sql("SELECT count(*) FROM span_segments").fetchall() == [(0,)]
     c.close()
+
+
+def test_span_files_use_a_dictionary_for_repeating_strings_only_and_read_back_the_same(con):
+    """Segments and merged files: dictionary pages for the string columns whose values repeat (``name`` here), plain
+    pages for the per-span ones (ids, attributes JSON); the rows read back as written, in the merged file too."""
+    import pyarrow.parquet as pq
+
+    table = span_rows([("t1", "s1", 10), ("t1", "s2", 20), ("t2", "s3", 30)], "chat m")
+    table = table.set_column(table.schema.get_field_index("attributes"), "attributes",
+                             pa.array(['{"k":1}', '{"k":2}', '{"k":3}']))
+    f = publish_segment(con, table)
+    meta = pq.ParquetFile(f).metadata.row_group(0)
+    enc = {meta.column(i).path_in_schema: meta.column(i).has_dictionary_page for i in range(meta.num_columns)}
+    assert enc["name"] and enc["model"]
+    assert not enc["trace_id"] and not enc["span_id"] and not enc["attributes"]
+    assert pq.read_table(f).equals(table)
+    segments.compact(con)
+    merged_file = con.execute("SELECT file FROM span_merged").fetchone()[0]
+    back = pq.read_table(merged_file)
+    assert back.drop_columns(["_seg"]).equals(table) and back["_seg"].to_pylist() == [1, 1, 1]
+    assert not pq.ParquetFile(merged_file).metadata.row_group(0).column(0).has_dictionary_page  # trace_id

@@ -15,9 +15,11 @@ Where the spans go is the setting ``span_store`` (agentobs/store/segments.py):
 - ``segments``: the decoder writes the batch as a Parquet file under ``<db>.segments`` (temporary name,
   fsync'd) and sends back only its name; the loader thread renames it to ``<seq>.parquet`` and commits the
   catalog row with the ``spool_loaded`` row. A file whose commit never happened is deleted at the next start
-  (its requests load again from the spool). When ``segment_compact_after`` segments are unmerged, the loader
-  thread merges the oldest into one large Parquet file (``segments.compact``, a bounded step between batches;
-  DuckDB holds no table part for them) and deletes the small files once no read snapshot can list them.
+  (its requests load again from the spool). When ``segment_compact_after`` segments are unmerged, the oldest are
+  merged into one large Parquet file (DuckDB holds no table part for them): the loader thread picks the rows
+  (``segments.plan_merge``, on the key columns), a thread of its own writes the file (``segments.write_merge``,
+  pyarrow) while the loader goes on storing batches, and the loader thread commits it (``segments.commit_merge``)
+  once written; the small files are deleted once no read snapshot can list them.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import os
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import duckdb
@@ -243,6 +245,10 @@ class Loader:
         self.compact_after = max(1, int(settings.segment_compact_after))
         self.retire_grace_s = retire_grace_s  # merged small files are deleted this long after (snapshots list them)
         self.compacted_segments = 0
+        self.seq = self.tail = 0  # (segments layout: the next segment's seq and the unmerged segments, at start)
+        self._merger: ThreadPoolExecutor | None = None  # writes merged files (segments layout)
+        self._merge: tuple[segments.MergePlan, Future] | None = None  # the merge being written
+        self._merge_after = 0.0  # a failed merge: the next not before this (time.monotonic)
         self.settings = settings
         self.health = health or Health()
         if processes is None:  # the setting: 0 = one decoder process per core
@@ -250,6 +256,7 @@ class Loader:
         self.processes = processes
         self.batch_bytes = batch_bytes or int(settings.loader_batch_mb * 1024 * 1024)
         self.depth = max(2, 2 * self.processes)  # batches being decoded at once
+        self.max_group = self.depth  # batches stored in one commit at most (those decoded while one was stored)
         self.pool: ProcessPoolExecutor | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -258,6 +265,8 @@ class Loader:
         self.loaded_spans = 0  # spans stored (duplicates of stored spans not counted)
         self.rejected_spans = 0
         self.errors = 0
+        self.commits = 0  # transactions that stored batches (several batches decoded meanwhile share one)
+        self.stored_batches = 0
 
     def start(self) -> Loader:
         self.position = stored_position(self.cur)
@@ -269,6 +278,7 @@ class Loader:
                 log.info("span segments: %d file(s) of batches never committed deleted", dropped)
             self.seq = segments.next_seq(self.cur)
             self.tail = int(self.cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
+            self._merger = ThreadPoolExecutor(1, thread_name_prefix="agentobs-merge")
         if self.processes > 0:
             self.pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("forkserver"),
                                             initializer=_init_worker, initargs=(self.settings,))
@@ -294,6 +304,8 @@ class Loader:
         read_pos = self.position
         while True:
             stopping = self._stop.is_set()
+            if self.segment_dir is not None:
+                self._merge_step(stopping)
             while not stopping and len(inflight) < self.depth:
                 recs = self.spool.read_from(*read_pos, max_records=100_000, max_bytes=self.batch_bytes,
                                             wait_s=0 if inflight else 0.05)
@@ -312,13 +324,19 @@ class Loader:
                 with self._idle:
                     self._idle.notify_all()
                 if stopping:
+                    self._merge_step(stopping, wait=True)  # a merged file being written: committed
                     return
                 continue
             recs, fut = inflight.popleft()
             try:
-                self._store(recs, fut.result())
-                if self.segment_dir is not None and self.tail >= self.compact_after and not stopping:
-                    self._compact()
+                group = [(recs, fut.result())]
+                # a backlog: the batches decoded meanwhile are stored in the same commit (one catalog commit and
+                # one view re-bind for all: the fixed cost per commit, docs/collectors.md part G)
+                while (inflight and len(group) < self.max_group and inflight[0][1].done()
+                       and not inflight[0][1].cancelled() and inflight[0][1].exception() is None):
+                    r2, f2 = inflight.popleft()
+                    group.append((r2, f2.result()))
+                self._store(group)
             except Exception as e:  # noqa: BLE001 - the batch stays in the spool; retried after a pause
                 self.errors += 1
                 self.health.write_errors.labels("loader").inc()
@@ -333,59 +351,103 @@ class Loader:
                 if self._stop.wait(1.0):
                     return
 
-    def _store(self, recs: list[Record], b: Batch) -> None:
-        end = (recs[-1].seq, recs[-1].end)
+    def _store(self, group: list[tuple[list[Record], Batch]]) -> None:
+        """Store decoded batches (in spool order) in one transaction: their segment files (renamed first: a crash
+        before the commit leaves files recover() deletes) and catalog rows, or their rows in spans_part; the
+        ``spans`` view once; one ``spool_loaded`` row up to the last batch's end."""
+        end = (group[-1][0][-1].seq, group[-1][0][-1].end)
         t0 = time.perf_counter()
         cur = self.cur
-        published = None
+        published: list[str | None] = []
+        n_files = 0
+        inserted = 0
         try:
-            if b.segment is not None:  # renamed first: a crash before the commit leaves a file recover() deletes
-                published = segments.publish_file(b.segment, self.seq)
+            for _recs, b in group:
+                published.append(segments.publish_file(b.segment, self.seq + n_files)
+                                 if b.segment is not None else None)
+                n_files += b.segment is not None
             with transaction(cur):
-                if published is not None and b.segment is not None:
-                    segments.add(cur, self.seq, published, b.segment, end)
-                    inserted = b.segment.rows  # spans in the file (a copy of a stored span is dropped by readers)
-                else:
-                    inserted = insert_spans(cur, _read_ipc(b.ipc), unique=True) if b.ipc is not None else 0
+                seq = self.seq
+                for (recs, b), file in zip(group, published, strict=True):
+                    if file is not None and b.segment is not None:
+                        segments.add(cur, seq, file, b.segment, (recs[-1].seq, recs[-1].end), view=False)
+                        seq += 1
+                        inserted += b.segment.rows  # spans in the file (a copy of a stored span: readers drop it)
+                    elif b.ipc is not None:
+                        inserted += insert_spans(cur, _read_ipc(b.ipc), unique=True)
+                if any(f is not None for f in published):
+                    segments.ensure_view(cur)
                 cur.execute("INSERT INTO spool_loaded VALUES (?, ?, ?, ?, ?, now())",
-                            [end[0], end[1], b.requests, b.accepted, b.rejected])
+                            [end[0], end[1], sum(b.requests for _r, b in group),
+                             sum(b.accepted for _r, b in group), sum(b.rejected for _r, b in group)])
         except BaseException:
-            _drop(b, published)
+            for k, (_recs, b) in enumerate(group):
+                _drop(b, published[k] if k < len(published) else None)
             raise
-        if published is not None:
-            self.seq += 1
-            self.tail += 1
+        self.seq += n_files
+        self.tail += n_files
         self.position = end
         self.spool.mark_loaded(*end)
         h = self.health
         h.on_commit(time.perf_counter() - t0, inserted)
-        for reason, n in b.reasons.items():  # invalid_id, invalid_count, too_deep, ...: docs/collectors.md
-            h.spans_rejected.labels(reason).inc(n)
-        if b.malformed:
-            h.requests.labels("loader", "malformed").inc(b.malformed)
-        for note in b.notes:
-            log.info("spool: %s", note)
-        self.loaded_requests += b.requests
+        for _recs, b in group:
+            for reason, n in b.reasons.items():  # invalid_id, invalid_count, too_deep, ...: docs/collectors.md
+                h.spans_rejected.labels(reason).inc(n)
+            if b.malformed:
+                h.requests.labels("loader", "malformed").inc(b.malformed)
+            for note in b.notes:
+                log.info("spool: %s", note)
+            self.loaded_requests += b.requests
+            self.rejected_spans += b.rejected
         self.loaded_spans += inserted
-        self.rejected_spans += b.rejected
+        self.commits += 1
+        self.stored_batches += len(group)
 
-    def _compact(self) -> None:
-        """One step: merge the oldest segments down to half the threshold into one Parquet file (the spool keeps
-        what arrives meanwhile), then delete merged small files past the grace period."""
-        keep = self.compact_after // 2
-        out = segments.compact(self.cur, max_seconds=1.0, group=max(1, self.tail - keep), keep=keep)
-        self.tail = out.left
-        self.compacted_segments += out.segments
-        segments.sweep(self.cur, self.retire_grace_s)
-        log.debug("span segments: %d merged (%d rows) in %.2f s, %d left", out.segments, out.rows, out.seconds,
-                  out.left)
+    def _merge_step(self, stopping: bool, wait: bool = False) -> None:
+        """Commit the merge whose file is written (``wait``: wait for it), then start the next one when
+        ``segment_compact_after`` segments are unmerged: its rows picked here, its file written by the merge thread
+        (the oldest segments down to half the threshold, in one file). A failure is logged and retried a second
+        later (the segments stay in the tail: nothing is lost)."""
+        try:
+            if self._merge is not None:
+                plan, fut = self._merge
+                if not (wait or fut.done()):
+                    return
+                self._merge = None
+                out = fut.result()
+                segments.commit_merge(self.cur, plan, out)  # (its file is deleted if the commit fails)
+                self.tail -= len(plan.rows)
+                self.compacted_segments += len(plan.rows)
+                segments.sweep(self.cur, self.retire_grace_s)
+                log.debug("span segments %d..%d merged (%d rows), %d left", plan.first, plan.last, out.rows,
+                          self.tail)
+            if stopping or self.tail < self.compact_after or time.monotonic() < self._merge_after:
+                return
+            keep = self.compact_after // 2
+            # at most 2 x segment_compact_after segments a merge (~0.7 s of writing at 32): a stop waits for it
+            nxt = segments.plan_merge(self.cur, group=max(1, min(self.tail - keep, 2 * self.compact_after)), keep=keep)
+            if nxt is None:
+                self.tail = int(self.cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
+                return
+            assert self._merger is not None
+            self._merge = (nxt, self._merger.submit(segments.write_merge, nxt))
+        except Exception as e:  # noqa: BLE001 - the segments stay in the tail; merged again later
+            self.errors += 1
+            self.health.write_errors.labels("loader").inc()
+            self._merge_after = time.monotonic() + 1.0
+            log.warning("merging span segments failed (%s: %s); retrying", type(e).__name__, e)
+
+    def merging(self) -> bool:
+        """A merge is being written, or is due (segments layout)."""
+        return self._merge is not None or (self.segment_dir is not None and self.tail >= self.compact_after)
 
     def wait_idle(self, timeout: float = 30.0) -> bool:
-        """Block until everything durable in the spool now is stored (tests, bench)."""
+        """Block until everything durable in the spool now is stored, and no merge is being written or due (tests,
+        bench)."""
         deadline = time.monotonic() + timeout
         target = self.spool.durable_end()
         while time.monotonic() < deadline:
-            if target <= self.position:
+            if target <= self.position and not self.merging():
                 return True
             with self._idle:
                 self._idle.wait(0.02)
@@ -397,4 +459,6 @@ class Loader:
             self._thread.join()
         if self.pool is not None:
             self.pool.shutdown(wait=True, cancel_futures=True)
+        if self._merger is not None:
+            self._merger.shutdown(wait=True)
         self.cur.close()

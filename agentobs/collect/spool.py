@@ -50,7 +50,10 @@ SUFFIX = ".seg"
 
 
 def body_hash(body: bytes) -> bytes:
-    return hashlib.blake2b(body, digest_size=16).digest()
+    """The first 16 bytes of the body's SHA-256 (0.45 µs/span with the CPU's SHA extensions, blake2b-128 0.81: part G
+    of docs/collectors.md). Spools written before hold blake2b-128: a retry of such a body is spooled again, and its
+    spans are read once all the same (the store's span-level dedupe)."""
+    return hashlib.sha256(body).digest()[:16]
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,12 @@ FROM (
                unnest(itl_ms) AS g_ms, generate_subscripts(itl_ms, 1) AS i
         FROM (SELECT *, agentobs_cumsum(itl_ms) AS cs FROM (
             SELECT trace_id, call_id, instance, model, start_s, start_s + ttft_s AS t1, itl_ms FROM {calls}
-            WHERE itl_ms IS NOT NULL AND ttft_s IS NOT NULL AND len(itl_ms) > 0))
+            WHERE {streamed}))
     )
 )
 """
+# the calls with gaps (a stored call has rows in model_itl_gap exactly when this holds of its row)
+_STREAMED = "itl_ms IS NOT NULL AND ttft_s IS NOT NULL AND len(itl_ms) > 0"
 
 # the prefill windows of relation {calls} (itl_gaps.sql's ``prefills``, every call)
 _PREFILLS_SQL = """
@@ -66,6 +68,9 @@ SELECT call_id AS p_call_id, instance, start_s + coalesce(queue_s, 0) AS pa, sta
 FROM {calls}
 WHERE ttft_s IS NOT NULL AND prompt_tokens IS NOT NULL AND ttft_s > coalesce(queue_s, 0)
 """
+
+# the columns _PREFILLS_SQL reads
+_PREFILL_COLS = "call_id, instance, start_s, queue_s, ttft_s, prompt_tokens, cached_tokens"
 
 # the attribution of the gaps in relation {gaps} (_GAPS_SQL's columns) to the prefills in relation {pre}
 # (_PREFILLS_SQL's): itl_gaps.sql's tail_ov and per_gap, for every gap
@@ -94,7 +99,7 @@ FROM {gaps} g LEFT JOIN att a ON a.trace_id IS NOT DISTINCT FROM g.trace_id AND 
 
 
 def _fmt(sql: str, **rels: str) -> str:
-    return sql.format(cell=CELL_S, **rels)
+    return sql.format(cell=CELL_S, streamed=_STREAMED, **rels)
 
 
 def rebuild(cur, calls: str) -> None:
@@ -111,19 +116,24 @@ def rebuild(cur, calls: str) -> None:
 def _overlapping(cells: str, cols: str = "") -> str:
     """The stored gaps a prefill window of temp table ``cells`` (instance, pa, pb, cell: one row per 5 s cell the
     window spans) overlaps: the gap's row id (and ``cols`` of the window). Joined on the gap's first or last cell;
-    a gap over more than two cells, rare, by its cell range."""
+    a gap over more than two cells, rare, by its cell range (such a gap is longer than a cell: g_ms > 5000, a filter
+    of the scan before the join — 4000 leaves room for the rounding of ta)."""
     on = "w.pa < g.tb AND w.pb > g.ta"
     return f"""SELECT g.rowid AS r{cols} FROM {TABLE} g JOIN {cells} w ON w.instance = g.instance AND w.cell = g.c0
             WHERE {on}
         UNION ALL SELECT g.rowid{cols} FROM {TABLE} g JOIN {cells} w ON w.instance = g.instance AND w.cell = g.c1
             WHERE g.c1 <> g.c0 AND {on}
         UNION ALL SELECT g.rowid{cols} FROM {TABLE} g JOIN {cells} w ON w.instance = g.instance
-            WHERE g.c1 - g.c0 > 1 AND w.cell > g.c0 AND w.cell < g.c1 AND {on}"""
+            WHERE g.g_ms > {(CELL_S - 1) * 1000} AND g.c1 - g.c0 > 1 AND w.cell > g.c0 AND w.cell < g.c1 AND {on}"""
 
 
 def _cells(rel: str) -> str:
     return f"""SELECT *, unnest(generate_series(CAST(floor(pa / {CELL_S}) AS BIGINT),
                                              CAST(floor(pb / {CELL_S}) AS BIGINT))) AS cell FROM {rel}"""
+
+
+def _count(cur, table: str) -> int:
+    return int(cur.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
 
 
 def apply_delta(cur, calls: str, removed: str, old: str, new: str) -> None:
@@ -140,26 +150,39 @@ def apply_delta(cur, calls: str, removed: str, old: str, new: str) -> None:
     the offender a full attribution picks); its row is replaced. Cost: the touched calls and their neighbours in
     time, plus narrow scans of both tables."""
     pre_old, pre_new = _fmt(_PREFILLS_SQL, calls=old), _fmt(_PREFILLS_SQL, calls=new)
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_ca AS {_cells(f'({pre_new} EXCEPT {pre_old})')}")
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_cr AS {_cells(f'({pre_old} EXCEPT {pre_new})')}")
+    if _count(cur, old):
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_ca AS {_cells(f'({pre_new} EXCEPT {pre_old})')}")
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_cr AS {_cells(f'({pre_old} EXCEPT {pre_new})')}")
+    else:  # nothing replaced (new calls of new sessions): every window is added
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_ca AS {_cells(f'(SELECT DISTINCT * FROM ({pre_new}))')}")
+        cur.execute("CREATE OR REPLACE TEMP TABLE itl_cr AS SELECT * FROM itl_ca WHERE false")
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_k AS SELECT DISTINCT trace_id, call_id FROM (
         SELECT trace_id, call_id FROM {old} UNION ALL SELECT trace_id, call_id FROM {new})""")
-    # the stored gaps to attribute again in full: those of the changed calls, and those a removed window overlaps
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_r AS SELECT DISTINCT r FROM (
-        SELECT g.rowid AS r FROM {TABLE} g SEMI JOIN itl_k k ON k.trace_id = g.trace_id AND k.call_id = g.call_id
-        UNION ALL {_overlapping('itl_cr')})""")
-    # the stored gaps an added window overlaps (the others): the added prefill computing the most (a tie: the
-    # greater call id, as _ATTR_SQL)
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_u AS
-        SELECT r, arg_max(p_call_id, (computed, p_call_id)) AS a_id, max(computed) AS a_c
-        FROM ({_overlapping('itl_ca', ', g.call_id AS g_call_id, w.p_call_id, w.computed')})
+    # the stored gaps to attribute again in full: those of the changed calls (the stored calls among them with
+    # gaps: those of ``old`` streamed), and those a removed window overlaps — each scan only when there are such
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_ko AS SELECT DISTINCT trace_id, call_id FROM {old} WHERE {_STREAMED}")
+    parts = ["SELECT 0::BIGINT AS r WHERE false"]
+    if _count(cur, "itl_ko"):
+        parts.append(f"SELECT g.rowid AS r FROM {TABLE} g SEMI JOIN itl_ko k ON k.trace_id = g.trace_id "
+                     "AND k.call_id = g.call_id")
+    if _count(cur, "itl_cr"):
+        parts.append(_overlapping("itl_cr"))
+    cur.execute("CREATE OR REPLACE TEMP TABLE itl_r AS SELECT DISTINCT r FROM (" + " UNION ALL ".join(parts) + ")")
+    # the stored gaps an added window overlaps (the others), with what the join reads of them (narrow columns: a
+    # read of the whole rows there reads every column of every row it scans): the added prefill computing the most
+    # (a tie: the greater call id, as _ATTR_SQL), where it computes more than their offender (a tie: the greater call
+    # id); then those rows, by row id, with it as the offender
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_u AS SELECT r, a_id, a_c FROM (
+        SELECT r, arg_max(p_call_id, (computed, p_call_id)) AS a_id, max(computed) AS a_c,
+               any_value(o_id) AS o_id, any_value(o_c) AS o_c
+        FROM ({_overlapping('itl_ca', ', g.call_id AS g_call_id, g.off_call_id AS o_id, g.off_computed AS o_c, '
+                                      'w.p_call_id, w.computed')})
         WHERE p_call_id <> g_call_id AND r NOT IN (SELECT r FROM itl_r)
-        GROUP BY r""")
-    # their rows with the added offender, where it computes more (a tie: the greater call id)
+        GROUP BY r)
+        WHERE o_c IS NULL OR a_c > o_c OR (a_c = o_c AND a_id > o_id)""")
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_ux AS
         SELECT g.* REPLACE (u.a_id AS off_call_id, u.a_c AS off_computed)
-        FROM (SELECT rowid AS r, * FROM {TABLE} WHERE rowid IN (SELECT r FROM itl_u)) g JOIN itl_u u USING (r)
-        WHERE g.off_computed IS NULL OR u.a_c > g.off_computed OR (u.a_c = g.off_computed AND u.a_id > g.off_call_id)""")
+        FROM (SELECT rowid AS r, * FROM {TABLE} WHERE rowid IN (SELECT r FROM itl_u)) g JOIN itl_u u USING (r)""")
     # the gaps to attribute in full: the new calls' and the unchanged calls' among those
     cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_g AS {_fmt(_GAPS_SQL, calls=new)}")
     cols = "trace_id, call_id, i, instance, model, start_s, g_ms, ta, tb, c0, c1"
@@ -178,18 +201,27 @@ def apply_delta(cur, calls: str, removed: str, old: str, new: str) -> None:
         SELECT DISTINCT instance, unnest(generate_series(CAST(floor(ta - {float(lo)!r}) AS BIGINT),
                                                          CAST(floor(tb + {float(hi)!r}) AS BIGINT))) AS sec
         FROM itl_g""")
-    cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_pr AS SELECT r FROM (
-            SELECT c.rowid AS r, c.instance, CAST(floor(c.start_s) AS BIGINT) AS sec FROM {calls} c
-            WHERE CAST(floor(c.start_s) AS BIGINT) IN (SELECT sec FROM itl_sc)) x
-        SEMI JOIN itl_sc w ON w.instance = x.instance AND w.sec = x.sec
-        WHERE r NOT IN (SELECT r FROM {removed})""")
-    near = f"(SELECT * FROM {calls} WHERE rowid IN (SELECT r FROM itl_pr) UNION ALL SELECT * FROM {new})"
+    s_lo, s_hi = cur.execute("SELECT min(sec), max(sec) FROM itl_sc").fetchall()[0]
+    if s_lo is not None:
+        # the seconds' range as constants too: a filter of the scan, so that the zone maps of start_s skip the row
+        # groups outside it (a batch of recent calls reads the recent ones only)
+        cur.execute(f"""CREATE OR REPLACE TEMP TABLE itl_pr AS SELECT r FROM (
+                SELECT c.rowid AS r, c.instance, CAST(floor(c.start_s) AS BIGINT) AS sec FROM {calls} c
+                WHERE c.start_s >= {int(s_lo)} AND c.start_s < {int(s_hi) + 1}
+                  AND CAST(floor(c.start_s) AS BIGINT) IN (SELECT sec FROM itl_sc)) x
+            SEMI JOIN itl_sc w ON w.instance = x.instance AND w.sec = x.sec
+            WHERE r NOT IN (SELECT r FROM {removed})""")
+        # their rows' prefill columns only (a read by row id reads every column it selects)
+        near = (f"(SELECT {_PREFILL_COLS} FROM {calls} WHERE rowid IN (SELECT r FROM itl_pr) "
+                f"UNION ALL SELECT {_PREFILL_COLS} FROM {new})")
+    else:  # no gap with a time span (none to attribute, or none placed in time): no stored prefill is read
+        near = f"(SELECT {_PREFILL_COLS} FROM {new})"
     cur.execute(f"CREATE OR REPLACE TEMP TABLE itl_p AS {_fmt(_PREFILLS_SQL, calls=near)}")
     # the rows replaced go, the new ones come
     cur.execute(f"DELETE FROM {TABLE} WHERE rowid IN (SELECT r FROM itl_r UNION ALL SELECT r FROM itl_ux)")
     cur.execute(f"INSERT INTO {TABLE} BY NAME SELECT * EXCLUDE (r) FROM itl_ux")
     cur.execute(f"INSERT INTO {TABLE} {_fmt(_ATTR_SQL, gaps='itl_g', pre='itl_p')}")
-    for t in ("itl_ca", "itl_cr", "itl_k", "itl_g", "itl_r", "itl_u", "itl_ux", "itl_sc", "itl_pr", "itl_p"):
+    for t in ("itl_ca", "itl_cr", "itl_k", "itl_ko", "itl_g", "itl_r", "itl_u", "itl_ux", "itl_sc", "itl_pr", "itl_p"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
 
 

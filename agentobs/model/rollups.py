@@ -276,8 +276,10 @@ def apply_delta(cur: duckdb.DuckDBPyConnection, old: str, new: str) -> None:
     _delta(cur, HOUR, _HOUR_KEYS, _HOUR_SUMS, _HOUR_SQL.replace("{rel}", old), _HOUR_SQL.replace("{rel}", new))
     _delta(cur, MINUTE, _MINUTE_KEYS, _MINUTE_SUMS, _MINUTE_SQL.replace("{rel}", old),
            _MINUTE_SQL.replace("{rel}", new))
-    cur.execute(f"DELETE FROM {SESSION} WHERE session_id IN (SELECT session_id FROM {old} UNION "
-                f"SELECT session_id FROM {new})")
+    # a session has a row only when it had stored calls: those of ``old`` (a session first seen in ``new`` has none
+    # to remove, so the scan is skipped when ``old`` has no session)
+    if cur.execute(f"SELECT count(session_id) FROM {old}").fetchall()[0][0]:
+        cur.execute(f"DELETE FROM {SESSION} WHERE session_id IN (SELECT session_id FROM {old})")
     cur.execute(f"INSERT INTO {SESSION} {_SESSION_SQL.format(rel=new)}")
 
 

@@ -19,7 +19,10 @@ out-of-order call re-derives its session's tail with the rest of it:
   segments above the seq mark (a merged file's column ``_seg`` says each row's segment). The new spans' traces, widened by the request/response ids that pair gateway and engine
   spans across traces (agentobs/model/views.sql ``_engine_match``), are the traces whose calls can change; their
   calls are derived from those traces' spans alone (the views' SQL over a copy of those spans). Sessions touched:
-  the sessions those calls are in now and were in before (a late agent span can move a call to a session).
+  the sessions those calls are in now and were in before (a late agent span can move a call to a session). Two
+  directories (``model_state_traces``, ``model_state_keys``: a row per trace read, per unit key stored) say which
+  of them were seen before; only those are looked up in ``spans_part`` and ``model_calls`` (a new trace's spans are
+  the part's rows above the mark).
 - **What crosses sessions** (checked every refresh, each by a digest kept beside the state):
   the instances' activity (the instance evidence of docs/metrics.md reads every call and the engine counters of
   the call's instance): a new or changed call on an instance re-derives the sessions with a call there that started
@@ -60,7 +63,12 @@ KV_DIGEST = "model_state_kv"
 KV_END = "model_state_kv_end"
 CFG = "model_state_cfg"
 CNT = "model_state_cnt"
-TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG, CNT, *rollups.TABLES, *itl.TABLES)
+# the directories (one row per key: its hash and the key): every trace whose spans the state has read, and every
+# unit key (skey) model_calls holds. A refresh asks them first whether a key was seen before — a scan of one row per
+# trace or session instead of one per span or call — and reads the spans or stored calls of the keys seen only
+TRACES = "model_state_traces"
+KEYS = "model_state_keys"
+TABLES = (TABLE, META, KV_DIGEST, KV_END, CFG, CNT, TRACES, KEYS, *rollups.TABLES, *itl.TABLES)
 # views.sql's views a call is made from, in dependency order (each becomes a CTE over the chosen spans)
 _CALL_VIEWS = ("trace_context", "_gateway_spans", "_gateway_calls", "_engine_match", "_calls_joined", "llm_calls")
 _CALL_COLS = [c.strip() for c in CALL_COLUMNS.split(",")]
@@ -75,7 +83,7 @@ def skey(t: str = "") -> str:
 
 SKEY = skey()
 # model_calls' own columns besides call_reuse's (a change of them is a new release of the state: it rebuilds)
-_LAYOUT = "skey, kh = hash(skey), th = hash(trace_id)"
+_LAYOUT = "skey, kh = hash(skey), th = hash(trace_id); model_state_traces (th, trace_id), model_state_keys (kh, skey)"
 # the call's row number inside call_reuse (its tie-breaks order by it): the same order whatever set is derived
 _RID = "row_number() OVER (ORDER BY start_s, call_id, trace_id)"
 
@@ -357,6 +365,9 @@ def _rebuild(con, settings: Settings, reason: str, budget: _Budget) -> Refreshed
         cur.execute(f"CREATE OR REPLACE TABLE {TABLE} AS {_derive_sql('inc_src', kv, settings, fin)}")
         rollups.rebuild(cur, TABLE)
         itl.rebuild(cur, TABLE)
+        cur.execute(f"CREATE OR REPLACE TABLE {TRACES} AS SELECT hash(trace_id) AS th, trace_id FROM "
+                    "(SELECT DISTINCT trace_id FROM spans WHERE trace_id IS NOT NULL)")
+        cur.execute(f"CREATE OR REPLACE TABLE {KEYS} AS SELECT hash(skey) AS kh, skey FROM (SELECT DISTINCT skey FROM {TABLE})")
         n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
         units = cur.execute(f"SELECT count(DISTINCT skey) FROM {TABLE}").fetchall()[0][0]
         cur.execute("DROP TABLE inc_src")
@@ -395,7 +406,7 @@ def _refresh(con, settings: Settings, budget: _Budget) -> Refreshed:
     below = con.execute("SELECT count(*) FROM spans_part WHERE rowid <= ?", [old.span_rowid]).fetchall()[0][0]
     if below != old.span_count:
         return _rebuild(con, settings, "spans already read changed", budget)
-    steps: dict[str, float] = {}
+    steps: dict[str, float] = {"check": time.perf_counter() - t0}
     t = time.perf_counter()
     kvindex.refresh(con)
     steps["kv_index"] = time.perf_counter() - t
@@ -406,11 +417,18 @@ def _refresh(con, settings: Settings, budget: _Budget) -> Refreshed:
         n = con.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
         return Refreshed("current", n, 0, 0, time.perf_counter() - t0)
 
+    done = []
+
     def work(cur):
-        return _incremental(cur, settings, old, now, t0, steps, budget)
+        out = _incremental(cur, settings, old, now, t0, steps, budget)
+        done.append(time.perf_counter())
+        return out
 
     budget.check()
     n, derived, units = _transaction(con, work, budget)
+    # the commit: the write-ahead log of the changes, and an automatic checkpoint when the log has grown past
+    # DuckDB's checkpoint_threshold (every few batches: then every changed row group is written to the file)
+    steps["commit"] = time.perf_counter() - done[0]
     return Refreshed("incremental", n, derived, units, time.perf_counter() - t0, steps=steps)
 
 
@@ -441,10 +459,25 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     # span _engine_match reads for a call of T1
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_t1 AS SELECT DISTINCT trace_id FROM inc_new")
     _widen(cur, "inc_new", "inc_t1")
+    # the traces of T1 seen before (in the directory: a span of theirs was read) and the new ones whose new spans
+    # are all in spans_part (none from a Parquet segment, where a span can come twice): every span of such a trace
+    # is a row of spans_part above the mark, so its spans need no scan of the whole table
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_t1o AS {_by_hash('th', 'trace_id', 'inc_t1', TRACES, 'trace_id')}")
+    cur.execute("""CREATE OR REPLACE TEMP TABLE inc_tn AS SELECT trace_id FROM inc_new WHERE part
+        EXCEPT SELECT trace_id FROM inc_new WHERE NOT part EXCEPT SELECT trace_id FROM inc_t1o""")
+    cur.execute("CREATE OR REPLACE TEMP TABLE inc_ts AS SELECT trace_id FROM inc_t1 EXCEPT SELECT trace_id FROM inc_tn")
     cur.step("calls")
-    # the spans of T1; the traces paired with them (T2 less T1) are read from them, and their spans added (a
-    # second scan only when there are such traces). ``spans`` is a view (table part + segments): no rowid
-    _spans_of(cur, "inc_spans", "inc_t1", create=True)
+    # the spans of T1: those of the traces seen before (and of new traces with segment rows) by a scan of the
+    # trace id, those of the other new traces from spans_part's rows above the mark; the traces paired with them
+    # (T2 less T1) are read from them, and their spans added (a second scan only when there are such traces).
+    # ``spans`` is a view (table part + segments): no rowid
+    if _count(cur, "inc_ts"):
+        _spans_of(cur, "inc_spans", "inc_ts", create=True)
+    else:
+        cur.execute("CREATE OR REPLACE TEMP TABLE inc_spans AS SELECT * FROM spans_part LIMIT 0")
+    if _count(cur, "inc_tn"):
+        cur.execute(f"INSERT INTO inc_spans SELECT * FROM spans_part WHERE {_above_mark(cur, old)} "
+                    "AND trace_id IN (SELECT trace_id FROM inc_tn)")
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_t2 AS SELECT trace_id FROM inc_t1")
     if _widen(cur, "inc_spans", "inc_t2"):
         cur.execute("DELETE FROM inc_t2 WHERE trace_id IN (SELECT trace_id FROM inc_t1)")
@@ -454,9 +487,10 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     # the sessions to re-derive
     cur.step("sessions")
     ab = float(seconds_literal(settings.abandoned_after_s))
-    # the stored calls of T1: their row ids by a scan of the trace's hash alone (th: an integer), then their
-    # sessions by row id
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_old AS {_by_hash('th', 'trace_id', 'inc_t1')}")
+    # the stored calls of T1 (of its traces seen before: a stored call's trace is that of a span read): their row
+    # ids by a scan of the trace's hash alone (th: an integer), then their sessions by row id
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_old AS {_by_hash('th', 'trace_id', 'inc_t1o')}"
+                if _count(cur, "inc_t1o") else "CREATE OR REPLACE TEMP TABLE inc_old AS SELECT 0::BIGINT AS r LIMIT 0")
     parts = [f"SELECT {SKEY} AS skey FROM inc_calls",
              f"SELECT skey FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_old)"]
     # KV: sessions whose removals or stored blocks changed
@@ -481,8 +515,11 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     if changed:
         cur.execute("CREATE OR REPLACE TEMP TABLE inc_cfg AS SELECT unnest(?::VARCHAR[]) AS instance", [changed])
         parts.append(f"SELECT skey FROM {TABLE} WHERE instance IN (SELECT instance FROM inc_cfg)")
-    # the instances' activity (instance evidence): a new or changed call on an instance, from its start on
-    parts.append(f"""SELECT m.skey FROM {TABLE} m JOIN (
+    # the instances' activity (instance evidence): a new or changed call on an instance, from its start on. Only
+    # calls on an instance with a pool size have evidence (churn_ratio; call_reuse.sql ie_c), and an instance whose
+    # pool size changed has every session re-derived above: without any such instance nothing is scanned
+    if changed or cur.execute("SELECT count(*) FROM instance_config WHERE kv_capacity_tokens > 0").fetchall()[0][0]:
+        parts.append(f"""SELECT m.skey FROM {TABLE} m JOIN (
             SELECT instance, min(start_s) AS t FROM (
                 SELECT instance, start_s FROM inc_calls
                 UNION ALL SELECT instance, start_s FROM {TABLE} WHERE rowid IN (SELECT r FROM inc_old))
@@ -518,8 +555,13 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     cur.execute("CREATE OR REPLACE TEMP TABLE inc_keys AS SELECT DISTINCT skey FROM (" + "\nUNION ALL\n".join(parts)
                 + ") WHERE skey IS NOT NULL")
     cur.step("inputs")
-    # the stored rows of those sessions, by row id (one narrow column scanned)
-    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_rows AS {_by_hash('kh', 'skey', 'inc_keys')}")
+    # the stored rows of those sessions: the keys model_calls holds (the directory), then their rows' ids by a scan
+    # of the key's hash (one narrow column) — none when no key was stored before
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_kf AS SELECT r, skey FROM "
+                f"({_by_hash('kh', 'skey', 'inc_keys', KEYS, 'rowid AS r, skey')})")
+    found = _count(cur, "inc_kf")
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE inc_rows AS {_by_hash('kh', 'skey', 'inc_kf')}"
+                if found else "CREATE OR REPLACE TEMP TABLE inc_rows AS SELECT 0::BIGINT AS r LIMIT 0")
     # their calls: the fresh ones of T1, the stored call columns of the others (their traces did not change)
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE inc_src AS SELECT {_RID} AS rid, * FROM (
         SELECT {CALL_COLUMNS} FROM inc_calls WHERE {SKEY} IN (SELECT skey FROM inc_keys)
@@ -547,11 +589,19 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
     cur.execute(f"INSERT INTO {TABLE} SELECT * FROM inc_out")
     cur.step("rollups")
     rollups.apply_delta(cur, "inc_gone", "inc_out")
+    cur.step("directories")
+    # the keys of the re-derived units are those of their new rows (a unit whose calls all moved has none); the
+    # traces of the new spans are seen now
+    if found:
+        cur.execute(f"DELETE FROM {KEYS} WHERE rowid IN (SELECT r FROM inc_kf)")
+    cur.execute(f"INSERT INTO {KEYS} SELECT hash(skey), skey FROM (SELECT DISTINCT skey FROM inc_out)")
+    cur.execute(f"""INSERT INTO {TRACES} SELECT hash(trace_id), trace_id FROM (
+        SELECT trace_id FROM inc_new WHERE trace_id IS NOT NULL EXCEPT SELECT trace_id FROM inc_t1o)""")
     cur.step("other")
     derived = cur.execute("SELECT count(*) FROM inc_src").fetchall()[0][0]
     units = cur.execute("SELECT count(*) FROM inc_keys").fetchall()[0][0]
     n = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
-    for t in ("inc_new", "inc_t1", "inc_t2", "inc_spans", "inc_calls", "inc_keys", "inc_src", "inc_old",
+    for t in ("inc_new", "inc_t1", "inc_t1o", "inc_tn", "inc_ts", "inc_kf", "inc_t2", "inc_spans", "inc_calls", "inc_keys", "inc_src", "inc_old",
               "inc_rows", "inc_del", "inc_inst", "inc_cfg", "inc_cnt", "inc_act", "inc_gone", "inc_out"):
         cur.execute(f"DROP TABLE IF EXISTS {t}")
     cur.step("marks")
@@ -585,11 +635,16 @@ def _activity_sql() -> str:
         FROM s WHERE start_s < lo GROUP BY instance"""
 
 
-def _by_hash(h: str, key: str, keys: str) -> str:
-    """The row ids (``r``) of the stored calls whose ``key`` is in temp table ``keys``: found by a scan of the key's
-    hash ``h`` (an integer column: a string key's scan hashes every string), the key compared on those rows."""
-    return (f"SELECT r FROM (SELECT rowid AS r, {key} FROM {TABLE} WHERE {h} IN (SELECT hash({key}) FROM {keys})) "
-            f"WHERE {key} IN (SELECT {key} FROM {keys})")
+def _by_hash(h: str, key: str, keys: str, table: str = TABLE, cols: str = "rowid AS r") -> str:
+    """The rows (``cols``; default their row ids ``r``) of ``table`` (model_calls, or a directory) whose ``key`` is in
+    temp table ``keys``: found by a scan of the key's hash ``h`` (an integer column: a string key's scan hashes every
+    string), the key compared on those rows."""
+    return (f"SELECT * EXCLUDE (_k) FROM (SELECT {cols}, {key} AS _k FROM {table} "
+            f"WHERE {h} IN (SELECT hash({key}) FROM {keys})) WHERE _k IN (SELECT {key} FROM {keys})")
+
+
+def _count(cur, table: str) -> int:
+    return int(cur.execute(f"SELECT count(*) FROM {table}").fetchall()[0][0])
 
 
 def _new_spans_sql(cur, old: Marks) -> str:
@@ -597,14 +652,19 @@ def _new_spans_sql(cur, old: Marks) -> str:
     mark, less the rowid ranges of compactions of segments all read already, and the rows of the segments above
     the seq mark. A span can come twice (a retried export): its trace is derived once all the same."""
     cols = "trace_id, role, request_id, response_id"
-    skip = cur.execute("SELECT rowid_lo, rowid_hi FROM span_compactions WHERE max_seq <= ? AND rowid_lo > ?",
-                       [old.segment_seq, old.span_rowid]).fetchall()
-    cond = "".join(f" AND rowid NOT BETWEEN {int(lo)} AND {int(hi)}" for lo, hi in skip)
-    sql = f"SELECT {cols} FROM spans_part WHERE rowid > {int(old.span_rowid)}{cond}"
-    seg = segments.since_sql(cur, cols, old.segment_seq)  # tail segments and merged files' rows above the mark
+    sql = f"SELECT {cols}, true AS part FROM spans_part WHERE {_above_mark(cur, old)}"
+    seg = segments.since_sql(cur, f"{cols}, false AS part", old.segment_seq)  # tail segments and merged files' rows above the mark
     if seg:
         sql += f" UNION ALL {seg}"
     return sql
+
+
+def _above_mark(cur, old: Marks) -> str:
+    """The condition on spans_part's rows stored since ``old``: above the rowid mark, less the rowid ranges of
+    compactions of segments all read already."""
+    skip = cur.execute("SELECT rowid_lo, rowid_hi FROM span_compactions WHERE max_seq <= ? AND rowid_lo > ?",
+                       [old.segment_seq, old.span_rowid]).fetchall()
+    return f"rowid > {int(old.span_rowid)}" + "".join(f" AND rowid NOT BETWEEN {int(lo)} AND {int(hi)}" for lo, hi in skip)
 
 
 def _spans_of(cur, out: str, traces: str, create: bool) -> None:

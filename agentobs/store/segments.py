@@ -47,6 +47,19 @@ TMP_PREFIX = ".tmp-"
 # snappy: 3.9-4.3 µs/span written + published against zstd's 4.8-5.2 (docs/collectors.md, storage layout)
 COMPRESSION = "snappy"
 LAYOUTS = ("table", "segments")
+# Parquet dictionary encoding for the string columns whose values repeat from span to span (model, service, role,
+# session, ...), not for those unique to a span: pyarrow tries a dictionary on every column by default and falls
+# back to plain pages once it outgrows its page, which cost a segment's write 2.3 µs/span against 1.5 and its
+# read (the merge's) 2.7 against 1.3, for a file 5% larger (docs/collectors.md, part G)
+NO_DICTIONARY = frozenset({"trace_id", "span_id", "parent_span_id", "attributes", "response_id", "request_id",
+                           "block_hashes"})
+
+
+def write_options(schema: pa.Schema) -> dict:
+    """pyarrow Parquet writer options of span files (segments and merged files)."""
+    dictionary = [f.name for f in schema
+                  if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type)) and f.name not in NO_DICTIONARY]
+    return {"compression": COMPRESSION, "use_dictionary": dictionary or False}
 
 
 def check_layout(layout: str) -> str:
@@ -76,7 +89,7 @@ def write_segment(table: pa.Table, directory: str) -> SegmentFile:
     """Write ``table`` to ``directory/.tmp-<pid>-<uuid>.parquet`` and fsync it (a decoder process does this)."""
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
-    pq.write_table(table, tmp, compression=COMPRESSION)
+    pq.write_table(table, tmp, **write_options(table.schema))
     fd = os.open(tmp, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -109,11 +122,14 @@ def publish_file(seg: SegmentFile, seq: int) -> str:
     return final
 
 
-def add(cur: duckdb.DuckDBPyConnection, seq: int, file: str, seg: SegmentFile, spool: tuple[int, int]) -> None:
-    """Inside the caller's transaction: the catalog row of a published file, and the ``spans`` view with it."""
+def add(cur: duckdb.DuckDBPyConnection, seq: int, file: str, seg: SegmentFile, spool: tuple[int, int],
+        view: bool = True) -> None:
+    """Inside the caller's transaction: the catalog row of a published file, and the ``spans`` view with it
+    (``view=False``: the caller adds more rows and calls :func:`ensure_view` once, before its commit)."""
     cur.execute("INSERT INTO span_segments VALUES (?, ?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
                 [seq, file, seg.rows, seg.min_start_ns, seg.max_start_ns, spool[0], spool[1]])
-    ensure_view(cur)
+    if view:
+        ensure_view(cur)
 
 
 def next_seq(cur: duckdb.DuckDBPyConnection) -> int:
@@ -151,10 +167,9 @@ def _overlapping(merged: list[tuple], bounds: tuple[int, int] | None) -> list[st
 
 
 def _columns(cur: duckdb.DuckDBPyConnection) -> list[tuple[str, str]]:
-    """spans_part's columns and types (what every part of the ``spans`` view gives)."""
-    return [(str(c), str(t)) for c, t in cur.execute(
-        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = current_database() AND "
-        "schema_name = 'main' AND table_name = 'spans_part' ORDER BY column_index").fetchall()]
+    """spans_part's columns and types (what every part of the ``spans`` view gives). (``PRAGMA table_info``: half
+    the CPU of a ``duckdb_columns()`` query, which the loader paid on every commit.)"""
+    return [(str(r[1]), str(r[2])) for r in cur.execute("PRAGMA table_info('main.spans_part')").fetchall()]
 
 
 def _merged_rows(cur: duckdb.DuckDBPyConnection) -> list[tuple]:
@@ -166,9 +181,23 @@ def _merged_rows(cur: duckdb.DuckDBPyConnection) -> list[tuple]:
 _ORD = "(CAST(parse_filename(t.filename, true) AS BIGINT) * 4294967296 + t.file_row_number)"
 
 
+# a file's columns by (path, size, mtime): a published file is never rewritten (a new one gets a new name), and the
+# loader reads the oldest and newest tail files' schemas on every commit (0.9 ms each by DuckDB)
+_SCHEMAS: dict[tuple[str, int, int], list[tuple[str, str]]] = {}
+_SCHEMAS_MAX = 4096
+
+
 def _schema(cur: duckdb.DuckDBPyConnection, file: str) -> list[tuple[str, str]]:
-    return [(str(r[0]), str(r[1])) for r in
-            cur.execute(f"DESCRIBE SELECT * FROM read_parquet({_lit(file)})").fetchall()]
+    st = os.stat(file)
+    key = (file, st.st_size, st.st_mtime_ns)
+    got = _SCHEMAS.get(key)
+    if got is None:
+        got = [(str(r[0]), str(r[1])) for r in
+               cur.execute(f"DESCRIBE SELECT * FROM read_parquet({_lit(file)})").fetchall()]
+        if len(_SCHEMAS) >= _SCHEMAS_MAX:
+            _SCHEMAS.clear()
+        _SCHEMAS[key] = got
+    return got
 
 
 def _columns_of(cur: duckdb.DuckDBPyConnection, files: list[str]) -> tuple[set[str], bool]:
@@ -327,24 +356,71 @@ def _crash_point(step: str) -> None:
     """Between the steps of a compaction (the crash-safety test stops the process here)."""
 
 
+def _int64s(a: np.ndarray) -> pa.Array:
+    """An Arrow int64 array over ``a``'s memory: ``pa.array(ndarray)`` first asks whether ``a`` is a pandas object,
+    which imports pandas (+46 MB RSS in the collector's process, whose merge is the only caller)."""
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(a), [None, pa.py_buffer(a)])
+
+
 def merged_name(lo: int, hi: int) -> str:
     return f"merged-{lo:016d}-{hi:016d}{SUFFIX}"
 
 
-def _merge_group(cur: duckdb.DuckDBPyConnection, rows: list[tuple], directory: str) -> tuple[str | None, int, tuple]:
-    """Write the group's new spans (:func:`_keep_sql`: once each, none already stored) to a temporary file in
-    ``directory``, fsync'd, with column ``_seg`` (each row's segment); returns (file or None when every span was
-    stored already, rows, (min, max start_ns)). DuckDB picks the rows on the key columns; pyarrow copies them
-    segment by segment (one row group each: the rows arrive in time order, so a row group's ``start_ns`` range is
-    narrow and the lookups of later merges read few), so memory is one segment's."""
+@dataclass
+class MergePlan:
+    """A group of tail segments to merge (:func:`plan_merge`) and the rows of it to keep."""
+
+    rows: list[tuple]  # catalog rows (file, min_start_ns, max_start_ns, seq), in seq order
+    keep: np.ndarray  # the rows kept, as ``_ORD`` (seq << 32 | row in its file), ascending
+    directory: str
+
+    @property
+    def first(self) -> int:
+        return int(self.rows[0][3])
+
+    @property
+    def last(self) -> int:
+        return int(self.rows[-1][3])
+
+
+@dataclass
+class MergeFile:
+    """What :func:`write_merge` wrote: a temporary file (None: every span of the group was stored already)."""
+
+    tmp: str | None
+    rows: int
+    min_start_ns: int | None
+    max_start_ns: int | None
+
+
+def plan_merge(cur: duckdb.DuckDBPyConnection, group: int, keep: int = 0) -> MergePlan | None:
+    """The oldest tail segments, at most ``group`` and leaving ``keep``, and the rows to keep of them (:func:`_keep_sql`:
+    each span once, none already stored; DuckDB reads the key columns only); None: ``keep`` or fewer segments."""
+    n = int(cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
+    if n <= keep:
+        return None
+    rows = cur.execute("SELECT file, min_start_ns, max_start_ns, seq FROM span_segments ORDER BY seq LIMIT ?",
+                       [min(max(1, group), n - keep)]).fetchall()
     files = [r[0] for r in rows]
     res = cur.execute(f"SELECT o FROM ({_keep_sql(rows, _merged_rows(cur), _columns_of(cur, files)[1])}) "
                       "ORDER BY o").fetchnumpy()
     o = np.asarray(res["o"], dtype=np.int64)
+    return MergePlan(rows, o, os.path.dirname(rows[0][0]))
+
+
+def write_merge(plan: MergePlan) -> MergeFile:
+    """Write the plan's rows to a temporary file in its directory, fsync'd, with column ``_seg`` (each row's
+    segment). pyarrow only, no DuckDB: the collector's loader runs it in a thread of its own while it goes on
+    storing batches. pyarrow copies the rows segment by segment (one row group each: the rows arrive in time
+    order, so a row group's ``start_ns`` range is narrow and the lookups of later merges read few), so memory is
+    one segment's."""
+    o = plan.keep
     if not len(o):
-        return None, 0, (None, None)
+        return MergeFile(None, 0, None, None)
+    rows, files = plan.rows, [r[0] for r in plan.rows]
     seqs, rownums = o >> 32, o & 0xFFFFFFFF
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
+    tmp = os.path.join(plan.directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
     # the group's columns (a release may have added some between its segments): the union, missing ones null
     schema = pa.unify_schemas([pq.read_schema(f) for f in files]).append(pa.field("_seg", pa.int64()))
     writer: pq.ParquetWriter | None = None
@@ -354,12 +430,14 @@ def _merge_group(cur: duckdb.DuckDBPyConnection, rows: list[tuple], directory: s
             take = rownums[seqs == seq]
             if not len(take):
                 continue
-            t = pq.ParquetFile(file).read()  # (not pq.read_table: its dataset layer costs ~1 µs/span more)
+            # (not pq.read_table: its dataset layer costs ~1 µs/span more; without threads: Arrow's pool took
+            # 4.1 µs/span of CPU for a segment against 1.3 in this thread)
+            t = pq.ParquetFile(file).read(use_threads=False)
             if len(take) < t.num_rows:  # copies dropped (the usual segment has none: no copy of its rows)
-                t = t.take(pa.array(take))
-            t = t.append_column("_seg", pa.array(np.full(t.num_rows, seq, np.int64)))
+                t = t.take(_int64s(take))
+            t = t.append_column("_seg", _int64s(np.full(t.num_rows, seq, np.int64)))
             if writer is None:
-                writer = pq.ParquetWriter(tmp, schema, compression=COMPRESSION)
+                writer = pq.ParquetWriter(tmp, schema, **write_options(schema))
             if t.schema != schema:
                 t = pa.table([t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
                               for f in schema], schema=schema)
@@ -376,16 +454,46 @@ def _merge_group(cur: duckdb.DuckDBPyConnection, rows: list[tuple], directory: s
     assert writer is not None
     writer.close()
     fsync_path(tmp)
-    return tmp, len(o), (lo, hi)
+    return MergeFile(tmp, len(o), lo, hi)
+
+
+def commit_merge(cur: duckdb.DuckDBPyConnection, plan: MergePlan, out: MergeFile) -> str | None:
+    """Rename the merged file to ``merged-<first seq>-<last seq>.parquet`` (fsync'd directory), then one
+    transaction: its ``span_merged`` row, the group's catalog rows deleted and their files retired, a
+    ``span_compactions`` row, the ``spans`` view re-made. Returns the file (None: nothing was written). The catalog
+    must still list the plan's segments as the oldest of the tail (one merge at a time)."""
+    final = None
+    if out.tmp is not None:
+        final = os.path.join(plan.directory, merged_name(plan.first, plan.last))
+        os.rename(out.tmp, final)
+        fsync_path(plan.directory)
+        _crash_point("renamed")
+    try:
+        with transaction(cur):
+            if final is not None:
+                cur.execute("INSERT INTO span_merged VALUES (?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                            [final, out.rows, out.min_start_ns, out.max_start_ns, plan.first, plan.last])
+            cur.execute("INSERT INTO span_compactions VALUES (?, ?, NULL, NULL, ?, now()::TIMESTAMP)",
+                        [plan.last, len(plan.rows), out.rows])
+            cur.execute("INSERT INTO span_segments_retired SELECT file, now()::TIMESTAMP FROM span_segments "
+                        "WHERE seq <= ?", [plan.last])
+            cur.execute("DELETE FROM span_segments WHERE seq <= ?", [plan.last])
+            ensure_view(cur)
+    except BaseException:
+        if final is not None:  # rolled back: the file no catalog row lists goes now (recover() would)
+            Path(final).unlink(missing_ok=True)
+        raise
+    _crash_point("committed")
+    return final
 
 
 def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, group: int = 16,
             keep: int = 0) -> Compacted:
     """Merge the oldest tail segments, ``group`` at a time, into merged Parquet files until ``keep`` are left or
-    ``max_seconds`` have passed (checked between groups). Each group: its spans not stored already (in spans_part
-    or an earlier merged file), once each (the first segment's copy), written in seq order (a row group per
-    segment) with column ``_seg`` (each row's segment: the session model's marks) under a temporary name, fsync'd,
-    renamed to
+    ``max_seconds`` have passed (checked between groups). Each group (:func:`plan_merge`, :func:`write_merge`,
+    :func:`commit_merge`): its spans not stored already (in spans_part or an earlier merged file), once each (the
+    first segment's copy), written in seq order (a row group per segment) with column ``_seg`` (each row's segment:
+    the session model's marks) under a temporary name, fsync'd, renamed to
     ``merged-<first seq>-<last seq>.parquet``; then one transaction: the ``span_merged`` row, the tail's catalog
     rows deleted and their files retired (:func:`sweep` deletes them), a ``span_compactions`` row, the ``spans``
     view re-made. A crash before the commit leaves files no catalog row lists (:func:`recover` deletes them; the
@@ -395,40 +503,17 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
     cur = con.cursor()
     try:
         while True:
-            n = cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0]
-            if n <= keep or (max_seconds is not None and time.perf_counter() - t0 >= max_seconds):
-                out.left = int(n)
+            plan = None
+            if max_seconds is None or time.perf_counter() - t0 < max_seconds:
+                plan = plan_merge(cur, group, keep)
+            if plan is None:
+                out.left = int(cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
                 break
-            rows = cur.execute("SELECT file, min_start_ns, max_start_ns, seq FROM span_segments ORDER BY seq "
-                               "LIMIT ?", [min(group, n - keep)]).fetchall()
-            first, top = min(r[3] for r in rows), max(r[3] for r in rows)
-            directory = os.path.dirname(rows[0][0])
-            tmp, written, (lo, hi) = _merge_group(cur, rows, directory)
+            written = write_merge(plan)
             _crash_point("written")
-            final = None
-            if tmp is not None:
-                final = os.path.join(directory, merged_name(first, top))
-                os.rename(tmp, final)
-                fsync_path(directory)
-                _crash_point("renamed")
-            try:
-                with transaction(cur):
-                    if final is not None:
-                        cur.execute("INSERT INTO span_merged VALUES (?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
-                                    [final, written, lo, hi, first, top])
-                    cur.execute("INSERT INTO span_compactions VALUES (?, ?, NULL, NULL, ?, now()::TIMESTAMP)",
-                                [top, len(rows), written])
-                    cur.execute("INSERT INTO span_segments_retired SELECT file, now()::TIMESTAMP FROM span_segments "
-                                "WHERE seq <= ?", [top])
-                    cur.execute("DELETE FROM span_segments WHERE seq <= ?", [top])
-                    ensure_view(cur)
-            except BaseException:
-                if final is not None:  # rolled back: the file no catalog row lists goes now (recover() would)
-                    Path(final).unlink(missing_ok=True)
-                raise
-            _crash_point("committed")
-            out.segments += len(rows)
-            out.rows += written
+            final = commit_merge(cur, plan, written)
+            out.segments += len(plan.rows)
+            out.rows += written.rows
             out.files += final is not None
     finally:
         cur.close()
