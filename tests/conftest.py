@@ -35,11 +35,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # (ClickHouse parity, which does not read the sample) never waits for the sample's import. The costs that set this
 # order are in docs/testing.md.
 COSTLIEST_FIRST = (
-    "test_clickhouse_parity.py", "test_findings_ledger.py", "test_console_clickhouse.py", "test_metrics_golden_cases.py",
-    "test_model_state.py", "test_console_browser.py", "test_whatif.py", "test_clickhouse_backend.py",
-    "test_metrics_prepare_v1.py", "test_console_app.py", "test_findings_sample.py", "test_demo.py",
-    "test_collect_service.py", "test_cli_sessions.py", "test_loadgen.py", "test_metrics_golden.py",
-    "test_findings_rules.py",
+    "test_clickhouse_parity.py", "test_findings_ledger.py", "test_console_browser.py", "test_model_state.py",
+    "test_metrics_golden_cases.py", "test_console_clickhouse.py", "test_collect_service.py", "test_console_app.py",
+    "test_clickhouse_backend.py", "test_demo.py", "test_findings_rules.py", "test_causes_evidence.py",
+    "test_whatif.py", "test_loadgen.py", "test_instance_evidence.py", "test_cli_sessions.py",
+    "test_metrics_prepare_v1.py", "test_metrics_golden.py", "test_sim_bundle.py", "test_findings_sample.py",
 )
 
 

@@ -53,7 +53,8 @@ class Site:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        # a 0.05 s poll: close() (shutdown) waits for it, 0.5 s by default
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def url(self, path):
         return f"http://127.0.0.1:{self.port}{path}"

@@ -242,10 +242,11 @@ def test_overview_tax_equals_the_cli_ledger(sample_console, sample_db, page):
 
     page.set_viewport_size({"width": 1440, "height": 900})
     for qs, flags in (("", []), ("?model=" + LLAMA_SAMPLE, ["--filter", f"model={LLAMA_SAMPLE}"])):
+        # the page first: the console's server computes its ledger while this process computes the CLI's
+        page.goto(f"{sample_console}/{qs}")
         res = CliRunner().invoke(cli, ["findings", "--db", str(sample_db), "--format", "ledger", *flags])
         assert res.exit_code == 0, res.output
         want = json.loads(res.stdout)
-        page.goto(f"{sample_console}/{qs}")
         settle(page)
         no_exception(page)
         box = page.locator(".st-key-tax_answer")

@@ -31,7 +31,7 @@ class _Receiver(BaseHTTPRequestHandler):
 
 def test_live_serves_metrics_server_info_and_exports_spans(tmp_path):
     rx = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    threading.Thread(target=rx.serve_forever, daemon=True).start()
+    threading.Thread(target=rx.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()  # shutdown waits a poll
     live = LiveFleet("quick", seed=3, speed=400.0, endpoint=f"http://127.0.0.1:{rx.server_address[1]}",
                      workdir=tmp_path)
     live.start_servers()

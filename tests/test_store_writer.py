@@ -180,3 +180,56 @@ def test_transaction_commits_the_block_and_rolls_back_on_any_exception(tmp_path)
         con.execute("INSERT INTO t VALUES (5)")
     assert con.sql("SELECT count(*) FROM t").fetchall() == [(3,)]
     con.close()
+
+
+def _returns(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``'s value, called on a thread that must be done long before the writers' hour-long
+    flush_s below would let a held batch go (a hang guard, not a timing check)."""
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn(*args, **kwargs)), daemon=True)
+    t.start()
+    t.join(120)
+    assert not t.is_alive(), f"{getattr(fn, '__name__', fn)} waited for the writer's flush_s"
+    return out[0]
+
+
+HOUR = 3600.0  # a flush_s nothing may wait out
+
+
+def test_write_commits_at_once(con):
+    # write() waits for its own rows: it commits them now instead of holding them flush_s for more
+    with Writer(con, flush_s=HOUR) as w:
+        assert _returns(w.write, "scrapes", scrapes(0, 3)) == 3
+        assert w.stats.batches == 1
+    assert count(con, "scrapes") == 3
+
+
+def test_importers_commit_at_once(con):
+    # each importer waits for its rows' tickets; under a writer that would hold a small batch for an hour, each
+    # one still returns with its rows stored (it flushes before waiting)
+    from pathlib import Path
+
+    from agentobs.collect.files import import_kv_events, import_otlp, import_prom, import_server_info
+    from agentobs.collect.tracelab import import_tracelab
+    from agentobs.config import Settings
+
+    sample, fx = Path(__file__).parent.parent / "sample_data" / "fixtures", Path(__file__).parent / "fixtures"
+    with Writer(con, flush_s=HOUR) as w:
+        res = {
+            "otlp": _returns(import_otlp, [sample / "otlp"], w, Settings()),
+            "prom": _returns(import_prom, [sample / "vllm_metrics.prom"], "v:8000", w, at=1_700_000_000.0),
+            "server_info": _returns(import_server_info, sample / "sglang_server_info.json", "s:30000", w,
+                                    at=1_700_000_000.0),
+            "kv": _returns(import_kv_events, [fx / "litellm_real_kv" / "kv_events.jsonl"], w, "v:8000"),
+            "tracelab": _returns(import_tracelab, [fx / "tracelab" / "round_trace.sample.jsonl"], w, Settings()),
+        }
+        for name, r in res.items():
+            assert r.inserted > 0 and not r.errors, (name, r.errors)
+    stored = {t: count(con, t) for t in ("spans", "metric_samples", "engine_config", "kv_events")}
+    assert stored["spans"] == res["otlp"].inserted + res["tracelab"].inserted
+    assert stored["metric_samples"] == res["prom"].inserted
+    assert stored["kv_events"] == res["kv"].inserted
+    # the server info's keys, and any config the metrics snapshot carried
+    assert stored["engine_config"] >= res["server_info"].inserted

@@ -328,7 +328,8 @@ class OtlpHttpServer:
         self._reaper: threading.Thread | None = None
 
     def start(self) -> OtlpHttpServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.2},
+        # stop() (shutdown) waits for serve_forever's next poll
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="otlp-http", daemon=True)
         self._thread.start()
         self._reaper = threading.Thread(target=self._reap, name="otlp-http-reaper", daemon=True)

@@ -227,7 +227,9 @@ def import_tracelab(paths: Iterable[str | os.PathLike], writer: Writer, settings
         res.rejected += dec.rejected
         res.accepted += dec.accepted
         if dec.accepted:
-            res.inserted += writer.submit("spans", dec.table()).wait()
+            ticket = writer.submit("spans", dec.table())
+            writer.flush()
+            res.inserted += ticket.wait()
     _log(writer, res, ",".join(map(str, paths)))
     writer.flush()
     return res

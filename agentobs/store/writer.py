@@ -91,8 +91,11 @@ class Writer:
         return t
 
     def write(self, table: str, data: pa.Table) -> int:
-        """Submit and wait for the commit; returns rows actually inserted (duplicates ignored)."""
-        return self.submit(table, data).wait()
+        """Submit, commit now and wait; returns rows actually inserted (duplicates ignored). (Waiting on a lone
+        ``submit`` would idle out ``flush_s`` first: the writer holds a small batch that long for more rows.)"""
+        ticket = self.submit(table, data)
+        self.flush()
+        return ticket.wait()
 
     def flush(self) -> None:
         t = Ticket(rows=0)
