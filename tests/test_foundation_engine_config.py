@@ -84,3 +84,58 @@ def test_directory_of_timestamped_snapshots(store, fixtures, tmp_path):
     assert vals == [(1791969725, 3.0), (1791969730, 5.0)]
     # config unchanged between the two snapshots: stored once
     assert con.execute("SELECT count(DISTINCT ts) FROM engine_config").fetchone()[0] == 1
+
+
+def test_a_directory_import_equals_a_full_parse_of_each_snapshot(store, tmp_path):
+    """`import_prom` of a target's snapshots parses each series once (promcache.SeriesParser, as the live scraper):
+    its rows equal prom.parse_text of every file, and the config is stored when it changes. The input: the first 20
+    snapshots of a vLLM and an SGLang target of the sample bundle, plus hand-made ones where series appear and
+    vanish, a label value changes, a line carries a timestamp, and the cache config changes (block_size 16 → 32)."""
+    import gzip
+    import shutil
+    from pathlib import Path
+
+    con, w = store
+    fleet = Path(__file__).parent.parent / "sample_data" / "fleet" / "prom"
+    dirs = {}
+    for name, inst in (("10.42.7.31_8000", "10.42.7.31:8000"), ("10.42.7.40_30000", "10.42.7.40:30000")):
+        d = tmp_path / name
+        d.mkdir()
+        for p in sorted((fleet / name).iterdir())[:20]:
+            shutil.copyfile(p, d / p.name)
+        dirs[inst] = d
+    cfg_line = ('vllm:cache_config_info{block_size="%d",enable_prefix_caching="True",num_gpu_blocks="100"} 1.0')
+    hand = [
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{model_name=\"m\"} 3\n" + cfg_line % 16,
+        "vllm:num_requests_running{model_name=\"m\"} 4\nvllm:num_requests_waiting{model_name=\"m\"} 1\n" + cfg_line % 16,
+        "vllm:num_requests_running{model_name=\"n\"} 5 1790000100000\n" + cfg_line % 32,
+        "vllm:num_requests_waiting{model_name=\"m\"} 2\n" + cfg_line % 32,
+    ]
+    d = tmp_path / "hand"
+    d.mkdir()
+    for k, text in enumerate(hand):
+        (d / f"{1790000000 + 60 * k}.prom").write_text(text + "\n")
+    dirs["h:1"] = d
+    want_samples, want_cfg = [], []
+    for inst, d in dirs.items():
+        res = files.import_prom([d], inst, w)
+        assert res.rejected == 0 and res.errors == []
+        last = None
+        for p in sorted(d.iterdir()):
+            raw = p.read_bytes()
+            text = (gzip.decompress(raw) if p.suffix == ".gz" else raw).decode()
+            s = parse_text(text, inst, files.snapshot_time(p, None), str(p), source=f"file:{p.name}")
+            want_samples += [tuple(r.values()) for r in s.samples.select(
+                ["ts", "instance", "metric", "labels_key", "value", "engine"]).to_pylist()]
+            cfg_rows = s.config.select(["key", "value"]).to_pylist()
+            if cfg_rows and cfg_rows != last:
+                want_cfg += [(inst, r["key"], r["value"]) for r in cfg_rows]
+                last = cfg_rows
+    got = con.execute("SELECT ts, instance, metric, labels_key, value, engine FROM metric_samples").fetchall()
+    assert sorted(got, key=repr) == sorted(want_samples, key=repr) and len(got) > 1000
+    got_cfg = con.execute("SELECT instance, key, value FROM engine_config").fetchall()
+    assert sorted(got_cfg) == sorted(want_cfg)
+    # the hand-made target stored its config three times: block_size 16 (served model m: the first two files
+    # carry the same config), 32 with model n, 32 with model m again (the served model is part of the config)
+    assert sorted(v for i, k, v in got_cfg if i == "h:1" and k == "block_size") == ["16", "32", "32"]
+    assert sorted(v for i, k, v in got_cfg if i == "h:1" and k == "served_model_name") == ["m", "m", "n"]

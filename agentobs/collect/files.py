@@ -27,6 +27,7 @@ from ..config import Settings
 from ..errors import InputError
 from ..store.writer import Writer
 from . import kvevents, otlp, prom, serverinfo
+from .promcache import ScrapeLimit, SeriesParser
 
 OTLP_SUFFIXES = (".json", ".jsonl", ".ndjson", ".pb", ".binpb", ".protobuf", ".otlp")
 Progress = Callable[[int], None]  # advance by n bytes
@@ -222,6 +223,9 @@ def parse_at(value: str | None) -> float | None:
         raise InputError(f"--at {value!r} is neither epoch seconds nor an ISO-8601 time") from None
 
 
+IMPORT_MAX_SERIES = 1_000_000  # series per snapshot file (the live scraper's cap is scrape_max_series)
+
+
 def import_prom(paths: Iterable[str | os.PathLike], instance: str, writer: Writer, at: float | None = None,
                 progress: Progress | None = None) -> ImportResult:
     res = ImportResult("prometheus")
@@ -230,26 +234,33 @@ def import_prom(paths: Iterable[str | os.PathLike], instance: str, writer: Write
     if at is not None and len(files) > 1:
         raise InputError("--at applies to one snapshot; a directory's snapshots are timed by their file names")
     last_cfg: dict[str, str] = {}
+    # one target's snapshots repeat the same series: parsed once each, as the live scraper does (promcache)
+    parser = SeriesParser(instance, max_series=IMPORT_MAX_SERIES)
     for path in files:
         res.files += 1
         try:
             ts = snapshot_time(path, at)
             text = _read(path).decode("utf-8", errors="strict")
-            scrape = prom.parse_text(text, instance, ts, str(path), source=f"file:{path.name}")
+            scrape = parser.parse(text, ts, str(path))
         except UnicodeDecodeError as e:
             res.errors.append(f"{path}: not UTF-8 text at byte {e.start}")
+            res.rejected += 1
+            continue
+        except ScrapeLimit as e:
+            res.errors.append(f"{path}: {e}")
             res.rejected += 1
             continue
         except InputError as e:
             res.errors.append(str(e))
             res.rejected += 1
             continue
-        res.accepted += scrape.n_samples
+        res.accepted += scrape.samples.num_rows
         tickets.append(writer.submit("metric_samples", scrape.samples))
         # engine config only when it changed
-        cfg = dict(zip(scrape.config.column("key").to_pylist(), scrape.config.column("value").to_pylist(), strict=True))
+        cfg = dict(scrape.config or [])
         if cfg and cfg != last_cfg:
-            writer.submit("engine_config", scrape.config)
+            writer.submit("engine_config", prom.config_table(instance, prom.to_utc(ts), scrape.engine or "vllm",
+                                                             scrape.config or [], f"file:{path.name}"))
             last_cfg = cfg
         if progress:
             progress(path.stat().st_size)
