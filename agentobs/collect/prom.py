@@ -78,7 +78,6 @@ class Scrape:
     samples: pa.Table
     config: pa.Table
     engine: str | None
-    n_samples: int
     errors: list[str] = field(default_factory=list)
 
 
@@ -125,7 +124,7 @@ def parse_text(text: str, instance: str, at: float | dt.datetime, where: str = "
     samples = pa.table(cols, schema=SAMPLE_SCHEMA)
     cfg_rows = served_model_config(cfg_rows, served)
     config = config_table(instance, ts, engine or "vllm", cfg_rows, source) if cfg_rows else empty_config()
-    return Scrape(samples=samples, config=config, engine=engine, n_samples=samples.num_rows)
+    return Scrape(samples=samples, config=config, engine=engine)
 
 
 def served_model_config(config: list[tuple[str, str]], model_name: str | None) -> list[tuple[str, str]]:
