@@ -424,7 +424,7 @@ class Loader:
             if stopping or self.tail < self.compact_after or time.monotonic() < self._merge_after:
                 return
             keep = self.compact_after // 2
-            # at most 2 x segment_compact_after segments a merge (~0.7 s of writing at 32): a stop waits for it
+            # at most 2 x segment_compact_after segments a merge (a bounded write): a stop waits for it
             nxt = segments.plan_merge(self.cur, group=max(1, min(self.tail - keep, 2 * self.compact_after)), keep=keep)
             if nxt is None:
                 self.tail = int(self.cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])

@@ -50,8 +50,8 @@ SUFFIX = ".seg"
 
 
 def body_hash(body: bytes) -> bytes:
-    """The first 16 bytes of the body's SHA-256 (0.45 µs/span with the CPU's SHA extensions, blake2b-128 0.81: part G
-    of docs/collectors.md). Spools written before hold blake2b-128: a retry of such a body is spooled again, and its
+    """The first 16 bytes of the body's SHA-256 (cheaper than blake2b-128 with the CPU's SHA extensions: part G of
+    docs/collectors.md). Spools written before hold blake2b-128: a retry of such a body is spooled again, and its
     spans are read once all the same (the store's span-level dedupe)."""
     return hashlib.sha256(body).digest()[:16]
 

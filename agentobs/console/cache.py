@@ -1,8 +1,7 @@
 """Held results: big read-only results cached as one object (``st.cache_resource``) instead of a pickle that every
 cache hit copies back (``st.cache_data``).
 
-At 10M calls a warm Cost attribution page spent most of its time unpickling the per-task ``task_cost`` frame (668,667
-tasks) and the Sessions page its per-session metric frames (docs/console.md, "Caching and performance"). A held
+Why and what it saves: docs/console.md, "Caching and performance". A held
 function is keyed exactly as its ``st.cache_data`` entry was (its first argument the db stamp, then the rest), keeps
 at most ``max_entries`` results for at most ``ttl`` seconds, and hands every caller its own copy of the result's
 containers: polars frames cloned (the clone shares the column buffers: no row is copied), dicts, lists and tuples

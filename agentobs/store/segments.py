@@ -49,8 +49,8 @@ COMPRESSION = "snappy"
 LAYOUTS = ("table", "segments")
 # Parquet dictionary encoding for the string columns whose values repeat from span to span (model, service, role,
 # session, ...), not for those unique to a span: pyarrow tries a dictionary on every column by default and falls
-# back to plain pages once it outgrows its page, which cost a segment's write 2.3 µs/span against 1.5 and its
-# read (the merge's) 2.7 against 1.3, for a file 5% larger (docs/collectors.md, part G)
+# back to plain pages once it outgrows its page, which makes the write and the merge's read dearer and the file
+# larger (figures: docs/collectors.md, part G)
 NO_DICTIONARY = frozenset({"trace_id", "span_id", "parent_span_id", "attributes", "response_id", "request_id",
                            "block_hashes"})
 
@@ -430,8 +430,8 @@ def write_merge(plan: MergePlan) -> MergeFile:
             take = rownums[seqs == seq]
             if not len(take):
                 continue
-            # (not pq.read_table: its dataset layer costs ~1 µs/span more; without threads: Arrow's pool took
-            # 4.1 µs/span of CPU for a segment against 1.3 in this thread)
+            # (not pq.read_table: its dataset layer costs more; without threads: Arrow's pool costs more CPU than
+            # this thread reading one segment — docs/collectors.md, part G)
             t = pq.ParquetFile(file).read(use_threads=False)
             if len(take) < t.num_rows:  # copies dropped (the usual segment has none: no copy of its rows)
                 t = t.take(_int64s(take))
