@@ -206,9 +206,21 @@ def test_write_commits_at_once(con):
     assert count(con, "scrapes") == 3
 
 
+def test_a_waited_ticket_commits_what_the_writer_holds_and_unwaited_rows_share_commits(con):
+    # three submits nobody waits on stay held (flush_s is an hour); waiting on the last one commits all three in
+    # ONE transaction (the writer drains its queue first); a scrape-like submit after it is held again
+    with Writer(con, flush_s=HOUR) as w:
+        tickets = [w.submit("scrapes", scrapes(3 * k, 3)) for k in range(3)]
+        assert _returns(tickets[-1].wait) == 3
+        assert [t.wait(0) for t in tickets] == [3, 3, 3] and w.stats.batches == 1
+        held = w.submit("scrapes", scrapes(9, 3))
+        assert not held._done.wait(0.3)  # nobody waits on it: held for more rows (Ticket.wait would urge it)
+    assert count(con, "scrapes") == 12  # close() committed the held rows
+
+
 def test_importers_commit_at_once(con):
     # each importer waits for its rows' tickets; under a writer that would hold a small batch for an hour, each
-    # one still returns with its rows stored (it flushes before waiting)
+    # one still returns with its rows stored (waiting on a ticket commits what the writer holds)
     from pathlib import Path
 
     from agentobs.collect.files import import_kv_events, import_otlp, import_prom, import_server_info

@@ -104,7 +104,6 @@ def backfill(base: str, since_s: float, step_s: float, writer: Writer, end: floa
             t = t_end + step_s
         if progress:
             progress(1)
-    writer.flush()  # committed now, not after the writer's flush_s
     for tk in tickets:
         res.inserted += tk.wait()
     return res

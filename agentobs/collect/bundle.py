@@ -132,7 +132,6 @@ def _copy_shifted(stage, writer: Writer, offset_s: int, chunk_rows: int = 250_00
         for batch in reader:
             if batch.num_rows:
                 tickets.setdefault(table, []).append(writer.submit(table, pa.Table.from_batches([batch])))
-    writer.flush()  # committed now, not after the writer's flush_s
     return {table: (sum(t.rows for t in ts), sum(t.wait() for t in ts)) for table, ts in tickets.items()}
 
 

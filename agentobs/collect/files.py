@@ -192,7 +192,6 @@ def import_otlp(paths: Iterable[str | os.PathLike], writer: Writer, settings: Se
         res.rejected += dec.rejected + len(errors)
         if dec.accepted:
             tickets.append(writer.submit("spans", table))
-    writer.flush()  # commit them now: a ticket waited on alone is committed only after the writer's flush_s
     for t in tickets:
         res.inserted += t.wait()
     _log(writer, res, ",".join(map(str, paths)))
@@ -264,7 +263,6 @@ def import_prom(paths: Iterable[str | os.PathLike], instance: str, writer: Write
             last_cfg = cfg
         if progress:
             progress(path.stat().st_size)
-    writer.flush()  # commit them now: a ticket waited on alone is committed only after the writer's flush_s
     for t in tickets:
         res.inserted += t.wait()
     _log(writer, res, ",".join(map(str, paths)))
@@ -280,9 +278,7 @@ def import_server_info(path: str | os.PathLike, instance: str, writer: Writer, a
     ts = at if at is not None else p.stat().st_mtime
     table = serverinfo.server_info_rows(info, instance, ts, str(p), source=f"file:{p.name}")
     res.accepted = table.num_rows
-    ticket = writer.submit("engine_config", table)
-    writer.flush()
-    res.inserted = ticket.wait()
+    res.inserted = writer.write("engine_config", table)
     _log(writer, res, str(p))
     writer.flush()
     return res
@@ -318,7 +314,6 @@ def import_kv_events(paths: Iterable[str | os.PathLike], writer: Writer, instanc
             tickets.append(writer.submit("kv_events", batch.table()))
         if progress:
             progress(len(data))
-    writer.flush()  # commit them now: a ticket waited on alone is committed only after the writer's flush_s
     for t in tickets:
         res.inserted += t.wait()
     _log(writer, res, ",".join(map(str, paths)))

@@ -227,9 +227,7 @@ def import_tracelab(paths: Iterable[str | os.PathLike], writer: Writer, settings
         res.rejected += dec.rejected
         res.accepted += dec.accepted
         if dec.accepted:
-            ticket = writer.submit("spans", dec.table())
-            writer.flush()
-            res.inserted += ticket.wait()
+            res.inserted += writer.submit("spans", dec.table()).wait()
     _log(writer, res, ",".join(map(str, paths)))
     writer.flush()
     return res

@@ -5,7 +5,9 @@ cursor; it concatenates pending tables per destination and commits them in one t
 ``INSERT ... BY NAME``; the primary keys make re-imports idempotent. ``spans`` has no primary key
 (appends stay flat as the store grows): ``insert_spans`` skips spans already stored instead.
 ``submit`` returns a ``Ticket``; ``ticket.wait()`` returns once the rows are committed, which is
-what lets a receiver acknowledge only durable spans.
+what lets a receiver acknowledge only durable spans. The writer holds a small batch up to ``flush_s`` for
+more rows; a caller that waits on a ticket asks the writer to commit what it holds at once (whoever waits
+for its rows commits them), so an importer waiting at the end of its files does not idle out ``flush_s``.
 
 Duplicates are rare (an OTLP retry, a re-imported file), and DuckDB's ``INSERT OR IGNORE`` costs
 well more than a plain ``INSERT`` into a table with a primary key (bench/ingest_otlp.py,
@@ -21,6 +23,7 @@ import queue
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import duckdb
@@ -42,8 +45,12 @@ class Ticket:
     _done: threading.Event = field(default_factory=threading.Event)
     inserted: int = 0
     error: BaseException | None = None
+    _urge: Callable[[], None] | None = field(default=None, repr=False)  # the writer: commit what you hold now
 
     def wait(self, timeout: float | None = None) -> int:
+        if self._urge is not None and not self._done.is_set():
+            self._urge()  # a caller waits for these rows: no reason left to hold them for more
+            self._urge = None
         if not self._done.wait(timeout):
             raise TimeoutError("write not committed in time")
         if self.error is not None:
@@ -86,16 +93,18 @@ class Writer:
             raise ValueError(f"unknown table {table!r}")
         if self._closed:
             raise StoreError("writer is closed")
-        t = Ticket(rows=data.num_rows, table=table)
+        t = Ticket(rows=data.num_rows, table=table, _urge=self._urge)
         self._q.put((table, data, t))
         return t
 
     def write(self, table: str, data: pa.Table) -> int:
-        """Submit, commit now and wait; returns rows actually inserted (duplicates ignored). (Waiting on a lone
-        ``submit`` would idle out ``flush_s`` first: the writer holds a small batch that long for more rows.)"""
-        ticket = self.submit(table, data)
-        self.flush()
-        return ticket.wait()
+        """Submit and wait for the commit (made at once: ``Ticket.wait``); returns rows actually inserted
+        (duplicates ignored)."""
+        return self.submit(table, data).wait()
+
+    def _urge(self) -> None:
+        """Commit what the writer holds now (a ticket is waited on); does not wait itself."""
+        self._q.put(("__urge__", None, None))
 
     def flush(self) -> None:
         t = Ticket(rows=0)
@@ -140,6 +149,8 @@ class Writer:
                 if table == "__flush__":
                     force = True
                     tickets.append(ticket)
+                elif table == "__urge__":
+                    force = True
                 else:
                     if data.num_rows:
                         pending[table].append(data)
