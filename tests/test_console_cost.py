@@ -64,6 +64,12 @@ def test_cost_by_task_table_is_the_costliest_k_histogram_counts_every_task(tmp_p
     assert labels["calls"] == f"{api['calls'].sum():,}"
     assert labels["cost"] == ui.usd(api["cost_usd"].sum())
     assert labels["re-prefill cost"] == ui.usd(api["reprefill_cost_usd"].sum())
+    # and the same figures as the Overview's, which reads the `reprefill` metric per model: every call has a task
+    # (task_id falls back to the trace id), so the sums over tasks and over models are of the same calls
+    rp = compute("reprefill", db=as_source(str(db)), by="model")
+    assert math.isclose(api["reprefill_cost_usd"].sum(), rp["reprefill_cost_usd"].sum(), rel_tol=1e-9)
+    assert math.isclose(api["cost_usd"].sum(), rp["cost_usd"].sum(), rel_tol=1e-9)
+    assert api["reprefill_cost_usd"].sum() > 0  # the store has re-prefill: the equality is not 0 == 0
     # by task type the totals are the same numbers (every call is in one task and one task type)
     by_type = compute("task_cost", db=as_source(str(db)), by="task_type")
     at.selectbox(key="by_task_cost").set_value("task_type").run()
