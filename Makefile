@@ -20,12 +20,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(DEMO_STAMP): pyproject.toml | $(BIN)/python
+$(DEMO_STAMP): pyproject.toml setup.py agentobs/collect/_native_json.c | $(BIN)/python
 	@if [ $(DEV_STAMP) -nt pyproject.toml ]; then echo "$(VENV) already has everything (make test)"; \
 	else $(BIN)/pip install -q -e .; fi
 	touch $@
 
-$(DEV_STAMP): pyproject.toml | $(BIN)/python
+$(DEV_STAMP): pyproject.toml setup.py agentobs/collect/_native_json.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,clickhouse]'
 	touch $@
 

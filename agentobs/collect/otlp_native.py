@@ -21,6 +21,8 @@ than a string, an int or a bool. ``fallback_requests`` of the result lists them.
 
 from __future__ import annotations
 
+import importlib
+import os
 from dataclasses import dataclass, field
 
 import msgspec
@@ -40,6 +42,32 @@ INT32_MAX = 2**31 - 1
 
 # which member of AnyValue's oneof is set
 W_ABSENT, W_NONE, W_STR, W_BOOL, W_INT, W_DOUBLE, W_ARRAY, W_OTHER = -1, 0, 1, 2, 3, 4, 5, 6
+# how a value's JSON is written (_native_json.c's kinds): null, a string quoted and escaped, an int in decimal,
+# a ready text (a double as msgspec writes it, an array's JSON), true, false
+K_NULL, K_STR, K_INT, K_TEXT, K_TRUE, K_FALSE = 0, 1, 2, 3, 4, 5
+C_API_VERSION = 1
+
+
+def _load_c():
+    """The C extension (agentobs/collect/_native_json.c) when it is built and of this version, else None."""
+    try:
+        mod = importlib.import_module(f"{__package__}._native_json")
+    except ImportError:
+        return None
+    return mod if getattr(mod, "API_VERSION", None) == C_API_VERSION else None
+
+
+C_EXT = _load_c()  # built? (setup.py: optional; a machine without a C compiler installs without it)
+_c = None if os.environ.get("AGENTOBS_NO_C_EXT") == "1" else C_EXT  # $AGENTOBS_NO_C_EXT=1: the Arrow path
+
+
+def use_c_ext(on: bool) -> bool:
+    """Build the attribute JSON with the C extension (``on``, when it is built) or with Arrow kernels;
+    returns whether the C extension was in use before (the bench and the tests compare the two)."""
+    global _c
+    was = _c is not None
+    _c = C_EXT if on else None
+    return was
 
 _pool: ptars.HandlerPool | None = None
 _handlers: tuple | None = None
@@ -231,12 +259,58 @@ def _assemble(src: Src, parent: np.ndarray, n: int, codes: np.ndarray | None, la
     return src.join(idx, off)
 
 
+def _i64(a: pa.Array) -> np.ndarray:
+    """The value buffer of an int64 array, without copying (a null's slot holds anything)."""
+    buf = a.buffers()[1]
+    return np.frombuffer(buf, np.int64, len(a), a.offset) if buf is not None else np.zeros(0, np.int64)
+
+
+def _json(parent: np.ndarray, n: int, codes: np.ndarray | None, labels: list[str], v: Values, open_: str,
+          close: str) -> pa.Array:
+    """Per parent (``parent``: each child's, non-decreasing) ``open_`` child, child, … ``close``: each child
+    the value ``v`` holds at its row behind ``labels[codes]`` (a key's ``"key":``; ``codes`` None: no label).
+    By the C extension when it is in use (``use_c_ext``), else by Arrow kernels (``Src``, ``_assemble``): the
+    same bytes."""
+    if _c is not None:
+        lab_off, lab_data = _str_bufs(pa.array(labels, pa.string()))
+        s_off, s_data = _str_bufs(v.s)
+        t_off, t_data = _str_bufs(v.t)
+        ints = _i64(v.i) if (v.kind == K_INT).any() else np.zeros(0, np.int64)
+        off, data = _c.json_join(_offsets(parent, n).astype(np.int64),
+                                 codes if codes is not None else np.zeros(0, np.int64), lab_off, lab_data, v.kind,
+                                 v.ref, s_off, s_data, ints, t_off, t_data, open_.encode(), close.encode())
+        return pa.StringArray.from_buffers(n, pa.py_buffer(off), pa.py_buffer(data))
+    src = Src()
+    k, ref = v.kind, v.ref
+    val = np.full(len(k), src.c("null"), np.int64)  # the value's JSON: a piece of src
+    quoted = np.zeros(len(k), bool)  # a string written between quotes (the quotes are in the prefixes)
+    m = k == K_STR
+    if m.any():
+        val[m] = src.add(v.s) + ref[m]
+        quoted[m] = True
+        esc = _escaped_rows(v.s)
+        if len(esc):
+            eb = src.add(pa.array([_enc.encode(x).decode() for x in v.s.take(pa.array(esc)).to_pylist()], pa.string()))
+            val[esc] = eb + np.arange(len(esc))
+            quoted[esc] = False
+    m = k == K_INT
+    if m.any():
+        val[m] = src.add(pc.cast(v.i, pa.string())) + ref[m]
+    m = k == K_TEXT
+    if m.any():
+        val[m] = src.add(v.t) + ref[m]
+    val[k == K_TRUE] = src.c("true")
+    val[k == K_FALSE] = src.c("false")
+    return _assemble(src, parent, n, codes, labels, val, quoted, open_, close)
+
+
 # -- AnyValue columns ---------------------------------------------------------------------------
 class Values:
     """One AnyValue per row (a struct array as ptars produces it): which member is set, the members,
-    each value's JSON as a piece of ``src`` (``val``, ``quoted``), and the rows this path does not handle."""
+    how each value's JSON is written (``kind``, ``ref``, ``t``: for ``_json``), and the rows this path does
+    not handle."""
 
-    def __init__(self, v: pa.Array, src: Src, depth: int = 0):
+    def __init__(self, v: pa.Array, depth: int = 0):
         n = self.n = len(v)
         s = _sf(v, "string_value")
         b = _sf(v, "bool_value")
@@ -261,30 +335,22 @@ class Values:
             s = pc.if_else(long_, pc.utf8_slice_codeunits(s, 0, MAX_ATTR_BYTES), s)
         self.s, self.b, self.i, self.d = s, b, i, d
         self._text: bool | None = None  # prep_text done
-        self.src = src
-        val = np.full(n, src.c("null"), np.int64)  # the value's JSON: a piece of src
-        quoted = np.zeros(n, bool)  # a string written between quotes (the quotes are in the prefixes)
+        kind = np.full(n, K_NULL, np.int8)  # how each value's JSON is written (K_*), and from which row:
+        ref = np.zeros(n, np.int64)  # of s (K_STR), of i (K_INT), of self.t (K_TEXT)
         rows = np.arange(n)
+        texts: list[pa.Array] = []  # self.t: the doubles' JSON, then the arrays'
+        nt = 0
         if vs.any():
-            sb = src.add(s)
-            val[vs] = sb + rows[vs]
-            quoted[vs] = True
-            esc = _escaped_rows(s)
-            if len(esc):
-                eb = src.add(pa.array([_enc.encode(x).decode() for x in s.take(pa.array(esc)).to_pylist()],
-                                      pa.string()))
-                val[esc] = eb + np.arange(len(esc))
-                quoted[esc] = False
+            kind[vs], ref[vs] = K_STR, rows[vs]
         if vi.any():
-            self.istr = pc.cast(i, pa.string())
-            ib = src.add(self.istr)
-            val[vi] = ib + rows[vi]
+            kind[vi], ref[vi] = K_INT, rows[vi]
         if vd.any():
-            db = src.add(_doubles_json(d, vd))
-            val[vd] = db + np.arange(int(vd.sum()))
+            texts.append(_doubles_json(d, vd))
+            kind[vd], ref[vd] = K_TEXT, np.arange(int(vd.sum()))
+            nt += int(vd.sum())
         if vb.any():
             bn = _np_int(b, False).astype(bool)
-            val[vb] = np.where(bn[vb], src.c("true"), src.c("false"))
+            kind[vb] = np.where(bn[vb], K_TRUE, K_FALSE)
         self.elems: Values | None = None
         self.first_idx = np.full(n, -1, np.int64)
         if va.any():
@@ -301,17 +367,18 @@ class Values:
                 cparent = compact[parent]
                 na = len(arows)
                 if len(items):
-                    esrc = Src()
-                    ev = self.elems = Values(h_any.array_to_record_batch(items).to_struct_array(), esrc, 1)
+                    ev = self.elems = Values(h_any.array_to_record_batch(items).to_struct_array(), 1)
                     self.bad[arows] |= np.bincount(cparent, weights=ev.bad, minlength=na) > 0
                     coff = _offsets(cparent, na)
                     has = np.diff(coff) > 0
                     self.first_idx[arows[has]] = coff[:-1][has]
-                    ejson = _assemble(esrc, cparent, na, None, [""], ev.val, ev.quoted, "[", "]")  # type: ignore[has-type]
+                    ejson = _json(cparent, na, None, [""], ev, "[", "]")
                 else:
                     ejson = pa.array(["[]"] * na, pa.string())
-                val[arows] = src.add(ejson) + np.arange(na)
-        self.val, self.quoted = val, quoted
+                texts.append(ejson)
+                kind[arows], ref[arows] = K_TEXT, nt + np.arange(na)
+        self.kind, self.ref = kind, ref
+        self.t = (pa.concat_arrays(texts) if len(texts) > 1 else texts[0]) if texts else pa.array([], pa.string())
 
     def prep_text(self) -> None:
         """``text_bad`` and ``nonempty`` per row, for the text ``normalize`` makes of a value (``_str1``): a
@@ -339,7 +406,7 @@ class Values:
         if (w == W_STR).any():
             parts.append(_take(self.s, np.where(w == W_STR, rows, -1)))
         if (w == W_INT).any():
-            parts.append(_take(self.istr, np.where(w == W_INT, rows, -1)))
+            parts.append(pc.cast(_take(self.i, np.where(w == W_INT, rows, -1)), pa.string()))
         if (w == W_BOOL).any():
             parts.append(pc.if_else(_take(self.b, np.where(w == W_BOOL, rows, -1)), "True", "False"))
         if (w == W_ARRAY).any() and self.elems is not None:
@@ -368,12 +435,11 @@ class KVs:
 
     def __init__(self, lists: pa.Array, n: int, cap: int):
         self.n = n
-        src = Src()
         parent = _np_int(pc.list_parent_indices(lists)).astype(np.int64)
         kv = pc.list_flatten(lists)
         self.parent = parent
         key = _sf(kv, "key")
-        self.values = Values(_sf(kv, "value"), src)
+        self.values = Values(_sf(kv, "value"))
         cnt = np.bincount(parent, minlength=n)
         bad = cnt > cap  # max_span_attributes: otlp.py drops the rest and warns
         bad_kv = self.values.bad | (_np_int(_sf(kv, "key_strindex")) != 0)
@@ -394,8 +460,7 @@ class KVs:
                 dup[pairs[0][pairs[1] > 1] // nd] = True
             bad |= dup
         self.bad = bad
-        self.json = _assemble(src, parent, n, codes, [_enc.encode(k).decode() + ":" for k in keys], self.values.val,
-                              self.values.quoted, "{", "}")
+        self.json = _json(parent, n, codes, [_enc.encode(k).decode() + ":" for k in keys], self.values, "{", "}")
         self._rows: dict[str, np.ndarray] = {}
         self._by_code: tuple[np.ndarray, np.ndarray] | None = None
 

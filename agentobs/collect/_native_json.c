@@ -1,0 +1,281 @@
+/* The attribute JSON of the native OTLP decoder (agentobs/collect/otlp_native.py), in C.
+ *
+ * json_join builds, for each parent (a span, a resource, an array value), the JSON text of its children in
+ * one pass over Arrow/NumPy buffers: `open` child "," child ... `close`, each child a label (a key's
+ * `"key":`, already JSON, or nothing) and a value:
+ *
+ *   kind 0 null, 1 a string of (s_off, s_data) written between quotes and escaped as msgspec's JSON encoder
+ *   escapes it (the Python path's encoder: '"', '\\' and the control characters below 0x20, nothing else),
+ *   2 an int64 of `ints` in decimal, 3 a text of (t_off, t_data) written as it is (a double as msgspec writes
+ *   it, an array's JSON), 4 true, 5 false.
+ *
+ * It returns (offsets, data): the int32 offsets (n + 1) and the bytes of a string array, for
+ * pyarrow.StringArray.from_buffers. Every index and offset read is checked against its buffer first (a bad
+ * one raises ValueError and writes nothing); the work runs without the GIL. No state outside a call.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define API_VERSION 1
+
+/* bytes msgspec writes for a byte of a string: 1 as is, 2 a short escape, 6 \u00XX */
+static const unsigned char ESC_LEN[256] = {
+    6, 6, 6, 6, 6, 6, 6, 6, 2, 2, 2, 6, 2, 2, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6, 6,
+    1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+};
+
+typedef struct {
+    const int64_t *child_off; Py_ssize_t n;      /* parents; child_off has n + 1 entries */
+    const int64_t *codes; Py_ssize_t m;          /* children; codes NULL: no labels */
+    const int32_t *lab_off; Py_ssize_t nlab; const char *lab_data; Py_ssize_t lab_len;
+    const int8_t *kind; const int64_t *ref;
+    const int32_t *s_off; Py_ssize_t ns; const char *s_data; Py_ssize_t s_len;
+    const int64_t *ints; Py_ssize_t ni;
+    const int32_t *t_off; Py_ssize_t nt; const char *t_data; Py_ssize_t t_len;
+    const char *open; Py_ssize_t open_len; const char *close; Py_ssize_t close_len;
+} Job;
+
+/* a string array's element: its [start, end) in data, checked */
+static int elem(const int32_t *off, Py_ssize_t count, Py_ssize_t data_len, int64_t i, int32_t *a, int32_t *b) {
+    if (i < 0 || i >= count) return 0;
+    *a = off[i];
+    *b = off[i + 1];
+    return *a >= 0 && *a <= *b && *b <= data_len;
+}
+
+static Py_ssize_t int_len(int64_t v) {
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    Py_ssize_t k = v < 0 ? 2 : 1;
+    while (u >= 10) { u /= 10; k++; }
+    return k;
+}
+
+static char *write_int(char *w, int64_t v) {
+    char tmp[24];
+    int k = 0;
+    uint64_t u = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    do { tmp[k++] = (char)('0' + u % 10); u /= 10; } while (u);
+    if (v < 0) *w++ = '-';
+    while (k) *w++ = tmp[--k];
+    return w;
+}
+
+static char *write_str(char *w, const unsigned char *p, const unsigned char *e) {
+    static const char hex[] = "0123456789abcdef";
+    *w++ = '"';
+    for (; p < e; p++) {
+        unsigned char c = *p;
+        switch (ESC_LEN[c]) {
+        case 1: *w++ = (char)c; break;
+        case 2:
+            *w++ = '\\';
+            *w++ = c == '"' ? '"' : c == '\\' ? '\\' : c == '\b' ? 'b' : c == '\t' ? 't' : c == '\n' ? 'n'
+                 : c == '\f' ? 'f' : 'r';
+            break;
+        default:
+            memcpy(w, "\\u00", 4);
+            w[4] = hex[c >> 4];
+            w[5] = hex[c & 15];
+            w += 6;
+        }
+    }
+    *w++ = '"';
+    return w;
+}
+
+/* Pass 1: check every index and compute each parent's end offset into out_off (n + 1). Returns 0, or an error
+ * code with *where the child (or parent) at fault. */
+static int measure(const Job *j, int32_t *out_off, Py_ssize_t *where) {
+    int64_t total = 0;
+    out_off[0] = 0;
+    for (Py_ssize_t p = 0; p < j->n; p++) {
+        int64_t c0 = j->child_off[p], c1 = j->child_off[p + 1];
+        *where = p;
+        if (c0 < 0 || c1 < c0 || c1 > j->m) return 1;
+        total += j->open_len + j->close_len + (c1 > c0 ? c1 - c0 - 1 : 0);
+        for (int64_t c = c0; c < c1; c++) {
+            int32_t a, b;
+            int64_t r = j->ref[c];
+            *where = (Py_ssize_t)c;
+            if (j->codes) {
+                if (!elem(j->lab_off, j->nlab, j->lab_len, j->codes[c], &a, &b)) return 2;
+                total += b - a;
+            }
+            switch (j->kind[c]) {
+            case 0: total += 4; break;
+            case 1:
+                if (!elem(j->s_off, j->ns, j->s_len, r, &a, &b)) return 3;
+                total += 2;
+                for (const unsigned char *q = (const unsigned char *)j->s_data + a,
+                     *e = (const unsigned char *)j->s_data + b; q < e; q++)
+                    total += ESC_LEN[*q];
+                break;
+            case 2:
+                if (r < 0 || r >= j->ni) return 3;
+                total += int_len(j->ints[r]);
+                break;
+            case 3:
+                if (!elem(j->t_off, j->nt, j->t_len, r, &a, &b)) return 3;
+                total += b - a;
+                break;
+            case 4: total += 4; break;
+            case 5: total += 5; break;
+            default: return 4;
+            }
+            if (total > INT32_MAX) return 5;
+        }
+        if (total > INT32_MAX) return 5;
+        out_off[p + 1] = (int32_t)total;
+    }
+    return 0;
+}
+
+/* Pass 2: the text, into out (the size pass 1 measured; every index checked there). */
+static void fill(const Job *j, char *out) {
+    char *w = out;
+    for (Py_ssize_t p = 0; p < j->n; p++) {
+        memcpy(w, j->open, (size_t)j->open_len);
+        w += j->open_len;
+        for (int64_t c = j->child_off[p]; c < j->child_off[p + 1]; c++) {
+            int64_t r = j->ref[c];
+            if (c > j->child_off[p]) *w++ = ',';
+            if (j->codes) {
+                int32_t a = j->lab_off[j->codes[c]], b = j->lab_off[j->codes[c] + 1];
+                memcpy(w, j->lab_data + a, (size_t)(b - a));
+                w += b - a;
+            }
+            switch (j->kind[c]) {
+            case 0: memcpy(w, "null", 4); w += 4; break;
+            case 1:
+                w = write_str(w, (const unsigned char *)j->s_data + j->s_off[r],
+                              (const unsigned char *)j->s_data + j->s_off[r + 1]);
+                break;
+            case 2: w = write_int(w, j->ints[r]); break;
+            case 3:
+                memcpy(w, j->t_data + j->t_off[r], (size_t)(j->t_off[r + 1] - j->t_off[r]));
+                w += j->t_off[r + 1] - j->t_off[r];
+                break;
+            case 4: memcpy(w, "true", 4); w += 4; break;
+            default: memcpy(w, "false", 5); w += 5; break;
+            }
+        }
+        memcpy(w, j->close, (size_t)j->close_len);
+        w += j->close_len;
+    }
+}
+
+/* element count of an aligned buffer of `size`-byte items, or -1 (and an error set) */
+static Py_ssize_t items(const Py_buffer *b, Py_ssize_t size, const char *name) {
+    if (b->len % size || (uintptr_t)b->buf % (uintptr_t)size) {
+        PyErr_Format(PyExc_ValueError, "json_join: %s (%zd bytes) is not an aligned array of %zd-byte items", name,
+                     b->len, size);
+        return -1;
+    }
+    return b->len / size;
+}
+
+/* the entries of a string array's offsets buffer: -1 when not int32 with at least one entry */
+static Py_ssize_t str_count(const Py_buffer *b, const char *name) {
+    Py_ssize_t k = items(b, 4, name);
+    if (k == 0) {
+        PyErr_Format(PyExc_ValueError, "json_join: %s is empty (an offsets buffer has n + 1 entries)", name);
+        return -1;
+    }
+    return k < 0 ? -1 : k - 1;
+}
+
+static PyObject *json_join(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer bo, bc, blo, bld, bk, br, bso, bsd, bi, bto, btd, bop, bcl;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*y*y*y*y*:json_join", &bo, &bc, &blo, &bld, &bk, &br, &bso,
+                          &bsd, &bi, &bto, &btd, &bop, &bcl))
+        return NULL;
+    Py_buffer *all[] = {&bo, &bc, &blo, &bld, &bk, &br, &bso, &bsd, &bi, &bto, &btd, &bop, &bcl};
+    PyObject *res = NULL, *off = NULL, *data = NULL;
+    Job j;
+    Py_ssize_t no = items(&bo, 8, "child_off");
+    if (no < 0) goto done;
+    if (no == 0) {
+        PyErr_SetString(PyExc_ValueError, "json_join: child_off is empty (it has n + 1 entries)");
+        goto done;
+    }
+    j.child_off = bo.buf; j.n = no - 1;
+    j.kind = bk.buf; j.m = bk.len;
+    j.ref = br.buf;
+    if (items(&br, 8, "ref") != j.m) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "json_join: ref has %zd entries, kind %zd", br.len / 8, j.m);
+        goto done;
+    }
+    Py_ssize_t nc = items(&bc, 8, "codes");
+    if (nc < 0) goto done;
+    if (nc && nc != j.m) {
+        PyErr_Format(PyExc_ValueError, "json_join: codes has %zd entries, kind %zd (0: no labels)", nc, j.m);
+        goto done;
+    }
+    j.codes = nc ? bc.buf : NULL;
+    if ((j.nlab = str_count(&blo, "label offsets")) < 0 || (j.ns = str_count(&bso, "string offsets")) < 0
+        || (j.nt = str_count(&bto, "text offsets")) < 0 || (j.ni = items(&bi, 8, "ints")) < 0)
+        goto done;
+    j.lab_off = blo.buf; j.lab_data = bld.buf; j.lab_len = bld.len;
+    j.s_off = bso.buf; j.s_data = bsd.buf; j.s_len = bsd.len;
+    j.ints = bi.buf;
+    j.t_off = bto.buf; j.t_data = btd.buf; j.t_len = btd.len;
+    j.open = bop.buf; j.open_len = bop.len; j.close = bcl.buf; j.close_len = bcl.len;
+
+    off = PyBytes_FromStringAndSize(NULL, (j.n + 1) * 4);
+    if (!off) goto done;
+    int32_t *out_off = (int32_t *)PyBytes_AS_STRING(off);
+    Py_ssize_t where = 0;
+    int err;
+    Py_BEGIN_ALLOW_THREADS
+    err = measure(&j, out_off, &where);
+    Py_END_ALLOW_THREADS
+    if (err) {
+        static const char *what[] = {"", "child_off out of order or beyond the children at parent",
+                                     "label code out of range at child", "value index out of range at child",
+                                     "unknown value kind at child", "text over 2 GiB at child"};
+        PyErr_Format(err == 5 ? PyExc_OverflowError : PyExc_ValueError, "json_join: %s %zd", what[err], where);
+        goto done;
+    }
+    data = PyBytes_FromStringAndSize(NULL, out_off[j.n]);
+    if (!data) goto done;
+    char *out = PyBytes_AS_STRING(data);
+    Py_BEGIN_ALLOW_THREADS
+    fill(&j, out);
+    Py_END_ALLOW_THREADS
+    res = PyTuple_Pack(2, off, data);
+done:
+    Py_XDECREF(off);
+    Py_XDECREF(data);
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        PyBuffer_Release(all[k]);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"json_join", json_join, METH_VARARGS,
+     "json_join(child_off, codes, lab_off, lab_data, kind, ref, s_off, s_data, ints, t_off, t_data, open, close)"
+     " -> (int32 offsets, data): the JSON text per parent (see the source's header)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native_json",
+                                    "The native decoder's attribute JSON in C (otlp_native.py).", 0, methods,
+                                    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native_json(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && PyModule_AddIntConstant(m, "API_VERSION", API_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
