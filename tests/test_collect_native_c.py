@@ -16,6 +16,7 @@ import sysconfig
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
@@ -265,3 +266,69 @@ def test_json_join_random_buffers_never_crash(cx):
         assert len(o) == n + 1 and o[0] == 0 and o[-1] == len(data) and (np.diff(o) >= 0).all()
         ok += 1
     assert ok > 50  # some calls were valid
+
+
+@pytest.mark.parametrize("nbytes,optional", [(16, False), (8, False), (8, True)])
+def test_hex_ids_the_same(cx, nbytes, optional):
+    # good ids, all zeros, too short, too long, empty (null when optional), and an array with an offset and nulls
+    ids = [bytes(range(1, nbytes + 1)), b"\x00" * nbytes, b"\xff" * (nbytes - 1), b"\xab" * (nbytes + 1), b"",
+           bytes([0] * (nbytes - 1) + [1]), None, b"\xfe\x01" * (nbytes // 2)]
+    arr = pa.array([b"x"] + ids, pa.binary()).slice(1)
+    got = otlp_native._hex_ids(arr, nbytes, optional)
+    otlp_native.use_c_ext(False)
+    want = otlp_native._hex_ids(arr, nbytes, optional)
+    otlp_native.use_c_ext(True)
+    assert got[0].equals(want[0]) and got[1].tolist() == want[1].tolist()
+    # by hand: bad = the zero id, the short and the long one, and the empty one (and the null: empty) unless optional
+    assert got[1].tolist() == [False, True, True, True, not optional, False, not optional, False]
+    assert got[0][0].as_py() == bytes(range(1, nbytes + 1)).hex() and got[0][7].as_py() == "fe01" * (nbytes // 2)
+
+
+def test_group_codes(cx):
+    # parents: [a b a] [b] [] [c c]: grouped by code in child order; parents 0 and 3 repeat a key
+    order, start, dup = cx.group_codes(np.array([0, 3, 4, 4, 6], np.int64), np.array([0, 1, 0, 1, 2, 2], np.int64), 3)
+    assert np.frombuffer(order, np.int64).tolist() == [0, 2, 1, 3, 4, 5]
+    assert np.frombuffer(start, np.int64).tolist() == [0, 2, 4, 6]
+    assert list(dup) == [1, 0, 0, 1]
+    for off, codes, nd, message in [
+        ([0, 2, 1], [0, 0], 1, "out of order"), ([0, 1], [0, 0], 1, "not covering the 2 children"),
+        ([0, 2], [0, 3], 2, "code out of range .0..1. at child 1"), ([0, 2], [-1, 0], 2, "code out of range"),
+        ([], [], 1, "child_off is empty"), ([0, 0], [], -1, "nd negative"), ([0, 1], [0], 2**62, "more than the"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            cx.group_codes(np.array(off, np.int64), np.array(codes, np.int64), nd)
+
+
+def test_hex_ids_bad_buffers(cx):
+    with pytest.raises(ValueError, match="beyond the data at id 1"):
+        cx.hex_ids(np.array([0, 8, 20], np.int32), b"\x01" * 16, 8)
+    with pytest.raises(ValueError, match="out of order"):
+        cx.hex_ids(np.array([8, 0], np.int32), b"\x01" * 16, 8)
+    with pytest.raises(ValueError, match="nbytes 0"):
+        cx.hex_ids(np.array([0], np.int32), b"", 0)
+    with pytest.raises(ValueError, match="offsets is empty"):
+        cx.hex_ids(np.zeros(0, np.int32), b"", 8)
+
+
+def test_group_codes_and_hex_ids_random_buffers_never_crash(cx):
+    rng = np.random.default_rng(8)
+    good = 0
+    for _ in range(2000):
+        n, m = int(rng.integers(0, 5)), int(rng.integers(0, 8))
+        off = np.sort(rng.integers(-1, m + 2, n + 1)).astype(np.int64)
+        codes = rng.integers(-1, 4, m).astype(np.int64)
+        try:
+            order, start, dup = cx.group_codes(off, codes, int(rng.integers(0, 4)))
+            # every child once, grouped by code
+            assert sorted(np.frombuffer(order, np.int64).tolist()) == list(range(m)) and len(dup) == n
+            good += 1
+        except ValueError:
+            pass
+        hoff = rng.integers(-1, 12, int(rng.integers(1, 5))).astype(np.int32)
+        try:
+            text, bad = cx.hex_ids(hoff, b"\x00\x01\x02\x03\x04\x05\x06\x07\x08\x09", int(rng.integers(1, 4)))
+            assert len(bad) == len(hoff) - 1
+            good += 1
+        except ValueError:
+            pass
+    assert good > 100

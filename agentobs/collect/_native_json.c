@@ -1,4 +1,4 @@
-/* The attribute JSON of the native OTLP decoder (agentobs/collect/otlp_native.py), in C.
+/* The native OTLP decoder's hottest loops in C (agentobs/collect/otlp_native.py; docs/collectors.md, part H).
  *
  * json_join builds, for each parent (a span, a resource, an array value), the JSON text of its children in
  * one pass over Arrow/NumPy buffers: `open` child "," child ... `close`, each child a label (a key's
@@ -10,15 +10,18 @@
  *   it, an array's JSON), 4 true, 5 false.
  *
  * It returns (offsets, data): the int32 offsets (n + 1) and the bytes of a string array, for
- * pyarrow.StringArray.from_buffers. Every index and offset read is checked against its buffer first (a bad
- * one raises ValueError and writes nothing); the work runs without the GIL. No state outside a call.
+ * pyarrow.StringArray.from_buffers. group_codes groups the attributes by key code (the key -> row pivot)
+ * and finds repeated keys; hex_ids writes binary ids as hex.
+ *
+ * Every index and offset read is checked against its buffer first (a bad one raises ValueError and nothing
+ * is returned); the loops run without the GIL. No state outside a call.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
 
-#define API_VERSION 1
+#define API_VERSION 2
 
 /* bytes msgspec writes for a byte of a string: 1 as is, 2 a short escape, 6 \u00XX */
 static const unsigned char ESC_LEN[256] = {
@@ -175,7 +178,7 @@ static void fill(const Job *j, char *out) {
 /* element count of an aligned buffer of `size`-byte items, or -1 (and an error set) */
 static Py_ssize_t items(const Py_buffer *b, Py_ssize_t size, const char *name) {
     if (b->len % size || (uintptr_t)b->buf % (uintptr_t)size) {
-        PyErr_Format(PyExc_ValueError, "json_join: %s (%zd bytes) is not an aligned array of %zd-byte items", name,
+        PyErr_Format(PyExc_ValueError, "%s (%zd bytes) is not an aligned array of %zd-byte items", name,
                      b->len, size);
         return -1;
     }
@@ -186,7 +189,7 @@ static Py_ssize_t items(const Py_buffer *b, Py_ssize_t size, const char *name) {
 static Py_ssize_t str_count(const Py_buffer *b, const char *name) {
     Py_ssize_t k = items(b, 4, name);
     if (k == 0) {
-        PyErr_Format(PyExc_ValueError, "json_join: %s is empty (an offsets buffer has n + 1 entries)", name);
+        PyErr_Format(PyExc_ValueError, "%s is empty (an offsets buffer has n + 1 entries)", name);
         return -1;
     }
     return k < 0 ? -1 : k - 1;
@@ -200,7 +203,7 @@ static PyObject *json_join(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_buffer *all[] = {&bo, &bc, &blo, &bld, &bk, &br, &bso, &bsd, &bi, &bto, &btd, &bop, &bcl};
     PyObject *res = NULL, *off = NULL, *data = NULL;
     Job j;
-    Py_ssize_t no = items(&bo, 8, "child_off");
+    Py_ssize_t no = items(&bo, 8, "json_join: child_off");
     if (no < 0) goto done;
     if (no == 0) {
         PyErr_SetString(PyExc_ValueError, "json_join: child_off is empty (it has n + 1 entries)");
@@ -209,20 +212,21 @@ static PyObject *json_join(PyObject *Py_UNUSED(self), PyObject *args) {
     j.child_off = bo.buf; j.n = no - 1;
     j.kind = bk.buf; j.m = bk.len;
     j.ref = br.buf;
-    if (items(&br, 8, "ref") != j.m) {
+    if (items(&br, 8, "json_join: ref") != j.m) {
         if (!PyErr_Occurred())
             PyErr_Format(PyExc_ValueError, "json_join: ref has %zd entries, kind %zd", br.len / 8, j.m);
         goto done;
     }
-    Py_ssize_t nc = items(&bc, 8, "codes");
+    Py_ssize_t nc = items(&bc, 8, "json_join: codes");
     if (nc < 0) goto done;
     if (nc && nc != j.m) {
         PyErr_Format(PyExc_ValueError, "json_join: codes has %zd entries, kind %zd (0: no labels)", nc, j.m);
         goto done;
     }
     j.codes = nc ? bc.buf : NULL;
-    if ((j.nlab = str_count(&blo, "label offsets")) < 0 || (j.ns = str_count(&bso, "string offsets")) < 0
-        || (j.nt = str_count(&bto, "text offsets")) < 0 || (j.ni = items(&bi, 8, "ints")) < 0)
+    if ((j.nlab = str_count(&blo, "json_join: label offsets")) < 0
+        || (j.ns = str_count(&bso, "json_join: string offsets")) < 0
+        || (j.nt = str_count(&bto, "json_join: text offsets")) < 0 || (j.ni = items(&bi, 8, "json_join: ints")) < 0)
         goto done;
     j.lab_off = blo.buf; j.lab_data = bld.buf; j.lab_len = bld.len;
     j.s_off = bso.buf; j.s_data = bsd.buf; j.s_len = bsd.len;
@@ -260,10 +264,137 @@ done:
     return res;
 }
 
+/* group_codes(child_off, codes, nd) -> (order, start, dup): the children grouped by key code, each group in
+ * child order (a counting sort: order[start[k]:start[k + 1]] are the children of code k), and per parent
+ * whether a code occurs twice among its children (a repeated key). */
+static PyObject *group_codes(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer bo, bc;
+    Py_ssize_t nd;
+    if (!PyArg_ParseTuple(args, "y*y*n:group_codes", &bo, &bc, &nd))
+        return NULL;
+    PyObject *res = NULL, *order = NULL, *start = NULL, *dup = NULL;
+    int64_t *stamp = NULL;
+    Py_ssize_t no = items(&bo, 8, "group_codes: child_off"), m = items(&bc, 8, "group_codes: codes");
+    if (no < 0 || m < 0) goto done;
+    if (no == 0 || nd < 0 || nd > m) {
+        PyErr_SetString(PyExc_ValueError, "group_codes: child_off is empty, or nd negative or more than the children");
+        goto done;
+    }
+    const int64_t *off = bo.buf, *codes = bc.buf;
+    Py_ssize_t n = no - 1, bad = -1;
+    order = PyBytes_FromStringAndSize(NULL, m * 8);
+    start = PyBytes_FromStringAndSize(NULL, (nd + 1) * 8);
+    dup = PyBytes_FromStringAndSize(NULL, n);
+    stamp = PyMem_Malloc((size_t)(nd ? nd : 1) * sizeof(int64_t));
+    if (!order || !start || !dup || !stamp) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *o = (int64_t *)PyBytes_AS_STRING(order), *st = (int64_t *)PyBytes_AS_STRING(start);
+    char *d = PyBytes_AS_STRING(dup);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t p = 0; p < n && bad < 0; p++)  /* the parents' ranges, in order and within the children */
+        if (off[p] < 0 || off[p + 1] < off[p] || off[p + 1] > m) bad = p;
+    if (bad < 0 && n && off[n] != m) bad = n;
+    for (Py_ssize_t c = 0; c < m && bad < 0; c++)
+        if (codes[c] < 0 || codes[c] >= nd) bad = n + 1 + c;
+    if (bad < 0) {
+        memset(st, 0, (size_t)(nd + 1) * 8);
+        for (Py_ssize_t c = 0; c < m; c++) st[codes[c] + 1]++;
+        for (Py_ssize_t k = 0; k < nd; k++) st[k + 1] += st[k];
+        for (Py_ssize_t k = 0; k < nd; k++) stamp[k] = st[k];  /* the next free slot of each code */
+        for (Py_ssize_t c = 0; c < m; c++) o[stamp[codes[c]]++] = c;
+        for (Py_ssize_t k = 0; k < nd; k++) stamp[k] = -1;  /* now: the last parent each code was seen in */
+        for (Py_ssize_t p = 0; p < n; p++) {
+            d[p] = 0;
+            for (int64_t c = off[p]; c < off[p + 1]; c++) {
+                if (stamp[codes[c]] == p) d[p] = 1;
+                stamp[codes[c]] = p;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad >= 0) {
+        if (bad <= n)
+            PyErr_Format(PyExc_ValueError, "group_codes: child_off out of order or not covering the %zd children at "
+                         "parent %zd", m, bad);
+        else
+            PyErr_Format(PyExc_ValueError, "group_codes: code out of range (0..%zd) at child %zd", nd - 1, bad - n - 1);
+        goto done;
+    }
+    res = PyTuple_Pack(3, order, start, dup);
+done:
+    Py_XDECREF(order);
+    Py_XDECREF(start);
+    Py_XDECREF(dup);
+    PyMem_Free(stamp);
+    PyBuffer_Release(&bo);
+    PyBuffer_Release(&bc);
+    return res;
+}
+
+/* hex_ids(offsets, data, nbytes) -> (text, bad): each binary id of a string/binary array (int32 offsets, n + 1)
+ * as 2 * nbytes lower-case hex digits (an id of another length: zeros), and per id 1 when its length is not
+ * nbytes, 2 when it is all zeros, 0 when good (otlp_native._hex_ids). */
+static PyObject *hex_ids(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_buffer bo, bd;
+    Py_ssize_t nb;
+    if (!PyArg_ParseTuple(args, "y*y*n:hex_ids", &bo, &bd, &nb))
+        return NULL;
+    static const char hex[] = "0123456789abcdef";
+    PyObject *res = NULL, *text = NULL, *bad = NULL;
+    Py_ssize_t n = str_count(&bo, "hex_ids: offsets"), at = -1;
+    if (n < 0) goto done;
+    if (nb <= 0 || nb > 64) {
+        PyErr_Format(PyExc_ValueError, "hex_ids: nbytes %zd is not in 1..64", nb);
+        goto done;
+    }
+    const int32_t *off = bo.buf;
+    const unsigned char *data = bd.buf;
+    text = PyBytes_FromStringAndSize(NULL, n * 2 * nb);
+    bad = PyBytes_FromStringAndSize(NULL, n);
+    if (!text || !bad) goto done;
+    char *w = PyBytes_AS_STRING(text), *b = PyBytes_AS_STRING(bad);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t a = off[i], e = off[i + 1];
+        if (a < 0 || e < a || e > bd.len) { at = i; break; }
+        if (e - a != nb) {
+            memset(w, '0', (size_t)(2 * nb));
+            b[i] = 1;
+        } else {
+            unsigned char any = 0;
+            for (Py_ssize_t k = 0; k < nb; k++) {
+                any |= data[a + k];
+                w[2 * k] = hex[data[a + k] >> 4];
+                w[2 * k + 1] = hex[data[a + k] & 15];
+            }
+            b[i] = any ? 0 : 2;
+        }
+        w += 2 * nb;
+    }
+    Py_END_ALLOW_THREADS
+    if (at >= 0) {
+        PyErr_Format(PyExc_ValueError, "hex_ids: offsets out of order or beyond the data at id %zd", at);
+        goto done;
+    }
+    res = PyTuple_Pack(2, text, bad);
+done:
+    Py_XDECREF(text);
+    Py_XDECREF(bad);
+    PyBuffer_Release(&bo);
+    PyBuffer_Release(&bd);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     {"json_join", json_join, METH_VARARGS,
      "json_join(child_off, codes, lab_off, lab_data, kind, ref, s_off, s_data, ints, t_off, t_data, open, close)"
      " -> (int32 offsets, data): the JSON text per parent (see the source's header)."},
+    {"group_codes", group_codes, METH_VARARGS,
+     "group_codes(child_off, codes, nd) -> (order, start, dup): children grouped by code; repeated codes per parent."},
+    {"hex_ids", hex_ids, METH_VARARGS,
+     "hex_ids(offsets, data, nbytes) -> (hex text, bad): binary ids as hex; 1 wrong length, 2 all zeros."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,7 +45,7 @@ W_ABSENT, W_NONE, W_STR, W_BOOL, W_INT, W_DOUBLE, W_ARRAY, W_OTHER = -1, 0, 1, 2
 # how a value's JSON is written (_native_json.c's kinds): null, a string quoted and escaped, an int in decimal,
 # a ready text (a double as msgspec writes it, an array's JSON), true, false
 K_NULL, K_STR, K_INT, K_TEXT, K_TRUE, K_FALSE = 0, 1, 2, 3, 4, 5
-C_API_VERSION = 1
+C_API_VERSION = 2
 
 
 def _load_c():
@@ -146,6 +146,16 @@ def _hex_ids(a: pa.Array, nbytes: int, optional: bool) -> tuple[pa.Array, np.nda
     off = np.frombuffer(bufs[1], np.int32, n + 1)
     lens = np.diff(off)
     empty = lens == 0
+    w = 2 * nbytes
+    if _c is not None:
+        text, flags = _c.hex_ids(off, bufs[2] if bufs[2] is not None else b"", nbytes)
+        fl = np.frombuffer(flags, np.uint8)
+        bad = ((fl == 1) & ~(empty if optional else np.zeros(n, bool))) | (fl == 2)
+        arr = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(0, w * n + 1, w, dtype=np.int32)),
+                                                       pa.py_buffer(text)])
+        if optional and empty.any():
+            arr = pc.if_else(pa.array(empty), pa.scalar(None, pa.string()), arr)
+        return arr, bad
     ok = lens == nbytes
     bad = ~ok & ~(empty if optional else np.zeros(n, bool))
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
@@ -157,7 +167,6 @@ def _hex_ids(a: pa.Array, nbytes: int, optional: bool) -> tuple[pa.Array, np.nda
     raw[~ok] = 0
     bad |= ok & ~raw.any(axis=1)
     hexed = _HEX[raw]  # (n, nbytes) uint16 = two ASCII hex digits each
-    w = 2 * nbytes
     arr = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.arange(0, w * n + 1, w, dtype=np.int32)),
                                                    pa.py_buffer(hexed.tobytes())])
     if optional and empty.any():
@@ -451,7 +460,12 @@ class KVs:
         keys = enc.dictionary.to_pylist()
         self.key_code = {k: j for j, k in enumerate(keys)}
         nd = max(len(keys), 1)
-        if len(codes):  # a key twice in one span: dict semantics (the Python path)
+        self._by_code: tuple[np.ndarray, np.ndarray] | None = None  # rows grouped by key (rows())
+        if _c is not None:  # grouped and repeated keys found in one pass
+            order, start, dup = _c.group_codes(_offsets(parent, n).astype(np.int64), codes, len(keys))
+            self._by_code = (np.frombuffer(order, np.int64), np.frombuffer(start, np.int64))
+            bad |= np.frombuffer(dup, np.bool_)
+        elif len(codes):  # a key twice in one span: dict semantics (the Python path)
             if n * nd <= 4_000_000:  # a counts table of at most 32 MB, else sort
                 dup = np.bincount(parent * nd + codes, minlength=n * nd).reshape(n, nd).max(axis=1) > 1
             else:
@@ -462,7 +476,6 @@ class KVs:
         self.bad = bad
         self.json = _json(parent, n, codes, [_enc.encode(k).decode() + ":" for k in keys], self.values, "{", "}")
         self._rows: dict[str, np.ndarray] = {}
-        self._by_code: tuple[np.ndarray, np.ndarray] | None = None
 
     def rows(self, key: str) -> np.ndarray:
         """Per parent, the row of ``key`` in the flattened key/values (-1: absent)."""
