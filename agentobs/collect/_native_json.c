@@ -71,13 +71,45 @@ static char *write_int(char *w, int64_t v) {
     return w;
 }
 
+/* the length of the run at p (before e) with no byte to escape: 8 bytes a step while no byte of the word is
+ * below 0x20, '"' or '\\' (exact tests for "some byte is zero / below n"), then byte by byte */
+static Py_ssize_t clean_run(const unsigned char *p, const unsigned char *e) {
+    const uint64_t ones = 0x0101010101010101ULL, highs = 0x8080808080808080ULL;
+    const unsigned char *q = p;
+    while (e - q >= 8) {
+        uint64_t x, xq, xb;
+        memcpy(&x, q, 8);
+        xq = x ^ (ones * '"');
+        xb = x ^ (ones * '\\');
+        if (((x - ones * 0x20) & ~x & highs) | ((xq - ones) & ~xq & highs) | ((xb - ones) & ~xb & highs)) break;
+        q += 8;
+    }
+    while (q < e && ESC_LEN[*q] == 1) q++;
+    return q - p;
+}
+
+static Py_ssize_t str_len(const unsigned char *p, const unsigned char *e) {
+    Py_ssize_t total = 2;
+    while (p < e) {
+        Py_ssize_t k = clean_run(p, e);
+        total += k;
+        p += k;
+        if (p < e) total += ESC_LEN[*p++];
+    }
+    return total;
+}
+
 static char *write_str(char *w, const unsigned char *p, const unsigned char *e) {
     static const char hex[] = "0123456789abcdef";
     *w++ = '"';
-    for (; p < e; p++) {
-        unsigned char c = *p;
+    while (p < e) {
+        Py_ssize_t k = clean_run(p, e);
+        memcpy(w, p, (size_t)k);
+        w += k;
+        p += k;
+        if (p == e) break;
+        unsigned char c = *p++;
         switch (ESC_LEN[c]) {
-        case 1: *w++ = (char)c; break;
         case 2:
             *w++ = '\\';
             *w++ = c == '"' ? '"' : c == '\\' ? '\\' : c == '\b' ? 'b' : c == '\t' ? 't' : c == '\n' ? 'n'
@@ -116,10 +148,7 @@ static int measure(const Job *j, int32_t *out_off, Py_ssize_t *where) {
             case 0: total += 4; break;
             case 1:
                 if (!elem(j->s_off, j->ns, j->s_len, r, &a, &b)) return 3;
-                total += 2;
-                for (const unsigned char *q = (const unsigned char *)j->s_data + a,
-                     *e = (const unsigned char *)j->s_data + b; q < e; q++)
-                    total += ESC_LEN[*q];
+                total += str_len((const unsigned char *)j->s_data + a, (const unsigned char *)j->s_data + b);
                 break;
             case 2:
                 if (r < 0 || r >= j->ni) return 3;
