@@ -2,11 +2,12 @@
 
     python bench/decode_native.py [--rounds 5] [--repeat 10] [--requests 8] [--spans 512]
 
-Each round decodes the same loader batches (``--requests`` bench requests of ``--spans`` spans each, as the
+Each round decodes the same loader batch (``--requests`` bench requests of ``--spans`` spans each, as the
 loader batches them: ``otlp_native.decode_bodies``, then ``loader.decode_records`` over a spool of the same
 bodies — spool read, decode, in-batch dedupe, Arrow IPC) ``--repeat`` times with the C extension
-(agentobs/collect/_native_json.c) and then with the Arrow path it replaces (``use_c_ext(False)``), and prints
-the process CPU per span of each and their ratio; the last line is the medians:
+(agentobs/collect/_native_json.c) and as often with the Arrow path it replaces (``use_c_ext(False)``),
+alternated batch by batch (so both see the same machine load), and prints the process CPU per span of each
+and their ratio; the last line is the medians over the rounds:
 ``decode_c_us=<µs> decode_arrow_us=<µs> ratio=<c÷arrow> records_c_us=<µs> records_arrow_us=<µs>``.
 """
 
@@ -29,16 +30,15 @@ from agentobs.collect.spool import Spool  # noqa: E402
 from agentobs.config import load_settings  # noqa: E402
 
 
-def _cpu_per_span(fn, repeat: int, spans: int) -> float:
+def _cpu(fn) -> float:
     c0 = time.process_time()
-    for _ in range(repeat):
-        fn()
-    return (time.process_time() - c0) / (repeat * spans) * 1e6
+    fn()
+    return time.process_time() - c0
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--repeat", type=int, default=10, help="decodes of the batch per measurement")
     ap.add_argument("--requests", type=int, default=8, help="requests per loader batch (the loader's default: 8)")
     ap.add_argument("--spans", type=int, default=512, help="spans per request")
@@ -68,13 +68,17 @@ def main() -> None:
             decode()
             records()
         rows: dict[str, list[float]] = {"decode_c": [], "decode_arrow": [], "records_c": [], "records_arrow": []}
-        print(f"{total} spans a batch ({a.requests} requests × {a.spans}), {a.repeat} batches a measurement; "
-              f"load average {os.getloadavg()[0]:.2f}")
+        print(f"{total} spans a batch ({a.requests} requests × {a.spans}), {a.repeat} batches of each way a round, "
+              f"the two ways alternated batch by batch; load average {os.getloadavg()[0]:.2f}")
         for r in range(a.rounds):
-            for on, name in ((True, "c"), (False, "arrow")) if r % 2 == 0 else ((False, "arrow"), (True, "c")):
-                otlp_native.use_c_ext(on)
-                rows[f"decode_{name}"].append(_cpu_per_span(decode, a.repeat, total))
-                rows[f"records_{name}"].append(_cpu_per_span(records, a.repeat, total))
+            cpu = dict.fromkeys(rows, 0.0)
+            for k in range(a.repeat):
+                for on, name in ((True, "c"), (False, "arrow")) if (r + k) % 2 == 0 else ((False, "arrow"), (True, "c")):
+                    otlp_native.use_c_ext(on)
+                    cpu[f"decode_{name}"] += _cpu(decode)
+                    cpu[f"records_{name}"] += _cpu(records)
+            for key in rows:
+                rows[key].append(cpu[key] / (a.repeat * total) * 1e6)
             print(f"round {r + 1}: decode_bodies µs CPU/span C {rows['decode_c'][-1]:.2f} / Arrow "
                   f"{rows['decode_arrow'][-1]:.2f} (ratio {rows['decode_c'][-1] / rows['decode_arrow'][-1]:.2f}); "
                   f"decode_records C {rows['records_c'][-1]:.2f} / Arrow {rows['records_arrow'][-1]:.2f}; "
