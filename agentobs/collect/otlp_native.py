@@ -45,6 +45,7 @@ W_ABSENT, W_NONE, W_STR, W_BOOL, W_INT, W_DOUBLE, W_ARRAY, W_OTHER = -1, 0, 1, 2
 # how a value's JSON is written (_native_json.c's kinds): null, a string quoted and escaped, an int in decimal,
 # a ready text (a double as msgspec writes it, an array's JSON), true, false
 K_NULL, K_STR, K_INT, K_TEXT, K_TRUE, K_FALSE = 0, 1, 2, 3, 4, 5
+_KIND_OF = np.array([K_NULL, K_STR, K_TRUE, K_INT, K_TEXT, K_TEXT, K_NULL], np.int8)  # by W_* (K_FALSE: by value)
 C_API_VERSION = 2
 
 
@@ -111,8 +112,11 @@ def _np_int(a: pa.Array, fill: int = 0) -> np.ndarray:
 
 
 def _valid(a: pa.Array) -> np.ndarray:
-    if not a.null_count:
+    nulls = a.null_count
+    if not nulls:
         return np.ones(len(a), bool)
+    if nulls == len(a):  # e.g. the AnyValue members no value of the column has
+        return np.zeros(len(a), bool)
     return pc.is_valid(a).to_numpy(zero_copy_only=False)
 
 
@@ -185,6 +189,20 @@ def _str_bufs(a: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     off = np.frombuffer(bufs[1], np.int32, len(a) + 1, a.offset * 4) if bufs[1] is not None else np.zeros(1, np.int32)
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None and bufs[2].size else np.zeros(0, np.uint8)
     return off, data
+
+
+def _lens(s: pa.Array) -> np.ndarray:
+    """Byte length of each string (a null's: what its offsets say, 0 as ptars writes them; callers read valid rows)."""
+    off, _ = _str_bufs(s)
+    return np.diff(off) if len(off) == len(s) + 1 else np.zeros(len(s), np.int32)
+
+
+def _max_len(s: pa.Array) -> int:
+    """An upper bound of the longest string's byte length (exact unless a null has a non-empty range)."""
+    off, _ = _str_bufs(s)
+    if len(off) != len(s) + 1 or int(off[-1] - off[0]) == 0:
+        return 0
+    return int(np.diff(off).max())
 
 
 def _escaped_rows(s: pa.Array) -> np.ndarray:
@@ -330,41 +348,33 @@ class Values:
         other = _valid(_sf(v, "kvlist_value")) | _valid(_sf(v, "bytes_value")) \
             | _valid(_sf(v, "string_value_strindex"))
         which = np.full(n, W_NONE, np.int8)
-        which[vs] = W_STR
-        which[vb] = W_BOOL
-        which[vi] = W_INT
-        which[vd] = W_DOUBLE
-        which[va] = W_ARRAY
-        which[other] = W_OTHER
+        for m, w in ((vs, W_STR), (vb, W_BOOL), (vi, W_INT), (vd, W_DOUBLE), (va, W_ARRAY), (other, W_OTHER)):
+            if m.any():
+                which[m] = w
         self.which = which
         self.bad = other.copy()
         # strings longer than MAX_ATTR_BYTES characters are truncated (otlp._pb_attrs)
-        if vs.any() and (pc.max(pc.binary_length(s)).as_py() or 0) > MAX_ATTR_BYTES:
+        if vs.any() and _max_len(s) > MAX_ATTR_BYTES:
             long_ = pc.greater(pc.utf8_length(s), MAX_ATTR_BYTES)
             s = pc.if_else(long_, pc.utf8_slice_codeunits(s, 0, MAX_ATTR_BYTES), s)
         self.s, self.b, self.i, self.d = s, b, i, d
         self._text: bool | None = None  # prep_text done
-        kind = np.full(n, K_NULL, np.int8)  # how each value's JSON is written (K_*), and from which row:
-        ref = np.zeros(n, np.int64)  # of s (K_STR), of i (K_INT), of self.t (K_TEXT)
-        rows = np.arange(n)
+        kind = _KIND_OF[which]  # how each value's JSON is written (K_*), and from which row:
+        ref = np.arange(n, dtype=np.int64)  # of s (K_STR), of i (K_INT), of self.t (K_TEXT)
         texts: list[pa.Array] = []  # self.t: the doubles' JSON, then the arrays'
         nt = 0
-        if vs.any():
-            kind[vs], ref[vs] = K_STR, rows[vs]
-        if vi.any():
-            kind[vi], ref[vi] = K_INT, rows[vi]
         if vd.any():
+            nt = int(vd.sum())
             texts.append(_doubles_json(d, vd))
-            kind[vd], ref[vd] = K_TEXT, np.arange(int(vd.sum()))
-            nt += int(vd.sum())
+            ref[vd] = np.arange(nt)
         if vb.any():
-            bn = _np_int(b, False).astype(bool)
-            kind[vb] = np.where(bn[vb], K_TRUE, K_FALSE)
+            kind[(which == W_BOOL) & ~_np_int(b, False).astype(bool)] = K_FALSE
         self.elems: Values | None = None
         self.first_idx = np.full(n, -1, np.int64)
         if va.any():
             if depth:
                 self.bad |= va  # arrays in arrays: the Python path
+                kind[va] = K_NULL
             else:
                 lists = _sf(arr, "values")
                 parent = _np_int(pc.list_parent_indices(lists)).astype(np.int64)
@@ -385,7 +395,7 @@ class Values:
                 else:
                     ejson = pa.array(["[]"] * na, pa.string())
                 texts.append(ejson)
-                kind[arows], ref[arows] = K_TEXT, nt + np.arange(na)
+                ref[arows] = nt + np.arange(na)
         self.kind, self.ref = kind, ref
         self.t = (pa.concat_arrays(texts) if len(texts) > 1 else texts[0]) if texts else pa.array([], pa.string())
 
@@ -401,9 +411,9 @@ class Values:
         self.text_bad = (w == W_DOUBLE) | (w == W_OTHER) | self.bad | ((w == W_ARRAY) & (fw != W_ABSENT) & (fw != W_STR))
         nonempty = (w == W_INT) | (w == W_BOOL)
         if (w == W_STR).any():
-            nonempty |= (w == W_STR) & (_np_int(pc.binary_length(self.s), 0) > 0)
+            nonempty |= (w == W_STR) & (_lens(self.s) > 0)
         if self.elems is not None:
-            eln = _np_int(pc.binary_length(self.elems.s), 0)
+            eln = _lens(self.elems.s)
             nonempty |= (fw == W_STR) & (eln[np.maximum(self.first_idx, 0)] > 0)
         self.nonempty = nonempty
         self._text = True
@@ -687,13 +697,19 @@ def decode_bodies(bodies: list[bytes], sources: list[str], settings: Settings) -
     op_rows = span_kv.rows("gen_ai.operation.name")
     op, bad_op = span_kv.values.text(op_rows, empty_is_null=False)
     bad |= bad_op
-    scope_l = pc.utf8_lower(scope)
+    # what depends on the scope and the service only: per scope (one row per instrumentation scope of a
+    # resource, a few per request), then taken per span
+    scope_l = pc.utf8_lower(scope_name)
+    engine_scope = (_starts(scope_l, "vllm") | _starts(scope_l, "sglang"))[sp_ss]
+    litellm_scope = _isin(scope_l, ["litellm"])[sp_ss]
+    s_l = pc.binary_join_element_wise(scope_l, pc.utf8_lower(pc.fill_null(service_rs, "")).take(pa.array(ss_rs)), " ")
+    has_sg = _np_int(pc.match_substring(s_l, "sglang"), False).astype(bool)[sp_ss]
+    has_vl = _np_int(pc.match_substring(s_l, "vllm"), False).astype(bool)[sp_ss]
     per_request = a.present("gen_ai.latency.e2e") | a.present("gen_ai.latency.time_to_first_token") \
         | a.present("gen_ai.usage.prompt_tokens")
-    is_engine = _isin(name, ["llm_request"]) | (per_request & ((kind == 2) | _starts(scope_l, "vllm")
-                                                              | _starts(scope_l, "sglang")))
+    is_engine = _isin(name, ["llm_request"]) | (per_request & ((kind == 2) | engine_scope))
     op_val = _np_int(pc.is_valid(op), False).astype(bool)
-    lite = _isin(op, nz.LITELLM_OPS) & (_isin(name, ["litellm_request"]) | _isin(scope_l, ["litellm"])) & ~is_engine
+    lite = _isin(op, nz.LITELLM_OPS) & (_isin(name, ["litellm_request"]) | litellm_scope) & ~is_engine
     if lite.any():
         mapped = pc.take(pa.array(list(nz.LITELLM_OPS.values())),
                          pc.index_in(op, pa.array(list(nz.LITELLM_OPS))))
@@ -730,9 +746,6 @@ def decode_bodies(bodies: list[bytes], sources: list[str], settings: Settings) -
     provider = a.text(nz.PROVIDER_KEYS)
 
     # engine (normalize._engine_of)
-    s_l = pc.binary_join_element_wise(scope_l, pc.utf8_lower(pc.fill_null(service, "")), " ")
-    has_sg = _np_int(pc.match_substring(s_l, "sglang"), False).astype(bool)
-    has_vl = _np_int(pc.match_substring(s_l, "vllm"), False).astype(bool)
     eng = np.where(has_sg, "sglang", np.where(is_engine & (has_vl | _isin(name, ["llm_request"])), "vllm", ""))
     engine = pa.array(eng, pa.string())
     prov_eng = _isin(provider, ["vllm", "sglang"]) & (eng == "")
