@@ -99,16 +99,20 @@ static Py_ssize_t str_len(const unsigned char *p, const unsigned char *e) {
     return total;
 }
 
-static char *write_str(char *w, const unsigned char *p, const unsigned char *e) {
+/* the string between quotes and escaped into w, or NULL when it does not fit before end */
+static char *write_str(char *w, char *end, const unsigned char *p, const unsigned char *e) {
     static const char hex[] = "0123456789abcdef";
+    if (end - w < 2) return NULL;
     *w++ = '"';
     while (p < e) {
         Py_ssize_t k = clean_run(p, e);
+        if (end - w < k + 1) return NULL;
         memcpy(w, p, (size_t)k);
         w += k;
         p += k;
         if (p == e) break;
         unsigned char c = *p++;
+        if (end - w < ESC_LEN[c] + 1) return NULL;  /* the escape, and the closing quote still to come */
         switch (ESC_LEN[c]) {
         case 2:
             *w++ = '\\';
@@ -170,38 +174,56 @@ static int measure(const Job *j, int32_t *out_off, Py_ssize_t *where) {
     return 0;
 }
 
-/* Pass 2: the text, into out (the size pass 1 measured; every index checked there). */
-static void fill(const Job *j, char *out) {
-    char *w = out;
-    for (Py_ssize_t p = 0; p < j->n; p++) {
-        memcpy(w, j->open, (size_t)j->open_len);
-        w += j->open_len;
-        for (int64_t c = j->child_off[p]; c < j->child_off[p + 1]; c++) {
+/* copy len bytes to w unless they do not fit before end (then w = NULL) */
+#define PUT(src, len) do { \
+        Py_ssize_t n_ = (Py_ssize_t)(len); \
+        if (!w || n_ < 0 || end - w < n_) { w = NULL; break; } \
+        memcpy(w, (src), (size_t)n_); \
+        w += n_; \
+    } while (0)
+
+/* Pass 2: the text, into out (out_off[n] bytes, the sizes pass 1 measured). Every index is checked again and
+ * every write bounded, so buffers changed since pass 1 cannot make it read or write outside them: 0, or -1 when
+ * the text came out otherwise than measured. */
+static int fill(const Job *j, const int32_t *out_off, char *out) {
+    char *w = out, *end = out + out_off[j->n];
+    for (Py_ssize_t p = 0; p < j->n && w; p++) {
+        int64_t c0 = j->child_off[p], c1 = j->child_off[p + 1];
+        if (c0 < 0 || c1 < c0 || c1 > j->m) return -1;
+        PUT(j->open, j->open_len);
+        for (int64_t c = c0; c < c1 && w; c++) {
             int64_t r = j->ref[c];
-            if (c > j->child_off[p]) *w++ = ',';
+            int32_t a, b;
+            if (c > c0) PUT(",", 1);
             if (j->codes) {
-                int32_t a = j->lab_off[j->codes[c]], b = j->lab_off[j->codes[c] + 1];
-                memcpy(w, j->lab_data + a, (size_t)(b - a));
-                w += b - a;
+                if (!elem(j->lab_off, j->nlab, j->lab_len, j->codes[c], &a, &b)) return -1;
+                PUT(j->lab_data + a, b - a);
             }
             switch (j->kind[c]) {
-            case 0: memcpy(w, "null", 4); w += 4; break;
+            case 0: PUT("null", 4); break;
             case 1:
-                w = write_str(w, (const unsigned char *)j->s_data + j->s_off[r],
-                              (const unsigned char *)j->s_data + j->s_off[r + 1]);
+                if (!elem(j->s_off, j->ns, j->s_len, r, &a, &b)) return -1;
+                if (w) w = write_str(w, end, (const unsigned char *)j->s_data + a, (const unsigned char *)j->s_data + b);
                 break;
-            case 2: w = write_int(w, j->ints[r]); break;
+            case 2: {
+                char tmp[24];
+                if (r < 0 || r >= j->ni) return -1;
+                PUT(tmp, write_int(tmp, j->ints[r]) - tmp);
+                break;
+            }
             case 3:
-                memcpy(w, j->t_data + j->t_off[r], (size_t)(j->t_off[r + 1] - j->t_off[r]));
-                w += j->t_off[r + 1] - j->t_off[r];
+                if (!elem(j->t_off, j->nt, j->t_len, r, &a, &b)) return -1;
+                PUT(j->t_data + a, b - a);
                 break;
-            case 4: memcpy(w, "true", 4); w += 4; break;
-            default: memcpy(w, "false", 5); w += 5; break;
+            case 4: PUT("true", 4); break;
+            case 5: PUT("false", 5); break;
+            default: return -1;
             }
         }
-        memcpy(w, j->close, (size_t)j->close_len);
-        w += j->close_len;
+        PUT(j->close, j->close_len);
+        if (w && w - out != out_off[p + 1]) return -1;
     }
+    return w == end ? 0 : -1;
 }
 
 /* element count of an aligned buffer of `size`-byte items, or -1 (and an error set) */
@@ -282,8 +304,12 @@ static PyObject *json_join(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!data) goto done;
     char *out = PyBytes_AS_STRING(data);
     Py_BEGIN_ALLOW_THREADS
-    fill(&j, out);
+    err = fill(&j, out_off, out);
     Py_END_ALLOW_THREADS
+    if (err) {
+        PyErr_SetString(PyExc_ValueError, "json_join: the buffers changed during the call");
+        goto done;
+    }
     res = PyTuple_Pack(2, off, data);
 done:
     Py_XDECREF(off);
