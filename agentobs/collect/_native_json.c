@@ -348,29 +348,38 @@ static PyObject *group_codes(PyObject *Py_UNUSED(self), PyObject *args) {
     int64_t *o = (int64_t *)PyBytes_AS_STRING(order), *st = (int64_t *)PyBytes_AS_STRING(start);
     char *d = PyBytes_AS_STRING(dup);
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t p = 0; p < n && bad < 0; p++)  /* the parents' ranges, in order and within the children */
-        if (off[p] < 0 || off[p + 1] < off[p] || off[p + 1] > m) bad = p;
-    if (bad < 0 && n && off[n] != m) bad = n;
-    for (Py_ssize_t c = 0; c < m && bad < 0; c++)
-        if (codes[c] < 0 || codes[c] >= nd) bad = n + 1 + c;
-    if (bad < 0) {
-        memset(st, 0, (size_t)(nd + 1) * 8);
-        for (Py_ssize_t c = 0; c < m; c++) st[codes[c] + 1]++;
-        for (Py_ssize_t k = 0; k < nd; k++) st[k + 1] += st[k];
-        for (Py_ssize_t k = 0; k < nd; k++) stamp[k] = st[k];  /* the next free slot of each code */
-        for (Py_ssize_t c = 0; c < m; c++) o[stamp[codes[c]]++] = c;
-        for (Py_ssize_t k = 0; k < nd; k++) stamp[k] = -1;  /* now: the last parent each code was seen in */
-        for (Py_ssize_t p = 0; p < n; p++) {
-            d[p] = 0;
-            for (int64_t c = off[p]; c < off[p + 1]; c++) {
-                if (stamp[codes[c]] == p) d[p] = 1;
-                stamp[codes[c]] = p;
-            }
+    /* every value read is checked where it is used, so nothing is read or written outside the buffers even if they
+     * change during the call (bad: the parent, or n + 1 + the child, at fault; -2: the codes changed) */
+    memset(st, 0, (size_t)(nd + 1) * 8);
+    for (Py_ssize_t c = 0; c < m && bad == -1; c++) {
+        int64_t k = codes[c];
+        if (k < 0 || k >= nd) bad = n + 1 + c;
+        else st[k + 1]++;
+    }
+    for (Py_ssize_t k = 0; k < nd; k++) st[k + 1] += st[k];
+    for (Py_ssize_t k = 0; k < nd; k++) stamp[k] = st[k];  /* the next free slot of each code */
+    for (Py_ssize_t c = 0; c < m && bad == -1; c++) {
+        int64_t k = codes[c];
+        if (k < 0 || k >= nd || stamp[k] >= st[k + 1]) bad = -2;
+        else o[stamp[k]++] = c;
+    }
+    for (Py_ssize_t k = 0; k < nd; k++) stamp[k] = -1;  /* now: the last parent each code was seen in */
+    for (Py_ssize_t p = 0; p < n && bad == -1; p++) {
+        int64_t a = off[p], e = off[p + 1];
+        d[p] = 0;
+        if (a < 0 || e < a || e > m || (p == n - 1 && e != m)) { bad = p; break; }
+        for (int64_t c = a; c < e; c++) {
+            int64_t k = codes[c];
+            if (k < 0 || k >= nd) { bad = -2; break; }
+            if (stamp[k] == p) d[p] = 1;
+            stamp[k] = p;
         }
     }
     Py_END_ALLOW_THREADS
-    if (bad >= 0) {
-        if (bad <= n)
+    if (bad != -1) {
+        if (bad == -2)
+            PyErr_SetString(PyExc_ValueError, "group_codes: the codes changed during the call");
+        else if (bad <= n)
             PyErr_Format(PyExc_ValueError, "group_codes: child_off out of order or not covering the %zd children at "
                          "parent %zd", m, bad);
         else
