@@ -945,3 +945,37 @@ def test_the_loader_stores_batches_while_a_merge_is_written(tmp_path, monkeypatc
     finally:
         gate.set()
         p.close()
+
+
+def test_an_idle_loader_merges_its_small_merged_files_again(tmp_path):
+    """A quiet collector: one 3-span request per batch and a merge every 2 segments leave merged files of a few
+    spans each. Once the loader is idle it merges them again (adjacent files of one size class, 8 at a time:
+    segments.plan_remerge) until no run is left; every span is still read once, and the loader's count of merged
+    files is the catalog's."""
+    import time
+
+    from agentobs.store import segments
+
+    settings = load_settings(env={"AGENTOBS_SPAN_STORE": "segments", "AGENTOBS_SEGMENT_COMPACT_AFTER": "2"})
+    p = Pipeline(tmp_path)
+    p.loader = Loader(p.spool, p.con, settings, p.health, processes=0, batch_bytes=1)
+    p.start()
+    con = p.con
+    try:
+        for seed in range(40):
+            assert p.spool.append(_payload(3, seed), "protobuf", "http")
+        p.settle()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (p.loader._merge is not None
+                                               or segments.plan_remerge(con.cursor()) is not None):
+            time.sleep(0.05)
+        assert segments.plan_remerge(con.cursor()) is None and p.loader._merge is None
+        n_merged = con.execute("SELECT count(*) FROM span_merged").fetchone()[0]
+        assert p.loader.remerged_files >= 8 and p.loader.merged_files == n_merged
+        # 40 requests, 38+ of them merged (the tail keeps at most 1): without merging again, one file per merge
+        assert n_merged < p.loader.compacted_segments // 2
+        assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (120, 120)
+        assert con.execute(f"SELECT count(*) FROM ({segments.since_sql(con.cursor(), 'span_id', 0)})").fetchone() == (
+            120,)
+    finally:
+        p.close()
