@@ -966,12 +966,16 @@ def test_an_idle_loader_merges_its_small_merged_files_again(tmp_path):
             assert p.spool.append(_payload(3, seed), "protobuf", "http")
         p.settle()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (p.loader._merge is not None
-                                               or segments.plan_remerge(con.cursor()) is not None):
+        while time.monotonic() < deadline and (p.loader.merging() or segments.plan_remerge(con.cursor()) is not None):
             time.sleep(0.05)
-        assert segments.plan_remerge(con.cursor()) is None and p.loader._merge is None
+        assert segments.plan_remerge(con.cursor()) is None and not p.loader.merging()
         n_merged = con.execute("SELECT count(*) FROM span_merged").fetchone()[0]
         assert p.loader.remerged_files >= 8 and p.loader.merged_files == n_merged
+        # the health endpoint's gauges and counters say the same
+        assert p.health.value("agentobs_span_files", {"kind": "merged"}) == n_merged
+        assert p.health.value("agentobs_span_files", {"kind": "segment"}) == p.loader.tail
+        assert p.health.value("agentobs_span_merges_total", {"kind": "again"}) >= 1
+        assert p.health.value("agentobs_span_merges_total", {"kind": "segments"}) >= 1
         # 40 requests, 38+ of them merged (the tail keeps at most 1): without merging again, one file per merge
         assert n_merged < p.loader.compacted_segments // 2
         assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (120, 120)

@@ -287,6 +287,7 @@ class Loader:
             self.seq = segments.next_seq(self.cur)
             self.tail = int(self.cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
             self.merged_files = segments.merged_count(self.cur)
+            self._gauge_files()
             self._merger = ThreadPoolExecutor(1, thread_name_prefix="agentobs-merge")
         if self.processes > 0:
             self.pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("forkserver"),
@@ -395,6 +396,8 @@ class Loader:
             raise
         self.seq += n_files
         self.tail += n_files
+        if n_files:
+            self.health.span_files.labels("segment").set(self.tail)
         self.position = end
         self.spool.mark_loaded(*end)
         h = self.health
@@ -424,26 +427,31 @@ class Loader:
                 plan, fut = self._merge
                 if not (wait or fut.done()):
                     return
-                self._merge = None
-                out = fut.result()
-                if isinstance(plan, segments.RemergePlan):
-                    if out.tmp is None:  # given up at a stop
-                        return
-                    segments.commit_remerge(self.cur, plan, out)  # (its file is deleted if the commit fails)
-                    self.merged_files -= len(plan.rows) - 1
-                    self.remerged_files += len(plan.rows)
-                    self._merged_gen += 1  # (a new file of the next level: maybe a run of its own)
-                    log.debug("merged span files %d..%d merged again (%d rows)", plan.first, plan.last, out.rows)
-                else:
-                    segments.commit_merge(self.cur, plan, out)  # (its file is deleted if the commit fails)
-                    self.tail -= len(plan.rows)
-                    self.compacted_segments += len(plan.rows)
-                    if out.tmp is not None:
-                        self.merged_files += 1
-                        self._merged_gen += 1
-                    log.debug("span segments %d..%d merged (%d rows), %d left", plan.first, plan.last, out.rows,
-                              self.tail)
-                segments.sweep(self.cur, self.retire_grace_s)
+                try:  # (_merge cleared once committed: merging() is true until then)
+                    out = fut.result()
+                    if isinstance(plan, segments.RemergePlan):
+                        if out.tmp is None:  # given up at a stop
+                            return
+                        segments.commit_remerge(self.cur, plan, out)  # (its file is deleted if the commit fails)
+                        self.merged_files -= len(plan.rows) - 1
+                        self.remerged_files += len(plan.rows)
+                        self._merged_gen += 1  # (a new file of the next level: maybe a run of its own)
+                        self.health.span_merges.labels("again").inc()
+                        log.debug("merged span files %d..%d merged again (%d rows)", plan.first, plan.last, out.rows)
+                    else:
+                        segments.commit_merge(self.cur, plan, out)  # (its file is deleted if the commit fails)
+                        self.tail -= len(plan.rows)
+                        self.compacted_segments += len(plan.rows)
+                        if out.tmp is not None:
+                            self.merged_files += 1
+                            self._merged_gen += 1
+                        self.health.span_merges.labels("segments").inc()
+                        log.debug("span segments %d..%d merged (%d rows), %d left", plan.first, plan.last, out.rows,
+                                  self.tail)
+                    segments.sweep(self.cur, self.retire_grace_s)
+                    self._gauge_files()
+                finally:
+                    self._merge = None
             if stopping or time.monotonic() < self._merge_after:
                 return
             if self.tail < self.compact_after:
@@ -469,6 +477,10 @@ class Loader:
             self.health.write_errors.labels("loader").inc()
             self._merge_after = time.monotonic() + 1.0
             log.warning("merging span segments failed (%s: %s); retrying", type(e).__name__, e)
+
+    def _gauge_files(self) -> None:
+        self.health.span_files.labels("segment").set(self.tail)
+        self.health.span_files.labels("merged").set(self.merged_files)
 
     def merging(self) -> bool:
         """A merge is being written, or is due (segments layout)."""
