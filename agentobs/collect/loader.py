@@ -47,7 +47,7 @@ from .health import Health
 from .spool import Record, Spool
 
 # merged span files listed beyond which they are merged again even while batches keep coming (else only when the
-# loader is idle: docs/collectors.md, part H)
+# loader is idle: docs/collectors.md, part I)
 REMERGE_FORCE_FILES = 512
 log = logging.getLogger(__name__)
 MAX_NOTES = 5

@@ -496,7 +496,7 @@ def commit_merge(cur: duckdb.DuckDBPyConnection, plan: MergePlan, out: MergeFile
 # merged files of the same size class (level: floor(log_8 rows)) are merged again into one, up to REMERGE_MAX_ROWS
 # a file: a file only ever joins files of its own size, so each span is rewritten at most once per level (at most
 # log_8 of 2M ÷ its first file's rows times; a run of mixed sizes would rewrite the big file for every few small
-# ones). Measured in docs/collectors.md, part H.
+# ones). Measured in docs/collectors.md, part I.
 REMERGE_FANOUT = 8
 REMERGE_MAX_ROWS = 1 << 21
 REMERGE_ROW_GROUP = 65_536  # row groups of a file merged again: the inputs' (one per segment) coalesced up to this
