@@ -174,6 +174,109 @@ def test_a_compaction_killed_between_its_steps_loses_nothing_and_doubles_nothing
         c.close()
 
 
+def _merge_each(con, n: int) -> None:
+    """Each tail segment into a merged file of its own (what a quiet collector's loader leaves: a merge per few
+    small batches), without compact()'s merging again."""
+    for _ in range(n):
+        plan = segments.plan_merge(con, 1)
+        segments.commit_merge(con, plan, segments.write_merge(plan))
+
+
+def test_merged_files_are_merged_again_by_size_class_keeping_rows_and_marks(con):
+    """64 one-span segments, each merged alone: 64 merged files of 1 row (size class floor(log_8 1) = 0). Merged
+    again 8 adjacent files of one class at a time: 8 files of 8 rows (class 1), then those 8 into one of 64 rows —
+    72 files merged again. The spans, each row's segment (_seg) and the model's rows-since-a-mark are the same."""
+    for k in range(64):
+        publish_segment(con, span_rows([(f"t{k:02d}", "s", 1000 + k)], f"n{k}"))
+    _merge_each(con, 64)
+    before = rows(con)
+    since = sorted(con.sql(segments.since_sql(con, "trace_id", 40)).fetchall())
+    assert len(merged(con)) == 64 and len(before) == 64
+    out = segments.compact(con)
+    assert (out.segments, out.files, out.remerged, out.left) == (0, 0, 72, 0)
+    assert merged(con) == [(64, 1000, 1063, 1, 64)]
+    (mf,) = con.sql("SELECT file FROM span_merged").fetchall()[0]
+    assert os.path.basename(mf) == "merged-0000000000000001-0000000000000064.parquet"
+    assert rows(con) == before
+    assert con.sql(f"SELECT _seg FROM read_parquet('{mf}')").fetchall() == [(k,) for k in range(1, 65)]
+    assert sorted(con.sql(segments.since_sql(con, "trace_id", 40)).fetchall()) == since == [
+        (f"t{k:02d}",) for k in range(40, 64)]  # segments 41..64 hold t40..t63
+    # the 72 inputs are retired (a read snapshot may still list them), then deleted
+    assert con.sql("SELECT count(*) FROM span_segments_retired").fetchall() == [(64 + 72,)]
+    segments.sweep(con)
+    assert sorted(os.listdir(os.path.dirname(mf))) == [os.path.basename(mf)]
+
+
+def test_a_run_to_merge_again_is_adjacent_files_of_one_size_class(con):
+    """Files of 9 rows (class 1) and 1 row (class 0), interleaved so no 8 adjacent files share a class: nothing
+    is merged again; with 8 more 1-row files after them, the oldest 8 adjacent 1-row files are."""
+    k = 0
+    for size in [9, 1, 9, 1, 9, 1, 9, 1, 9, 1, 9, 1, 9, 1, 9, 1]:
+        publish_segment(con, span_rows([(f"t{k}", f"s{j}", 10 * k + j) for j in range(size)]))
+        k += 1
+    _merge_each(con, 16)
+    assert segments.plan_remerge(con) is None
+    for _ in range(8):
+        publish_segment(con, span_rows([(f"t{k}", "s0", 10 * k)]))
+        k += 1
+    _merge_each(con, 8)
+    plan = segments.plan_remerge(con)
+    # the oldest run: the last interleaved file (16, 1 row) and 7 of the new ones (17..23); 24 waits
+    assert (plan.first, plan.last) == (16, 23)
+    n = len(rows(con))
+    segments.compact(con)
+    # files 1..15, the 8-row file 16..23 (class 1 beside 15's 9 rows: a run of 2) and 24
+    assert len(merged(con)) == 15 + 1 + 1 and len(rows(con)) == n == 8 * 9 + 8 + 8
+
+
+def test_a_merge_again_stopped_by_the_collector_leaves_the_files_listed(con):
+    import threading
+
+    for k in range(8):
+        publish_segment(con, span_rows([(f"t{k}", "s", k)]))
+    _merge_each(con, 8)
+    stop = threading.Event()
+    stop.set()
+    out = segments.write_remerge(segments.plan_remerge(con), stop)
+    assert out.tmp is None and len(merged(con)) == 8 and len(rows(con)) == 8
+    d = os.path.dirname(con.sql("SELECT file FROM span_merged LIMIT 1").fetchall()[0][0])
+    assert not [f for f in os.listdir(d) if f.startswith(segments.TMP_PREFIX)]
+
+
+_CRASH_AGAIN = _CRASH.replace("segments.compact(con, group=2)", "segments.compact(con)")
+
+
+@pytest.mark.parametrize("step", ["written", "renamed", "committed"])
+def test_a_merge_again_killed_between_its_steps_loses_nothing_and_doubles_nothing(tmp_path, step):
+    import subprocess
+    import sys
+
+    db = tmp_path / "s.duckdb"
+    c = connect(db)
+    for k in range(8):
+        publish_segment(c, span_rows([(f"t{k}", "s", k), (f"t{k}", "r", k)]))
+    _merge_each(c, 8)
+    want = rows(c)
+    c.close()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", _CRASH_AGAIN, str(db), step], cwd=root, capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    assert r.returncode == 9, r.stderr
+    c = connect(db)
+    try:
+        d = segments.segments_dir(db)
+        segments.recover(c, d)
+        assert rows(c) == want
+        listed = {r[0] for r in c.sql("SELECT file FROM span_merged").fetchall()}
+        assert {os.path.join(d, f) for f in os.listdir(d)} == listed
+        # the 8 files are one iff the kill came after the commit
+        assert len(listed) == (1 if step == "committed" else 8)
+        segments.compact(c)
+        assert rows(c) == want and len(merged(c)) == 1
+    finally:
+        c.close()
+
+
 def test_restart_deletes_an_unpublished_file_and_a_missing_file_is_an_error(con, tmp_path):
     kept = publish_segment(con, span_rows([("t1", "s1", 10)]))
     d = segments.segments_dir(tmp_path / "s.duckdb")
@@ -218,7 +321,7 @@ def test_model_compact_command_merges_and_deletes(con, tmp_path):
     # 2 segments merged into one file; 3 distinct spans written; both small files deleted at once (no collector's
     # snapshots to wait for)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 merged into 1 file(s) (3 spans written" in r.stdout and "0 left, 2 files deleted" in r.stdout
+    assert "2 merged into 1 file(s) (3 spans written" in r.stdout and "0 left; 0 merged file(s) merged again; 2 files deleted" in r.stdout
     assert not os.path.exists(f1) and not os.path.exists(f2)
     c = connect(tmp_path / "s.duckdb")
     assert rows(c) == [("t1", "s1", "a"), ("t1", "s2", "a"), ("t1", "s3", "a")]

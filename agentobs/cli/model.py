@@ -66,8 +66,9 @@ def model_status_cmd(ctx: Ctx):
               help="Stop after this many seconds (checked between groups of segments); default: merge them all.")
 @common
 def model_compact_cmd(ctx: Ctx, max_seconds):
-    """Merge the store's span segments (span_store = segments) into large Parquet files, each span once, and
-    delete the small files (agentobs collect does this in the background; docs/collectors.md)."""
+    """Merge the store's span segments (span_store = segments) into large Parquet files, each span once, merge
+    runs of small merged files again, and delete the small files (agentobs collect does this in the background;
+    docs/collectors.md)."""
     from ..store import segments
 
     _open(ctx, read_only=True).close()  # an existing store only
@@ -76,6 +77,7 @@ def model_compact_cmd(ctx: Ctx, max_seconds):
         out = segments.compact(con, max_seconds=max_seconds)
         gone = segments.sweep(con, 0.0)
         click.echo(f"span segments: {out.segments:,} merged into {out.files:,} file(s) ({out.rows:,} spans written, "
-                   f"copies of stored spans skipped), {out.left:,} left, {gone:,} files deleted ({out.seconds:.2f} s)")
+                   f"copies of stored spans skipped), {out.left:,} left; {out.remerged:,} merged file(s) merged again; "
+                   f"{gone:,} files deleted ({out.seconds:.2f} s)")
     finally:
         con.close()

@@ -54,6 +54,11 @@ class Health:
         self.rows_committed = Counter("agentobs_writer_rows", "Rows inserted by the writer.", registry=r)
         self.write_errors = Counter("agentobs_write_errors", "Batches the store refused, by component.",
                                     ["component"], registry=r)
+        self.span_files = Gauge("agentobs_span_files", "span_store = segments: Parquet span files listed, by kind "
+                                "(segment: the unmerged tail, read deduplicated; merged).", ["kind"], registry=r)
+        self.span_merges = Counter("agentobs_span_merges", "Merges of span files committed, by kind (segments: tail "
+                                   "segments into a merged file; again: merged files merged again).", ["kind"],
+                                   registry=r)
         self.snapshot_seconds = Gauge("agentobs_snapshot_seconds", "Duration of the last read snapshot.", registry=r)
         self.snapshot_ts = Gauge("agentobs_snapshot_timestamp_seconds", "When the last read snapshot was published.",
                                  registry=r)

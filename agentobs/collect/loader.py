@@ -46,6 +46,9 @@ from . import otlp, otlp_native
 from .health import Health
 from .spool import Record, Spool
 
+# merged span files listed beyond which they are merged again even while batches keep coming (else only when the
+# loader is idle: docs/collectors.md, part I)
+REMERGE_FORCE_FILES = 512
 log = logging.getLogger(__name__)
 MAX_NOTES = 5
 
@@ -245,9 +248,14 @@ class Loader:
         self.compact_after = max(1, int(settings.segment_compact_after))
         self.retire_grace_s = retire_grace_s  # merged small files are deleted this long after (snapshots list them)
         self.compacted_segments = 0
+        self.merged_files = 0  # listed in span_merged (segments layout; read at start)
+        self.remerged_files = 0  # merged files merged again
+        self._merged_gen = 0  # merged files added by this loader: a run to merge again is looked for when it moves
+        self._remerge_looked = -1  # the _merged_gen at which plan_remerge last found no run
         self.seq = self.tail = 0  # (segments layout: the next segment's seq and the unmerged segments, at start)
         self._merger: ThreadPoolExecutor | None = None  # writes merged files (segments layout)
-        self._merge: tuple[segments.MergePlan, Future] | None = None  # the merge being written
+        # the merge being written: tail segments into a merged file, or merged files merged again
+        self._merge: tuple[segments.MergePlan | segments.RemergePlan, Future] | None = None
         self._merge_after = 0.0  # a failed merge: the next not before this (time.monotonic)
         self.settings = settings
         self.health = health or Health()
@@ -278,6 +286,8 @@ class Loader:
                 log.info("span segments: %d file(s) of batches never committed deleted", dropped)
             self.seq = segments.next_seq(self.cur)
             self.tail = int(self.cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
+            self.merged_files = segments.merged_count(self.cur)
+            self._gauge_files()
             self._merger = ThreadPoolExecutor(1, thread_name_prefix="agentobs-merge")
         if self.processes > 0:
             self.pool = ProcessPoolExecutor(self.processes, mp_context=mp.get_context("forkserver"),
@@ -305,7 +315,7 @@ class Loader:
         while True:
             stopping = self._stop.is_set()
             if self.segment_dir is not None:
-                self._merge_step(stopping)
+                self._merge_step(stopping, idle=not inflight)
             while not stopping and len(inflight) < self.depth:
                 recs = self.spool.read_from(*read_pos, max_records=100_000, max_bytes=self.batch_bytes,
                                             wait_s=0 if inflight else 0.05)
@@ -386,6 +396,8 @@ class Loader:
             raise
         self.seq += n_files
         self.tail += n_files
+        if n_files:
+            self.health.span_files.labels("segment").set(self.tail)
         self.position = end
         self.spool.mark_loaded(*end)
         h = self.health
@@ -403,25 +415,54 @@ class Loader:
         self.commits += 1
         self.stored_batches += len(group)
 
-    def _merge_step(self, stopping: bool, wait: bool = False) -> None:
+    def _merge_step(self, stopping: bool, wait: bool = False, idle: bool = False) -> None:
         """Commit the merge whose file is written (``wait``: wait for it), then start the next one when
         ``segment_compact_after`` segments are unmerged: its rows picked here, its file written by the merge thread
-        (the oldest segments down to half the threshold, in one file). A failure is logged and retried a second
-        later (the segments stay in the tail: nothing is lost)."""
+        (the oldest segments down to half the threshold, in one file). Else, when the loader is ``idle`` (no batch
+        being decoded) or more than ``REMERGE_FORCE_FILES`` merged files are listed, merged files are merged again
+        (``segments.plan_remerge``), written by the same thread. A failure is logged and retried a second
+        later (the segments stay in the tail, the merged files listed: nothing is lost)."""
         try:
             if self._merge is not None:
                 plan, fut = self._merge
                 if not (wait or fut.done()):
                     return
-                self._merge = None
-                out = fut.result()
-                segments.commit_merge(self.cur, plan, out)  # (its file is deleted if the commit fails)
-                self.tail -= len(plan.rows)
-                self.compacted_segments += len(plan.rows)
-                segments.sweep(self.cur, self.retire_grace_s)
-                log.debug("span segments %d..%d merged (%d rows), %d left", plan.first, plan.last, out.rows,
-                          self.tail)
-            if stopping or self.tail < self.compact_after or time.monotonic() < self._merge_after:
+                try:  # (_merge cleared once committed: merging() is true until then)
+                    out = fut.result()
+                    if isinstance(plan, segments.RemergePlan):
+                        if out.tmp is None:  # given up at a stop
+                            return
+                        segments.commit_remerge(self.cur, plan, out)  # (its file is deleted if the commit fails)
+                        self.merged_files -= len(plan.rows) - 1
+                        self.remerged_files += len(plan.rows)
+                        self._merged_gen += 1  # (a new file of the next level: maybe a run of its own)
+                        self.health.span_merges.labels("again").inc()
+                        log.debug("merged span files %d..%d merged again (%d rows)", plan.first, plan.last, out.rows)
+                    else:
+                        segments.commit_merge(self.cur, plan, out)  # (its file is deleted if the commit fails)
+                        self.tail -= len(plan.rows)
+                        self.compacted_segments += len(plan.rows)
+                        if out.tmp is not None:
+                            self.merged_files += 1
+                            self._merged_gen += 1
+                        self.health.span_merges.labels("segments").inc()
+                        log.debug("span segments %d..%d merged (%d rows), %d left", plan.first, plan.last, out.rows,
+                                  self.tail)
+                    segments.sweep(self.cur, self.retire_grace_s)
+                    self._gauge_files()
+                finally:
+                    self._merge = None
+            if stopping or time.monotonic() < self._merge_after:
+                return
+            if self.tail < self.compact_after:
+                if ((idle or self.merged_files > REMERGE_FORCE_FILES) and self.merged_files >= segments.REMERGE_FANOUT
+                        and self._merged_gen != self._remerge_looked):
+                    again = segments.plan_remerge(self.cur)
+                    if again is None:  # no run to merge: not looked for again until a merged file is added
+                        self._remerge_looked = self._merged_gen
+                        return
+                    assert self._merger is not None
+                    self._merge = (again, self._merger.submit(segments.write_remerge, again, self._stop))
                 return
             keep = self.compact_after // 2
             # at most 2 x segment_compact_after segments a merge (a bounded write): a stop waits for it
@@ -436,6 +477,10 @@ class Loader:
             self.health.write_errors.labels("loader").inc()
             self._merge_after = time.monotonic() + 1.0
             log.warning("merging span segments failed (%s: %s); retrying", type(e).__name__, e)
+
+    def _gauge_files(self) -> None:
+        self.health.span_files.labels("segment").set(self.tail)
+        self.health.span_files.labels("merged").set(self.merged_files)
 
     def merging(self) -> bool:
         """A merge is being written, or is due (segments layout)."""

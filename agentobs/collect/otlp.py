@@ -541,28 +541,7 @@ def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: s
             for pi, sp in enumerate(ss.get("spans", [])):
                 w = f"{sw}.spans[{pi}]"
                 try:
-                    if not isinstance(sp, dict):
-                        raise ValueError("span must be an object")
-                    if REJECT_KEY in sp:  # parse_json_bytes cut it out
-                        raise bad("too_deep", str(sp[REJECT_KEY]))
-                    tid = _id_from_json(sp.get("traceId"), 16, "traceId")
-                    sid = _id_from_json(sp.get("spanId"), 8, "spanId")
-                    p = sp.get("parentSpanId")
-                    parent = _id_from_json(p, 8, "parentSpanId") if p else None
-                    name = _text(sp.get("name", ""), "name")
-                    kind = sp.get("kind", 0)
-                    if isinstance(kind, str):  # tolerate enum names
-                        kind = {"SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
-                                "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}.get(kind, 0)
-                    status = sp.get("status") or {}
-                    if not isinstance(status, dict):
-                        raise ValueError("status must be an object")
-                    code = status.get("code", 0)
-                    if isinstance(code, str):
-                        code = {"STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}.get(code, 0)
-                    message = status.get("message")
-                    if message is not None:
-                        message = _text(message, "status.message")
+                    tid, sid, parent, name, kind, code, message = json_span_head(sp)
                     events = []
                     for ei, evd in enumerate(sp.get("events") or []):
                         if not isinstance(evd, dict):
@@ -572,9 +551,7 @@ def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: s
                             ev["attributes"] = _json_attrs(evd["attributes"], f"events[{ei}]", cap)
                         events.append(ev)
                     attr_list = sp.get("attributes")
-                    _add(out, keys, source, w, tid, sid, parent, name, _to_int(kind, "kind"),
-                         _to_int(sp.get("startTimeUnixNano"), "startTimeUnixNano"),
-                         _to_int(sp.get("endTimeUnixNano", 0), "endTimeUnixNano"), _to_int(code, "status.code"),
+                    _add(out, keys, source, w, tid, sid, parent, name, *json_span_numbers(sp, kind, code),
                          message, service, scope, resource,
                          _json_attrs(attr_list, "span", cap), events, resource_json)
                 except _SPAN_ERRORS as e:
@@ -583,6 +560,41 @@ def decode_json_obj(doc: Any, settings: Settings, source: str = "otlp", where: s
                 if isinstance(attr_list, list) and len(attr_list) > cap:
                     out.warnings.append(f"{w} (span {sid}): {_capped(len(attr_list), cap)}")
     return out
+
+
+def json_span_head(sp: Any) -> tuple[str, str, str | None, str, Any, Any, str | None]:
+    """An OTLP/JSON span's ids, name, kind, status code (enum names read; numbers not yet checked) and status
+    message, checked as the decoder checks them: ValueError (with its ``reason``) for a bad span. Shared by
+    ``decode_json_obj`` and the receivers' acknowledgement check (``receiver.scan_json_spans``)."""
+    if not isinstance(sp, dict):
+        raise ValueError("span must be an object")
+    if REJECT_KEY in sp:  # parse_json_bytes cut it out
+        raise bad("too_deep", str(sp[REJECT_KEY]))
+    tid = _id_from_json(sp.get("traceId"), 16, "traceId")
+    sid = _id_from_json(sp.get("spanId"), 8, "spanId")
+    p = sp.get("parentSpanId")
+    parent = _id_from_json(p, 8, "parentSpanId") if p else None
+    name = _text(sp.get("name", ""), "name")
+    kind = sp.get("kind", 0)
+    if isinstance(kind, str):  # tolerate enum names
+        kind = {"SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2, "SPAN_KIND_CLIENT": 3,
+                "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}.get(kind, 0)
+    status = sp.get("status") or {}
+    if not isinstance(status, dict):
+        raise ValueError("status must be an object")
+    code = status.get("code", 0)
+    if isinstance(code, str):
+        code = {"STATUS_CODE_OK": 1, "STATUS_CODE_ERROR": 2}.get(code, 0)
+    message = status.get("message")
+    if message is not None:
+        message = _text(message, "status.message")
+    return tid, sid, parent, name, kind, code, message
+
+
+def json_span_numbers(sp: dict, kind: Any, code: Any) -> tuple[int, int, int, int]:
+    """(kind, start, end, status code) of an OTLP/JSON span as integers (ValueError: not integers)."""
+    return (_to_int(kind, "kind"), _to_int(sp.get("startTimeUnixNano"), "startTimeUnixNano"),
+            _to_int(sp.get("endTimeUnixNano", 0), "endTimeUnixNano"), _to_int(code, "status.code"))
 
 
 def _count_spans(rs: Any) -> int:

@@ -35,7 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from ..errors import InputError
 from . import otlp
 from .limits import ByteBudget, bearer_ok
-from .receiver import Ingest, count_json_spans, scan_spans
+from .receiver import Ingest, scan_json_spans, scan_spans
 
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
@@ -199,7 +199,8 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
                 raise InputError("expected an OTLP/JSON ExportTraceServiceRequest object with a "
                                  "'resourceSpans' list", "body")
-            out = ing.export(count_json_spans(doc), data, "json", "http")
+            n_spans, rejected, first = scan_json_spans(doc, "body")
+            out = ing.export(n_spans, data, "json", "http", rejected, first)
         if out.status == "overloaded":
             return self._error(429, out.message, reply_type, retry_after=out.retry_after_s)
         if out.status == "unavailable":

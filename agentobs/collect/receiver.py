@@ -101,14 +101,33 @@ def scan_protobuf(data: bytes, where: str = "body") -> int:
     return sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
 
 
-def count_json_spans(doc: dict) -> int:
-    n = 0
-    for rs in doc.get("resourceSpans") or []:
-        if isinstance(rs, dict):
-            for ss in rs.get("scopeSpans") or []:
-                if isinstance(ss, dict) and isinstance(ss.get("spans"), list):
-                    n += len(ss["spans"])
-    return n
+def scan_json_spans(doc: dict, where: str = "body") -> tuple[int, int, str]:
+    """(spans, spans the loader will reject, the first one's reason) of an OTLP/JSON ExportTraceServiceRequest
+    already parsed (``otlp.parse_json_bytes``), for OTLP partial success: the spans of the resourceSpans and
+    scopeSpans that are objects with a ``spans`` list (``instrumentationLibrarySpans``, the pre-1.0 name, as the
+    decoder reads it), each given the decoder's own span-level checks (``otlp.json_span_head`` and
+    ``otlp.json_span_numbers`` + ``otlp.check_span``: ids, name and status message text, nesting cut out by
+    the parser, kind, times, status code), in the decoder's order and with its messages. Attributes and
+    events are left to the loader, as ``scan_spans`` leaves them for protobuf."""
+    n = rejected = 0
+    first = ""
+    for ri, rs in enumerate(doc.get("resourceSpans") or []):
+        if not isinstance(rs, dict):
+            continue
+        scope_spans = rs.get("scopeSpans", rs.get("instrumentationLibrarySpans"))
+        for si, ss in enumerate(scope_spans if isinstance(scope_spans, list) else []):
+            if not (isinstance(ss, dict) and isinstance(ss.get("spans"), list)):
+                continue
+            for pi, sp in enumerate(ss["spans"]):
+                n += 1
+                try:
+                    _, _, _, _, kind, code, _ = otlp.json_span_head(sp)
+                    otlp.check_span(*otlp.json_span_numbers(sp, kind, code))
+                except (ValueError, TypeError, OverflowError) as e:
+                    rejected += 1
+                    if not first:
+                        first = f"{where}: resourceSpans[{ri}].scopeSpans[{si}].spans[{pi}]: {e}"
+    return n, rejected, first
 
 
 class Ingest:

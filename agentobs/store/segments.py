@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -350,6 +351,7 @@ class Compacted:
     seconds: float = 0.0
     left: int = 0  # segments still in the tail
     files: int = 0  # merged files written
+    remerged: int = 0  # merged files merged again (plan_remerge)
 
 
 def _crash_point(step: str) -> None:
@@ -487,6 +489,136 @@ def commit_merge(cur: duckdb.DuckDBPyConnection, plan: MergePlan, out: MergeFile
     return final
 
 
+# -- merged files merged again -------------------------------------------------------------------------------
+# A merged file holds the spans of one tail merge: ~compact_after/2 segments, so its size follows the traffic (a
+# quiet collector's batches are a request or two: files of a few hundred spans). Left alone they pile up — every
+# commit re-makes the view over all of them and every query opens each — so runs of REMERGE_FANOUT adjacent
+# merged files of the same size class (level: floor(log_8 rows)) are merged again into one, up to REMERGE_MAX_ROWS
+# a file: a file only ever joins files of its own size, so each span is rewritten at most once per level (at most
+# log_8 of 2M ÷ its first file's rows times; a run of mixed sizes would rewrite the big file for every few small
+# ones). Measured in docs/collectors.md, part I.
+REMERGE_FANOUT = 8
+REMERGE_MAX_ROWS = 1 << 21
+REMERGE_ROW_GROUP = 65_536  # row groups of a file merged again: the inputs' (one per segment) coalesced up to this
+
+
+def _level(rows: int) -> int:
+    level, cap = 0, REMERGE_FANOUT
+    while rows >= cap:
+        level, cap = level + 1, cap * REMERGE_FANOUT
+    return level
+
+
+@dataclass
+class RemergePlan:
+    """A run of adjacent merged files (in seq order) to write as one (:func:`plan_remerge`)."""
+
+    rows: list[tuple]  # span_merged rows (file, rows, min_start_ns, max_start_ns, min_seq, max_seq), in seq order
+    directory: str
+
+    @property
+    def first(self) -> int:
+        return int(self.rows[0][4])
+
+    @property
+    def last(self) -> int:
+        return int(self.rows[-1][5])
+
+
+def merged_count(cur: duckdb.DuckDBPyConnection) -> int:
+    return int(cur.execute("SELECT count(*) FROM span_merged").fetchall()[0][0])
+
+
+def plan_remerge(cur: duckdb.DuckDBPyConnection, fanout: int = REMERGE_FANOUT) -> RemergePlan | None:
+    """The oldest run of ``fanout`` adjacent merged files of one level whose rows together stay within
+    ``REMERGE_MAX_ROWS`` (adjacent: the seq ranges follow each other, so the new file's range holds no other
+    file's); None: no such run."""
+    rows = cur.execute("SELECT file, rows, min_start_ns, max_start_ns, min_seq, max_seq FROM span_merged "
+                       "ORDER BY min_seq").fetchall()
+    run: list[tuple] = []
+    for r in rows:
+        if run and (_level(int(r[1])) != _level(int(run[0][1])) or sum(int(x[1]) for x in run) + int(r[1])
+                    > REMERGE_MAX_ROWS):
+            run = []
+        if int(r[1]) < REMERGE_MAX_ROWS:
+            run.append(r)
+        if len(run) == fanout:
+            return RemergePlan(run, os.path.dirname(run[0][0]))
+    return None
+
+
+def write_remerge(plan: RemergePlan, stop: threading.Event | None = None) -> MergeFile:
+    """Write the plan's files, in seq order, into one temporary file in their directory (fsync'd), row groups
+    coalesced up to ``REMERGE_ROW_GROUP`` rows (each input's row groups follow the segments' time order, so the
+    ranges stay narrow). pyarrow only, as :func:`write_merge`: memory is one row group's. ``stop`` set (the
+    collector stopping): given up between row groups, the file deleted (``tmp`` None)."""
+    pfs = [pq.ParquetFile(r[0]) for r in plan.rows]  # (each footer read once: small files cost mostly that)
+    schema = pa.unify_schemas([pf.schema_arrow for pf in pfs])
+    tmp = os.path.join(plan.directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
+    writer = pq.ParquetWriter(tmp, schema, **write_options(schema))
+    pending: list[pa.Table] = []
+    n = 0
+
+    def flush() -> None:
+        if pending:
+            t = pa.concat_tables(pending)
+            writer.write_table(t, row_group_size=t.num_rows)
+            pending.clear()
+
+    try:
+        for pf in pfs:
+            for i in range(pf.num_row_groups):
+                if stop is not None and stop.is_set():
+                    writer.close()
+                    Path(tmp).unlink(missing_ok=True)
+                    return MergeFile(None, 0, None, None)
+                t = pf.read_row_group(i, use_threads=False)
+                if t.schema != schema:
+                    t = pa.table([t[fl.name].cast(fl.type) if fl.name in t.column_names
+                                  else pa.nulls(t.num_rows, fl.type) for fl in schema], schema=schema)
+                pending.append(t)
+                n += t.num_rows
+                if sum(x.num_rows for x in pending) >= REMERGE_ROW_GROUP:
+                    flush()
+        flush()
+    except BaseException:
+        writer.close()
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    writer.close()
+    fsync_path(tmp)
+    los = [r[2] for r in plan.rows if r[2] is not None]
+    his = [r[3] for r in plan.rows if r[3] is not None]
+    return MergeFile(tmp, n, min(los) if los else None, max(his) if his else None)
+
+
+def commit_remerge(cur: duckdb.DuckDBPyConnection, plan: RemergePlan, out: MergeFile) -> str:
+    """Rename the file to ``merged-<first seq>-<last seq>.parquet`` (fsync'd directory), then one transaction:
+    its ``span_merged`` row in, the plan's rows out and their files retired (:func:`sweep`), the ``spans`` view
+    re-made. A crash before the commit leaves a file no catalog row lists (:func:`recover` deletes it)."""
+    assert out.tmp is not None
+    final = os.path.join(plan.directory, merged_name(plan.first, plan.last))
+    os.rename(out.tmp, final)
+    fsync_path(plan.directory)
+    _crash_point("renamed")
+    files = [r[0] for r in plan.rows]
+    try:
+        with transaction(cur):
+            cur.execute("INSERT INTO span_segments_retired SELECT file, now()::TIMESTAMP FROM span_merged "
+                        "WHERE list_contains(?, file)", [files])
+            gone = cur.execute("DELETE FROM span_merged WHERE list_contains(?, file)", [files]).fetchall()[0][0]
+            if gone != len(files):
+                raise StoreError(f"merged files changed while being merged again ({gone} of {len(files)} listed)")
+            cur.execute("INSERT INTO span_merged VALUES (?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                        [final, out.rows, out.min_start_ns, out.max_start_ns, plan.first, plan.last])
+            ensure_view(cur)
+    except BaseException:
+        Path(final).unlink(missing_ok=True)
+        raise
+    _crash_point("committed")
+    return final
+
+
 def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, group: int = 16,
             keep: int = 0) -> Compacted:
     """Merge the oldest tail segments, ``group`` at a time, into merged Parquet files until ``keep`` are left or
@@ -504,9 +636,17 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
     try:
         while True:
             plan = None
-            if max_seconds is None or time.perf_counter() - t0 < max_seconds:
+            in_time = max_seconds is None or time.perf_counter() - t0 < max_seconds
+            if in_time:
                 plan = plan_merge(cur, group, keep)
             if plan is None:
+                again = plan_remerge(cur) if in_time else None
+                if again is not None:
+                    done = write_remerge(again)
+                    _crash_point("written")
+                    commit_remerge(cur, again, done)
+                    out.remerged += len(again.rows)
+                    continue
                 out.left = int(cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
                 break
             written = write_merge(plan)
