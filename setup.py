@@ -13,7 +13,7 @@ setup(
         Extension(
             "agentobs.collect._native_json",
             ["agentobs/collect/_native_json.c"],
-            extra_compile_args=["-Wall", "-Wextra", "-std=c99"],
+            extra_compile_args=["-Wall", "-Wextra"],
             optional=True,
         )
     ]
