@@ -3,11 +3,15 @@
 ``decode_bodies(bodies, sources, settings)`` turns a batch of OTLP/protobuf ``ExportTraceServiceRequest``
 bodies into the same rows ``otlp.decode_protobuf`` + ``normalize.promote_row`` produce, without one
 Python object per span or attribute: ``ptars`` parses every body of the batch into one Arrow record
-batch, the nested lists are flattened with their parent indices, ids become hex in NumPy, each
-attribute's JSON fragment is built column-wise (strings by Arrow string kernels, doubles by msgspec —
-the encoder the Python path uses — over the whole column at once) and joined per span, and the
-promoted columns (role, op, session, tokens, TTFT, …) are resolved from a pivot of the keys
-``normalize.py`` reads, with the same first-match-wins rules.
+batch, the nested lists are flattened with their parent indices, ids become hex, each span's attribute
+JSON is written from the flattened columns (doubles by msgspec — the encoder the Python path uses — over
+the whole column at once), and the promoted columns (role, op, session, tokens, TTFT, …) are resolved from
+a pivot of the keys ``normalize.py`` reads, with the same first-match-wins rules.
+
+The JSON, the pivot's grouping by key and the ids' hex are done by the C extension ``_native_json``
+(``_native_json.c``, built by setup.py where a C compiler is) when it is built, else — or with
+``$AGENTOBS_NO_C_EXT=1`` / ``use_c_ext(False)`` — by Arrow kernels and NumPy: the same bytes
+(tests/test_collect_native_c.py).
 
 What the vectorised path does not reproduce exactly is decoded by the Python path instead, one whole
 request at a time, so the rows and the rejection/warning behaviour of such a request are exactly
