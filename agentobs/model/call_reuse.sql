@@ -56,7 +56,7 @@ WITH c AS (
 -- the narrow working set: every step below carries only these columns (the wide rows join back at the end)
 n AS MATERIALIZED (
     SELECT rid, call_id, session_id, branch, instance, start_s, end_s, prompt_tokens, cached_tokens,
-           output_tokens, status, attempt, block_size, block_size_source, prefix_caching, queue_s, ttft_s,
+           output_tokens, status, attempt, block_size, block_size_source, prefix_caching, queue_s, ttft_s, decode_s,
            block_hashes IS NOT NULL AS has_hashes, engine,
            coalesce(system_tokens, 0) + coalesce(tool_def_tokens, 0) AS control_tokens
     FROM c
@@ -470,10 +470,13 @@ ie AS (
 -- two scrapes places a restart between them. For the estimate-mode shortfalls on prev's instance: a restart certainly
 -- inside the gap — its time in (t2(prev), t0(c)], or both bracketing scrapes in it; from t0(prev) when prev failed (a
 -- call the restart dropped fails at the restart) — or one that may be (a bracket that straddles the gap's edge).
---@step: read by rs_k, rs, rs_w and rs_st
+--@step: read by rs_k, rs, rs_w and rs_cr
 rs_c AS (
-    SELECT rid, instance, session_id, start_s, end_s, prev_kv_known,
-           CASE WHEN prev_status = 'error' THEN prev_start_s ELSE prev_end_s END AS from_s, prev_end_s
+    SELECT rid, instance, session_id, start_s,
+           -- the first token: the end less the decode time (the engine's, so the gateway's view: a bound at or after
+           -- the engine's first token, before the blocks decoding fills), else start + queue + TTFT
+           coalesce(end_s - decode_s, start_s + coalesce(queue_s, 0) + coalesce(ttft_s, 0)) AS first_s,
+           prev_kv_known, CASE WHEN prev_status = 'error' THEN prev_start_s ELSE prev_end_s END AS from_s, prev_end_s
     FROM w
     WHERE mode = 'estimate' AND instance = prev_instance AND shortfall_tokens > 0
 ),
@@ -503,21 +506,39 @@ rs_w AS (
     FROM rs_c c JOIN rs r ON r.instance = c.instance
     GROUP BY c.rid
 ),
--- with the session's KV events: the blocks c stored while it ran that the session had stored on the instance by t2(prev)
--- (the same hash: the same prefix up to that block, so a block c could have reused, recomputed since the restart)
---@step: read twice by rs_kv
+-- with the session's KV events, for a restart that is or may be in the gap: where c's prompt stopped sharing what the
+-- instance had cached. c stores the blocks it computed before its first token (its session's BlockStored events in [t0(c), first
+-- token]); those the instance had never stored by t2(prev) (any session's: a shared system prompt is stored by the
+-- session that came first) are new content, and a block's hash names its whole prefix, so they are the tail of c's
+-- full prompt blocks: c shared the first floor(P/B) − new blocks (rs_kv). (Counting the old blocks c stored instead
+-- would miss those another call re-stored first after the restart: the retries of the dropped calls come together.)
+--@step: read by rs_st and rs_kv
+rs_cr AS (
+    SELECT c.rid, c.instance, c.session_id, c.start_s, c.first_s, c.prev_end_s
+    FROM rs_c c JOIN rs_w w USING (rid)
+    WHERE w.restart_possible AND c.prev_kv_known
+),
+--@step: read by rs_old and rs_kv
 rs_st AS (
-    SELECT instance, session_id, epoch_us(ts) / 1e6 AS ts_s, unnest(block_hashes) AS h
-    FROM kv_src
-    WHERE type = 'BlockStored' AND (instance, session_id) IN (SELECT instance, session_id FROM rs_c WHERE prev_kv_known)
+    SELECT DISTINCT c.rid, e.h
+    FROM rs_cr c
+    JOIN (SELECT instance, session_id, epoch_us(ts) / 1e6 AS ts_s, unnest(block_hashes) AS h
+          FROM kv_src
+          WHERE type = 'BlockStored' AND (instance, session_id) IN (SELECT instance, session_id FROM rs_cr)) e
+      ON e.instance = c.instance AND e.session_id = c.session_id AND e.ts_s >= c.start_s AND e.ts_s <= c.first_s
+),
+rs_old AS (
+    SELECT instance, h, min(ts_s) AS first_s
+    FROM (SELECT instance, epoch_us(ts) / 1e6 AS ts_s, unnest(block_hashes) AS h
+          FROM kv_src WHERE type = 'BlockStored' AND instance IN (SELECT instance FROM rs_cr))
+    WHERE h IN (SELECT h FROM rs_st)
+    GROUP BY instance, h
 ),
 rs_kv AS (
-    SELECT c.rid, count(DISTINCT a.h) AS same_blocks
-    FROM rs_c c
-    JOIN rs_st a ON a.instance = c.instance AND a.session_id = c.session_id AND a.ts_s >= c.start_s
-                    AND a.ts_s <= c.end_s
-    JOIN rs_st b ON b.instance = c.instance AND b.session_id = c.session_id AND b.h = a.h AND b.ts_s <= c.prev_end_s
-    WHERE c.prev_kv_known
+    SELECT c.rid, count(*) FILTER (WHERE b.first_s IS NULL OR b.first_s > c.prev_end_s) AS new_blocks
+    FROM rs_cr c
+    JOIN rs_st a USING (rid)
+    LEFT JOIN rs_old b ON b.instance = c.instance AND b.h = a.h
     GROUP BY c.rid
 ),
 -- the cause of a shortfall S = R_eff − C, from evidence (docs/metrics.md, "Miss causes from evidence"). Exact mode
@@ -538,7 +559,11 @@ v AS (
            ie.removed_before AS ie_removed_before, ie.churn_tokens / CAST(ie.cap AS DOUBLE) AS churn_ratio,
            -- the restart evidence (rs above)
            coalesce(rw.restart, false) AS rs_restart, coalesce(rw.restart_possible, false) AS rs_possible,
-           rw.restart_ts_s AS rs_ts_s, rk.same_blocks AS rs_same_blocks
+           rw.restart_ts_s AS rs_ts_s,
+           -- with the session's KV events: what c recomputed of what the instance had cached by t2(prev) (rs_kv)
+           CASE WHEN rw.restart_possible AND w.prev_kv_known
+                THEN least(greatest((w.prompt_tokens // w.block_size - coalesce(rk.new_blocks, 0)) * w.block_size
+                                    - w.cached_tokens, 0), w.shortfall_tokens) END AS rs_x_kv
     FROM w
     LEFT JOIN ev USING (rid)
     LEFT JOIN redo rd USING (rid)
@@ -560,10 +585,12 @@ v2 AS (
                 WHEN instance <> prev_instance THEN 'other_instance'
                 WHEN evict_ts_s < start_s + coalesce(queue_s, 0) + coalesce(ttft_s, 0) THEN 'kv_removal'
                 -- a restart certainly inside the gap: the whole cache was emptied, evidence like a removal (before the
-                -- tolerance); one that may be inside it rules out "no removal" and "never evicted"
-                WHEN rs_restart THEN 'restart'
+                -- tolerance). One that may be: with the session's KV events, c recomputing blocks the instance had
+                -- cached, of which no removal was published, shows the restart came after them (else "no removal"
+                -- holds); without them it rules out "never evicted"
+                WHEN rs_restart OR rs_x_kv > 0 THEN 'restart'
                 WHEN shortfall_tokens <= tolerance_tokens THEN 'tolerance'
-                WHEN prev_kv_known AND cached_tokens >= prior_tokens AND NOT rs_possible THEN 'kv_no_removal'
+                WHEN prev_kv_known AND cached_tokens >= prior_tokens THEN 'kv_no_removal'
                 WHEN ie_preempted THEN 'preemption'
                 WHEN ie_churn >= ie_cap THEN 'churn'
                 WHEN ie_alloc_hi < ie_cap - block_size AND NOT coalesce(ie_removed_before, false) AND NOT rs_possible
@@ -576,10 +603,9 @@ u0 AS (
            -- a removal: what c reused up to where its prompt changed (edit_depth), less what it hit
            CASE WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
-                -- a restart, with the session's KV events: the blocks c recomputed that the session had stored (the
-                -- rest of S was not shared: an edit, a re-rendered tail); without them all of S
-                WHEN cause_evidence = 'restart' AND prev_kv_known
-                THEN least(coalesce(rs_same_blocks, 0) * block_size, shortfall_tokens)
+                -- a restart, with the session's KV events: what c shared of the cache, up to its new blocks, less
+                -- what it hit (the rest of S was not shared: an edit, a re-rendered tail); without them all of S
+                WHEN cause_evidence = 'restart' AND prev_kv_known THEN rs_x_kv
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
                                                                    'kv_removal', 'restart', 'preemption', 'churn',
                                                                    'none')
@@ -589,8 +615,7 @@ u0 AS (
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
                 -- a restart makes the eviction certain; how much of S it cost only the KV events say (as instance
                 -- evidence: c's prompt may have changed within R)
-                WHEN cause_evidence = 'restart' AND prev_kv_known
-                THEN least(coalesce(rs_same_blocks, 0) * block_size, shortfall_tokens)
+                WHEN cause_evidence = 'restart' AND prev_kv_known THEN rs_x_kv
                 -- instance evidence (preemption, churn) makes the eviction certain, not how much of S it cost: c's
                 -- prompt may have changed within R (an edit, a compaction), which only per-session KV events show
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
