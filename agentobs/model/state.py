@@ -56,7 +56,14 @@ from ..store import segments
 from ..store.db import transaction
 from ..store.functions import ensure as functions
 from . import itl, kvindex, rollups, split_statements
-from .reuse import ACTIVITY_COLUMNS, CALL_COLUMNS, COUNTER_METRICS, RESTART_METRICS, reuse_sql, seconds_literal
+from .reuse import (
+    ACTIVITY_COLUMNS,
+    CALL_COLUMNS,
+    COUNTER_METRICS,
+    RESTART_METRICS,
+    reuse_sql,
+    seconds_literal,
+)
 
 TABLE = "model_calls"
 META = "model_state_meta"

@@ -189,7 +189,7 @@ class Fleet:
                     if not r.prefilled:
                         # ground truth: its new blocks were never computed (the process died first), so a later
                         # call computing them is not recomputing them
-                        st0: _SessState = r.call._state  # type: ignore[attr-defined]
+                        st0: _SessState = r.call._state
                         for a, b in r.chain.runs(r.call.R // obj.spec.block_size, r.nblk):
                             st0.seen.pop_range(a, b)
                     self._done(r.call, t)
