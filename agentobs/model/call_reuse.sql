@@ -470,6 +470,7 @@ ie AS (
 -- two scrapes places a restart between them. For the estimate-mode shortfalls on prev's instance: a restart certainly
 -- inside the gap — its time in (t2(prev), t0(c)], or both bracketing scrapes in it; from t0(prev) when prev failed (a
 -- call the restart dropped fails at the restart) — or one that may be (a bracket that straddles the gap's edge).
+-- Exact mode too: its cause needs nothing new (the block hashes), its window's eviction time does.
 --@step: read by rs_k, rs, rs_w and rs_cr
 rs_c AS (
     SELECT rid, instance, session_id, start_s,
@@ -478,7 +479,7 @@ rs_c AS (
            coalesce(end_s - decode_s, start_s + coalesce(queue_s, 0) + coalesce(ttft_s, 0)) AS first_s,
            prev_kv_known, CASE WHEN prev_status = 'error' THEN prev_start_s ELSE prev_end_s END AS from_s, prev_end_s
     FROM w
-    WHERE mode = 'estimate' AND instance = prev_instance AND shortfall_tokens > 0
+    WHERE mode IN ('estimate', 'exact') AND instance = prev_instance AND shortfall_tokens > 0
 ),
 rs_k AS (
     SELECT instance, metric, epoch_us(ts) / 1e6 AS ts_s, sum(value) AS v
@@ -695,13 +696,20 @@ fin AS (
        w.is_retry, w.turn_no, w.is_last_attempt, w.is_last,
        w.kv_tokens_before, l.window_outcome,
        CASE WHEN w.prev_call_id IS NULL THEN NULL WHEN w.prev_kv_known THEN 'kv_events' ELSE 'estimate' END AS rent_mode,
-       -- a restart: its time when the instance exposes it (process_start_time_seconds), else unknown
-       CASE WHEN w.cause_evidence = 'restart' THEN w.rs_ts_s ELSE w.evict_ts_s END AS evict_ts_s,
-       CASE WHEN w.cause_evidence = 'restart' THEN CASE WHEN w.rs_ts_s IS NOT NULL THEN 'idle' END
+       -- a window a restart ended (the restart rule, or an eviction in exact mode or by a removal with a restart
+       -- certainly in the gap too): the restart's time when the instance exposes it (process_start_time_seconds; a
+       -- removal before it, if any), else unknown — the dying process published no removal to date it
+       CASE WHEN w.cause_evidence = 'restart' OR (w.rs_restart AND l.window_outcome = 'evicted')
+            THEN CASE WHEN w.rs_ts_s IS NOT NULL THEN least(w.rs_ts_s, coalesce(w.evict_ts_s, w.rs_ts_s)) END
+            ELSE w.evict_ts_s END AS evict_ts_s,
+       CASE WHEN w.cause_evidence = 'restart' OR (w.rs_restart AND l.window_outcome = 'evicted')
+            THEN CASE WHEN w.rs_ts_s IS NOT NULL THEN 'idle' END
             ELSE w.evict_phase END AS evict_phase,
        CASE WHEN l.window_outcome = 'retained' THEN w.kv_tokens_before * w.gap_before_s END AS rent_paid_token_s,
-       CASE WHEN w.cause_evidence = 'restart'
-                THEN CASE WHEN w.rs_ts_s IS NOT NULL THEN w.kv_tokens_before * greatest(w.rs_ts_s - w.prev_end_s, 0) END
+       CASE WHEN w.cause_evidence = 'restart' OR (w.rs_restart AND l.window_outcome = 'evicted')
+                THEN CASE WHEN w.rs_ts_s IS NOT NULL
+                          THEN w.kv_tokens_before * greatest(least(w.rs_ts_s, coalesce(w.evict_ts_s, w.rs_ts_s))
+                                                             - w.prev_end_s, 0) END
             WHEN l.window_outcome = 'evicted' AND w.prev_kv_known
                 THEN w.kv_tokens_before * (least(coalesce(w.evict_ts_s, w.start_s), w.start_s) - w.prev_end_s)
             WHEN l.window_outcome = 'routed_away' AND w.prev_kv_known AND w.evict_ts_s IS NOT NULL

@@ -192,6 +192,8 @@ class BundleSink:
         elif r.finish == "restart":  # the engine restarted while serving it: the connection dropped, no usage came
             # back but the prompt the gateway counted itself
             attrs.update({"error.type": "502", "gen_ai.usage.input_tokens": r.P})
+            if self.block_hashes:  # the client's hashes of its own prompt: there whatever the engine did
+                attrs["agentobs.prompt.block_hashes"] = list(r.chain[: r.nblk])
             status = {"code": 2, "message": "502 Bad Gateway: upstream connection reset"}
             end = call.t2
         else:
