@@ -333,7 +333,7 @@ tw AS (
     -- part_id names the session and branch (a call without a session: its own row id, a sequence of one)
     WINDOW t AS (PARTITION BY part_id ORDER BY start_s, rid)
 ),
---@step: read by ie_c and v
+--@step: read by ie_c, rs_c and v
 w AS (
     SELECT z.*, tw.turn_no, tw.is_last_attempt, tw.is_last,
            -- abandoned (§4): the session's last call, and the data goes on for abandoned_after_s after it ended
