@@ -542,6 +542,15 @@ rs_kv AS (
     LEFT JOIN rs_old b ON b.instance = c.instance AND b.h = a.h
     GROUP BY c.rid
 ),
+-- an abandoned call's KV goes with the first restart of its instance after it ended, when the engine dates it (the
+-- dying process publishes no removal): abandon_rent runs to it
+rs_ab AS (
+    SELECT a.rid, min(s.value) AS restart_s
+    FROM (SELECT rid, instance, end_s FROM w WHERE abandoned AND own_kv_known) a
+    JOIN (SELECT DISTINCT instance, value FROM cnt_src WHERE metric = 'process_start_time_seconds') s
+      ON s.instance = a.instance AND s.value > a.end_s
+    GROUP BY a.rid
+),
 -- the cause of a shortfall S = R_eff − C, from evidence (docs/metrics.md, "Miss causes from evidence"). Exact mode
 -- (block hashes): R is what c shares with the session's earlier prompts, so S is re-prefill; the cause ladder as
 -- before. Estimate mode: R = P(prev) assumes c extends prev to the last token, so S is re-prefill only with
@@ -719,13 +728,16 @@ fin AS (
             THEN coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0) END AS abandon_kv_tokens,
        CASE WHEN w.abandoned AND w.own_kv_known
             THEN (coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0))
-                 * (coalesce(ab.abandon_evict_ts_s, ke.last_s) - w.end_s) END AS abandon_rent_token_s,
-       CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored,
+                 * (coalesce(least(ab.abandon_evict_ts_s, ra.restart_s), ab.abandon_evict_ts_s, ra.restart_s,
+                             ke.last_s) - w.end_s) END AS abandon_rent_token_s,
+       CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL AND ra.restart_s IS NULL
+       END AS abandon_censored,
        w.abandoned,
        w.shortfall_tokens, w.reprefill_low_tokens, w.reprefill_high_tokens, w.cause_evidence, w.churn_ratio
     FROM u w
     JOIN lab l USING (rid)
     LEFT JOIN ab USING (rid)
+    LEFT JOIN rs_ab ra USING (rid)
     LEFT JOIN kv_end ke ON ke.instance = w.instance
 )
 -- final: the call columns joined back onto the computed ones (reuse.py cuts the body here for the narrow form)
