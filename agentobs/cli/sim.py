@@ -131,6 +131,8 @@ def simulate_cmd(ctx: Ctx, scenario, traces, replicas, engine, kv_capacity_token
         given = [o for o, v in trace_opts.items() if v is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)} only apply with --trace FILE")
+    if compare and (restarts or process_metrics):
+        raise click.UsageError("--compare runs its own configs; it does not combine with --restart / --process-metrics")
     if compare:
         configs = whatif_configs()
         with prog:
