@@ -333,7 +333,7 @@ tw AS (
     -- part_id names the session and branch (a call without a session: its own row id, a sequence of one)
     WINDOW t AS (PARTITION BY part_id ORDER BY start_s, rid)
 ),
---@step: read by ie_c, rs_c and v
+--@step: read by ie_c, rs_c, rs_ab and v
 w AS (
     SELECT z.*, tw.turn_no, tw.is_last_attempt, tw.is_last,
            -- abandoned (§4): the session's last call, and the data goes on for abandoned_after_s after it ended
@@ -508,11 +508,11 @@ rs_w AS (
     GROUP BY c.rid
 ),
 -- with the session's KV events, for a restart that is or may be in the gap: where c's prompt stopped sharing what the
--- instance had cached. c stores the blocks it computed before its first token (its session's BlockStored events in [t0(c), first
--- token]); those the instance had never stored by t2(prev) (any session's: a shared system prompt is stored by the
--- session that came first) are new content, and a block's hash names its whole prefix, so they are the tail of c's
--- full prompt blocks: c shared the first floor(P/B) − new blocks (rs_kv). (Counting the old blocks c stored instead
--- would miss those another call re-stored first after the restart: the retries of the dropped calls come together.)
+-- instance had cached. c stores the blocks it computed before its first token (its session's BlockStored events in
+-- [t0(c), first token]); those the instance had never stored by t2(prev) (any session's: a shared system prompt is
+-- stored by the session that came first) are new content, and a block's hash names its whole prefix, so they are the
+-- tail of c's full prompt blocks: c shared the first floor(P/B) − new blocks (rs_kv). (Counting the old blocks c stored
+-- instead would miss those another call re-stored first after the restart: the dropped calls' retries come together.)
 --@step: read by rs_st and rs_kv
 rs_cr AS (
     SELECT c.rid, c.instance, c.session_id, c.start_s, c.first_s, c.prev_end_s
