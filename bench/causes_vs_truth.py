@@ -5,7 +5,9 @@ Each replay is simulated twice with the same seed — once as most deployments s
 no block hashes: estimate mode), once with ``agentobs.prompt.block_hashes`` on the spans (exact mode) — imported,
 and ``call_reuse`` compared with ``truth/calls.parquet`` (agentobs.sim.validate). The "no KV events" replay is what
 SGLang (no session ids in its KV events) and deployments without a KV-event capture get: scrapes every 5 s and the
-spans, so only the instance evidence (docs/metrics.md) decides a shortfall.
+spans, so only the instance evidence (docs/metrics.md) decides a shortfall. The "restarts" replays restart each
+replica's engine twice (docs/metrics.md, "Restarts"): with KV events and vLLM's process start time on /metrics
+(one API server), and without KV events nor the start time (a counter reset between two scrapes says it).
 
     python bench/causes_vs_truth.py                 # every replay below
     python bench/causes_vs_truth.py --only edits    # one
@@ -39,15 +41,22 @@ def replays() -> dict:
         "traces (unbounded)": replace(trace_scenario(traces, replicas=2, kv_capacity_tokens=50_000_000),
                                       snapshot_s=0.0),
         "edits, no KV events (scrapes every 5 s)": replace(scenario("edits"), snapshot_s=5.0),
+        "edits, restarts (KV events, process start time)": replace(scenario("edits"), snapshot_s=5.0),
+        "edits, restarts, no KV events (counter resets, scrapes every 5 s)": replace(scenario("edits"), snapshot_s=5.0),
     }
 
 
 NO_KV = "no KV events"
+# each replica of the edits scenario restarts twice, while it serves (simulated seconds)
+RESTARTS = (("10.5.0.1:8000", 600.0), ("10.5.0.2:8000", 900.0), ("10.5.0.1:8000", 1200.0),
+            ("10.5.0.2:8000", 1500.0))
 
 
-def run(sc, tmp: Path, block_hashes: bool, seed: int, kv_events: bool = True):
+def run(sc, tmp: Path, block_hashes: bool, seed: int, kv_events: bool = True, restarts=(),
+        process_metrics: bool = False):
     out = tmp / ("exact" if block_hashes else "estimate")
-    simulate(sc, seed=seed, out=out, block_hashes=block_hashes, kv_events=kv_events)
+    simulate(sc, seed=seed, out=out, block_hashes=block_hashes, kv_events=kv_events, restarts=restarts,
+             process_metrics=process_metrics)
     con = connect(tmp / f"{out.name}.duckdb")
     with Writer(con) as w:
         import_bundle(out, w, load_settings(None))
@@ -65,9 +74,11 @@ def main() -> None:
         if a.only and a.only not in name:
             continue
         t0 = time.perf_counter()
+        kw = {"kv_events": NO_KV not in name, "restarts": RESTARTS if "restarts" in name else (),
+              "process_metrics": "process start" in name}
         with tempfile.TemporaryDirectory() as d:
-            est = run(sc, Path(d), False, a.seed, kv_events=NO_KV not in name)
-            ex = run(sc, Path(d), True, a.seed, kv_events=NO_KV not in name)
+            est = run(sc, Path(d), False, a.seed, **kw)
+            ex = run(sc, Path(d), True, a.seed, **kw)
         print(f"\n## {name}: {est.calls:,} calls, {est.sessions} sessions ({time.perf_counter() - t0:.0f} s)")
         print("| cause | truth | estimate | exact |")
         print("|---|---:|---:|---:|")

@@ -64,5 +64,6 @@ def test_call_reuse_marks_its_multiply_read_ctes():
 
     sql = reuse_sql()
     assert steps.has_steps(sql)
-    # u (read by lab and fin), the instance evidence's ie_c / ie_act / ie_kd, w (read by ie_c and v), pb, bh
-    assert set(steps.marked(sql)) == {"pb", "bh", "w", "ie_c", "ie_act", "ie_kd", "u"}
+    # u (read by lab and fin), the instance evidence's ie_c / ie_act / ie_kd, the restarts' rs_c / rs_cr / rs_st, w
+    # (read by ie_c, rs_c and v), pb, bh
+    assert set(steps.marked(sql)) == {"pb", "bh", "w", "ie_c", "ie_act", "ie_kd", "rs_c", "rs_cr", "rs_st", "u"}

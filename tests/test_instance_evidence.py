@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import duckdb
 import pytest
-from builders import call, make_db, ts
+from builders import T0, call, make_db, ts
 
 A = "A:8000"
 VLLM_POOL = [(A, "vllm", "block_size", "16"), (A, "vllm", "num_gpu_blocks", "100")]
@@ -231,4 +231,55 @@ def test_refresh_reads_the_calls_before_its_window_as_one_row(tmp_path, before, 
         == [(0,)]
     assert con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM model_calls EXCEPT SELECT * FROM inc)").fetchall() \
         == [(0,)]
+    con.close()
+
+
+def test_maintained_state_follows_a_restart_seen_later(tmp_path):
+    """Scrapes that show A's engine restarted in c2's gap arrive after c2 was derived: the refresh re-derives s1
+    (though A's pool size is unknown here, so c2 had no instance evidence) and equals a rebuild — first a counter
+    reset (no restart time), then the process start time (the restart's time: the wasted rent from it)."""
+    import pyarrow as pa
+
+    from agentobs.config import Settings
+    from agentobs.model import connect, state
+    from agentobs.store.writer import Writer
+
+    con = connect(make_db(tmp_path, S1, config=[(A, "vllm", "block_size", "16")]))
+    s = Settings()
+    assert state.refresh(con, s).mode == "rebuild"
+
+    def c2():
+        return con.sql("SELECT cause_evidence, miss_cause, reprefill_tokens, window_outcome, evict_ts_s, "
+                       "rent_wasted_token_s FROM model_calls WHERE call_id = 'c2'").fetchall()[0]
+
+    def write(rows):
+        with Writer(con, flush_s=0.01) as w:
+            w.write("metric_samples", pa.table({
+                "ts": [ts(x[1]) for x in rows], "instance": [x[0] for x in rows], "metric": [x[2] for x in rows],
+                "labels": pa.array([list(x[3].items()) for x in rows], pa.map_(pa.string(), pa.string())),
+                "labels_key": [",".join(f"{k}={v}" for k, v in sorted(x[3].items())) for x in rows],
+                "value": [float(x[4]) for x in rows], "engine": [None] * len(rows)}))
+
+    def equals_rebuild():
+        cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall() if c[0] != "block_hashes"]
+        con.execute("CREATE OR REPLACE TEMP TABLE inc AS SELECT * FROM model_calls")
+        state.rebuild(con, s)
+        sel = ", ".join(cols)
+        return con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM inc EXCEPT SELECT {sel} FROM model_calls)"
+                           ).fetchall()[0][0] == 0
+
+    assert c2() == ("none", "unexplained", 400, "unknown", None, None)
+    # a reset between the scrapes at 10 and 20, both inside the gap (2, 100]: a restart there, its time unknown
+    write(_vllm(10, prompt=400, gen=100) + _vllm(20))
+    r = state.refresh(con, s)
+    assert r.mode == "incremental" and r.sessions == 1
+    assert c2() == ("restart", "evicted_full", 400, "evicted", None, None)
+    assert equals_rebuild()
+    # later scrapes with A's process start time: T0 + 15; the window's wasted rent runs from c1's end (2) to it:
+    # K = 400 + 100 tokens × 13 s = 6,500 token-s
+    write([(A, t, "process_start_time_seconds", {}, T0 + 15) for t in (30, 40)])
+    r = state.refresh(con, s)
+    assert r.mode == "incremental" and r.sessions == 1
+    assert c2() == ("restart", "evicted_full", 400, "evicted", T0 + 15, 6500.0)
+    assert equals_rebuild()
     con.close()

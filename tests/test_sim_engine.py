@@ -104,6 +104,71 @@ def test_second_turn_hits_previous_prompt_blocks():
     assert c2.prev is c1 and c2.t0 == pytest.approx(c1.t2 + 3.0)
 
 
+class _KVSink(CollectSink):
+    """Collects the finished calls and the KV events the instances publish."""
+
+    wants_kv_events = True
+
+    def __init__(self):
+        super().__init__()
+        self.kv: list = []
+
+    def kv_flush(self, inst) -> None:
+        self.kv.extend(inst.kv_events)
+        inst.kv_events.clear()
+
+
+def test_restart_between_turns_empties_the_cache_silently():
+    # turn 1 (330 tokens: 20 full blocks) ends at ≈ 0.05 s; the engine restarts at 2 s; turn 2 (600 tokens sharing
+    # turn 1's 20 full blocks) comes 3 s after turn 1: nothing cached any more (C = 0), the truth's R still 320 (what
+    # the session computed before) and its eviction at the restart; the dying process published no BlockRemoved
+    from agentobs.sim import promexp
+
+    ids = IdAlloc(1)
+    chain = ids.take(40)
+    calls = [CallSpec(chain, 20, 330, 5, 0.0), CallSpec(chain, 37, 600, 5, 3.0)]
+    s = Session("s", "t", "coding", "x", "a", 0.0, [Segment("seq", [("main", calls)])], 2)
+    sink = _KVSink()
+    fl = Fleet(FleetSpec([InstanceSpec("h:1", preset="tiny-test", process_metrics=True)], snapshot_s=0,
+                         restarts=(("h:1", 2.0),)), sink, ids)
+    fl.run([s])
+    c1, c2 = sink.calls
+    assert c1.t2 < 2.0 < c2.t0 and c2.prev is c1
+    assert (c1.req.C, c2.req.C, c2.R) == (0, 0, 320)
+    assert c1.req.evict_first == 2.0
+    assert {k for _, k, *_ in sink.kv} == {"BlockStored"}
+    # the new process's counters count turn 2 alone; its start time is the restart's (epoch + 2 s)
+    from prometheus_client.parser import text_string_to_metric_families
+
+    got = {(x.name, x.labels.get("source")): x.value
+           for f in text_string_to_metric_families(promexp.render(fl.instances[0]).decode()) for x in f.samples}
+    assert got[("vllm:prompt_tokens_total", None)] == 600.0
+    assert got[("process_start_time_seconds", None)] == fl.spec.start_epoch + 2.0
+    # without process metrics (SGLang, multi-process vLLM) the family is absent
+    fl.instances[0].spec = InstanceSpec("h:1", preset="tiny-test")
+    assert "process_start_time_seconds" not in promexp.render(fl.instances[0]).decode()
+
+
+def test_restart_drops_the_call_in_flight_and_its_retry_recomputes():
+    # one call of 8,192 tokens (prefill 411.6 ms on tiny-test); the engine restarts at 0.2 s, mid-prefill: the call
+    # fails (finish "restart"), is retried after its 1 s backoff and served by the new process from scratch. Its
+    # blocks were never computed before (the prefill did not finish): the truth's R of the retry is 0, not 8,192
+    sink = CollectSink()
+    fl = Fleet(FleetSpec([InstanceSpec("h:1", preset="tiny-test")], snapshot_s=0, net_s=0.0,
+                         restarts=(("h:1", 0.2),)), sink)
+    fl.run([_one_call_session(8192, 10, list(range(1, 513)))])
+    dropped, retry = sink.calls
+    assert (dropped.req.status, dropped.req.finish, dropped.t2, dropped.req.O) == ("error", "restart", 0.2, 0)
+    assert (retry.attempt, retry.req.status, retry.req.C, retry.R) == (2, "ok", 0, 0)
+    assert retry.t0 == pytest.approx(1.2)
+    assert fl.instances[0].restarts == 1
+
+
+def test_restart_of_an_unknown_instance():
+    with pytest.raises(ConfigError, match="restart of unknown instance 'h:9'"):
+        Fleet(FleetSpec([InstanceSpec("h:1", preset="tiny-test")], restarts=(("h:9", 1.0),)))
+
+
 class _I:
     def __init__(self, name, idx, load, hits, model=None):
         self.spec = InstanceSpec(name, model=model)

@@ -178,6 +178,10 @@ def test_bad_trace_files_name_the_file(tmp_path):
     (["--trace", "T", "--block-size", "48"], "--block-size"),
     (["--trace", "T", "--block-size", "64", "--kv-capacity-tokens", "32"], "less than one block (64 tokens)"),
     (["--trace", "T", "--router", "random"], "--router"),
+    (["--trace", "T", "--restart", "nope"], "--restart 'nope': expected INSTANCE@SECONDS"),
+    (["--trace", "T", "--restart", "1.2.3.4:80@-5"], "expected INSTANCE@SECONDS"),
+    (["--trace", "T", "--restart", "1.2.3.4:80@5"], "restart of unknown instance '1.2.3.4:80'"),
+    (["--compare", "--restart", "10.0.0.1:8000@5"], "does not combine with --restart"),
 ])
 def test_option_validation(traces, args, msg):
     args = [str(traces[0]) if a == "T" else a for a in args]

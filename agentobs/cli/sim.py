@@ -92,20 +92,25 @@ def import_bundle_cmd(ctx: Ctx, path, rebase_to):
 @click.option("--gzip-prom", is_flag=True, default=False, help="Gzip the Prometheus snapshots.")
 @click.option("--no-kv-events", is_flag=True, default=False, help="Do not write KV-event captures.")
 @click.option("--block-hashes", is_flag=True, default=False, help="Put agentobs.prompt.block_hashes on gateway spans.")
+@click.option("--restart", "restarts", multiple=True, metavar="INSTANCE@SECONDS",
+              help="Restart that replica's engine at that simulated second (repeatable): its cache emptied, its "
+                   "counters back to 0, the calls in flight failed.")
+@click.option("--process-metrics", is_flag=True, default=False,
+              help="vLLM replicas expose process_start_time_seconds (one API server), which dates a restart.")
 @click.option("--import", "do_import", is_flag=True, default=False, help="Also import the bundle into --db.")
 @click.option("--compare", is_flag=True, default=False,
               help="What-if: the 20-turn tool-calling trace under radix/prefix cache, HiCache and routing configs.")
 @common
 def simulate_cmd(ctx: Ctx, scenario, traces, replicas, engine, kv_capacity_tokens, block_size, max_model_len, out,
                  seed, router, duration, sessions_per_min, scrape_every, gzip_prom, no_kv_events, block_hashes,
-                 do_import, compare):
+                 restarts, process_metrics, do_import, compare):
     """Simulate an engine fleet serving agent sessions; emit real telemetry formats plus ground truth."""
     from dataclasses import replace
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from ..sim.run import compare as run_compare
-    from ..sim.run import compare_table, simulate
+    from ..sim.run import compare_table, parse_restart, simulate
     from ..sim.scenarios import scenario as get_scenario
     from ..sim.scenarios import whatif_configs
 
@@ -126,6 +131,8 @@ def simulate_cmd(ctx: Ctx, scenario, traces, replicas, engine, kv_capacity_token
         given = [o for o, v in trace_opts.items() if v is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)} only apply with --trace FILE")
+    if compare and (restarts or process_metrics):
+        raise click.UsageError("--compare runs its own configs; it does not combine with --restart / --process-metrics")
     if compare:
         configs = whatif_configs()
         with prog:
@@ -149,13 +156,15 @@ def simulate_cmd(ctx: Ctx, scenario, traces, replicas, engine, kv_capacity_token
         sc = replace(sc, sessions_per_min=sessions_per_min)
     if do_import and not out:
         raise click.UsageError("--import needs --out DIR")
+    restart_at = [parse_restart(r) for r in restarts]
     import time
 
     t = time.perf_counter()
     with prog:
         task = prog.add_task(f"simulate {sc.name}", total=None)
         fleet = simulate(sc, seed, out, progress=lambda n: prog.advance(task, n), prom_every=scrape_every,
-                         gzip_prom=gzip_prom, kv_events=not no_kv_events, block_hashes=block_hashes)
+                         gzip_prom=gzip_prom, kv_events=not no_kv_events, block_hashes=block_hashes,
+                         restarts=restart_at, process_metrics=process_metrics)
     wall = time.perf_counter() - t
     err_console.print(f"simulated {fleet.calls_done:,} calls of {fleet.sessions_done:,} sessions, "
                       f"{fleet.now / 3600:.2f} h on {len(fleet.instances)} replicas in {wall:.1f} s"

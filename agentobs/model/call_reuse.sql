@@ -8,7 +8,8 @@
 --                calls); n: the calls a row stands for (1; a refresh's row summing an instance's calls before the
 --                time its derived calls reach, agentobs/model/state.py: those calls' allocation in O, P = 0, C the
 --                instance's first call's)
---   cnt_src      metric_samples of the engines' counters (preemptions, prompt/cached/generated/evicted tokens)
+--   cnt_src      metric_samples of the engines' counters (preemptions, prompt/cached/generated/evicted tokens) and
+--                process_start_time_seconds (restarts)
 --   reuse_params one row: default_block_size, abandoned_after_s, hit_tolerance_blocks, data_end_s (the latest span
 --                end in the store)
 -- Columns (docs/metrics.md, "call_reuse"):
@@ -26,8 +27,9 @@
 --   miss_cause       error (the call failed and measured no re-prefill) | cold | prior_hit (first call, C ≥ B: blocks
 --                    the session never stored) | routed_away | cache_disabled | evicted_full | evicted_partial |
 --                    prompt_edit | unexplained | unknown | NULL (no miss, or a hit within the tolerance)
---   cause_evidence   what the cause rests on: block_hashes | cache_off | other_instance | kv_removal |
---                    kv_no_removal | tolerance | preemption | churn | no_churn (instance evidence) | none | NULL
+--   cause_evidence   what the cause rests on: block_hashes | cache_off | other_instance | kv_removal | restart (the
+--                    engine restarted in the gap) | kv_no_removal | tolerance | preemption | churn | no_churn (instance
+--                    evidence) | none | NULL
 --   churn_ratio      the instance's churn during the gap ÷ its pool size (estimate-mode shortfalls beyond the
 --                    tolerance on the same instance, pool size known), whatever evidence decided the cause
 --   hit_class        hit (C ≥ R_eff − tolerance·B) | partial | miss (C = 0) | NULL
@@ -54,7 +56,7 @@ WITH c AS (
 -- the narrow working set: every step below carries only these columns (the wide rows join back at the end)
 n AS MATERIALIZED (
     SELECT rid, call_id, session_id, branch, instance, start_s, end_s, prompt_tokens, cached_tokens,
-           output_tokens, status, attempt, block_size, block_size_source, prefix_caching, queue_s, ttft_s,
+           output_tokens, status, attempt, block_size, block_size_source, prefix_caching, queue_s, ttft_s, decode_s,
            block_hashes IS NOT NULL AS has_hashes, engine,
            coalesce(system_tokens, 0) + coalesce(tool_def_tokens, 0) AS control_tokens
     FROM c
@@ -103,6 +105,7 @@ j AS (
     SELECT n.*, coalesce(pi.part_id, n.rid) AS part_id, pi.prev_forked, p.call_id AS prev_call_id,
            p.instance AS prev_instance, p.prompt_tokens AS prev_prompt_tokens,
            p.output_tokens AS prev_output_tokens, p.end_s AS prev_end_s, p.status AS prev_status,
+           p.start_s AS prev_start_s,
            p.has_hashes AS prev_has_hashes
     FROM n
     LEFT JOIN prev_id pi USING (rid)
@@ -330,7 +333,7 @@ tw AS (
     -- part_id names the session and branch (a call without a session: its own row id, a sequence of one)
     WINDOW t AS (PARTITION BY part_id ORDER BY start_s, rid)
 ),
---@step: read by ie_c and v
+--@step: read by ie_c, rs_c, rs_ab and v
 w AS (
     SELECT z.*, tw.turn_no, tw.is_last_attempt, tw.is_last,
            -- abandoned (§4): the session's last call, and the data goes on for abandoned_after_s after it ended
@@ -461,6 +464,93 @@ ie AS (
     LEFT JOIN ie_has_k h ON h.instance = c.instance
     LEFT JOIN ie_rm r ON r.instance = c.instance
 ),
+-- engine restarts (docs/metrics.md, "Restarts"): a restart empties the instance's whole cache and the old process
+-- publishes no removal for it. Where the instance exposes process_start_time_seconds (vLLM with one API server; SGLang
+-- and multi-process vLLM do not) it gives the restart's time; otherwise a cumulative counter that decreased between
+-- two scrapes places a restart between them. For the estimate-mode shortfalls on prev's instance: a restart certainly
+-- inside the gap — its time in (t2(prev), t0(c)], or both bracketing scrapes in it; from t0(prev) when prev failed (a
+-- call the restart dropped fails at the restart) — or one that may be (a bracket that straddles the gap's edge).
+-- Exact mode too: its cause needs nothing new (the block hashes), its window's eviction time does.
+--@step: read by rs_k, rs, rs_w and rs_cr
+rs_c AS (
+    SELECT rid, instance, session_id, start_s,
+           -- the first token: the end less the decode time (the engine's, so the gateway's view: a bound at or after
+           -- the engine's first token, before the blocks decoding fills), else start + queue + TTFT
+           coalesce(end_s - decode_s, start_s + coalesce(queue_s, 0) + coalesce(ttft_s, 0)) AS first_s,
+           prev_kv_known, CASE WHEN prev_status = 'error' THEN prev_start_s ELSE prev_end_s END AS from_s, prev_end_s
+    FROM w
+    WHERE mode IN ('estimate', 'exact') AND instance = prev_instance AND shortfall_tokens > 0
+),
+rs_k AS (
+    SELECT instance, metric, epoch_us(ts) / 1e6 AS ts_s, sum(value) AS v
+    FROM cnt_src
+    WHERE metric <> 'process_start_time_seconds' AND instance IN (SELECT instance FROM rs_c)
+    GROUP BY instance, metric, ts
+),
+-- each restart: (lo_s, hi_s] holds it (exact: lo_s = hi_s = the process start time)
+rs AS (
+    SELECT DISTINCT instance, value AS lo_s, value AS hi_s, true AS exact
+    FROM cnt_src
+    WHERE metric = 'process_start_time_seconds' AND instance IN (SELECT instance FROM rs_c)
+    UNION ALL
+    SELECT DISTINCT instance, prev_ts_s, ts_s, false
+    FROM (SELECT instance, ts_s, v < lag(v) OVER k AS down, lag(ts_s) OVER k AS prev_ts_s
+          FROM rs_k WINDOW k AS (PARTITION BY instance, metric ORDER BY ts_s))
+    WHERE down AND instance NOT IN (SELECT instance FROM cnt_src WHERE metric = 'process_start_time_seconds')
+),
+rs_w AS (
+    SELECT c.rid,
+           max(CASE WHEN r.exact AND r.hi_s > c.from_s AND r.hi_s <= c.start_s THEN 1
+                    WHEN NOT r.exact AND r.lo_s >= c.from_s AND r.hi_s <= c.start_s THEN 1 ELSE 0 END) = 1 AS restart,
+           max(CASE WHEN r.lo_s < c.start_s AND r.hi_s > c.from_s THEN 1 ELSE 0 END) = 1 AS restart_possible,
+           min(r.hi_s) FILTER (WHERE r.exact AND r.hi_s > c.from_s AND r.hi_s <= c.start_s) AS restart_ts_s
+    FROM rs_c c JOIN rs r ON r.instance = c.instance
+    GROUP BY c.rid
+),
+-- with the session's KV events, for a restart that is or may be in the gap: where c's prompt stopped sharing what the
+-- instance had cached. c stores the blocks it computed before its first token (its session's BlockStored events in
+-- [t0(c), first token]); those the instance had never stored by t2(prev) (any session's: a shared system prompt is
+-- stored by the session that came first) are new content, and a block's hash names its whole prefix, so they are the
+-- tail of c's full prompt blocks: c shared the first floor(P/B) − new blocks (rs_kv). (Counting the old blocks c stored
+-- instead would miss those another call re-stored first after the restart: the dropped calls' retries come together.)
+--@step: read by rs_st and rs_kv
+rs_cr AS (
+    SELECT c.rid, c.instance, c.session_id, c.start_s, c.first_s, c.prev_end_s
+    FROM rs_c c JOIN rs_w w USING (rid)
+    WHERE w.restart_possible AND c.prev_kv_known
+),
+--@step: read by rs_old and rs_kv
+rs_st AS (
+    SELECT DISTINCT c.rid, e.h
+    FROM rs_cr c
+    JOIN (SELECT instance, session_id, epoch_us(ts) / 1e6 AS ts_s, unnest(block_hashes) AS h
+          FROM kv_src
+          WHERE type = 'BlockStored' AND (instance, session_id) IN (SELECT instance, session_id FROM rs_cr)) e
+      ON e.instance = c.instance AND e.session_id = c.session_id AND e.ts_s >= c.start_s AND e.ts_s <= c.first_s
+),
+rs_old AS (
+    SELECT instance, h, min(ts_s) AS first_s
+    FROM (SELECT instance, epoch_us(ts) / 1e6 AS ts_s, unnest(block_hashes) AS h
+          FROM kv_src WHERE type = 'BlockStored' AND instance IN (SELECT instance FROM rs_cr))
+    WHERE h IN (SELECT h FROM rs_st)
+    GROUP BY instance, h
+),
+rs_kv AS (
+    SELECT c.rid, count(*) FILTER (WHERE b.first_s IS NULL OR b.first_s > c.prev_end_s) AS new_blocks
+    FROM rs_cr c
+    JOIN rs_st a USING (rid)
+    LEFT JOIN rs_old b ON b.instance = c.instance AND b.h = a.h
+    GROUP BY c.rid
+),
+-- an abandoned call's KV goes with the first restart of its instance after it ended, when the engine dates it (the
+-- dying process publishes no removal): abandon_rent runs to it
+rs_ab AS (
+    SELECT a.rid, min(s.value) AS restart_s
+    FROM (SELECT rid, instance, end_s FROM w WHERE abandoned AND own_kv_known) a
+    JOIN (SELECT DISTINCT instance, value FROM cnt_src WHERE metric = 'process_start_time_seconds') s
+      ON s.instance = a.instance AND s.value > a.end_s
+    GROUP BY a.rid
+),
 -- the cause of a shortfall S = R_eff − C, from evidence (docs/metrics.md, "Miss causes from evidence"). Exact mode
 -- (block hashes): R is what c shares with the session's earlier prompts, so S is re-prefill; the cause ladder as
 -- before. Estimate mode: R = P(prev) assumes c extends prev to the last token, so S is re-prefill only with
@@ -476,11 +566,20 @@ v AS (
            coalesce(ev.strong_ts_s < w.start_s + coalesce(w.queue_s, 0) + coalesce(w.ttft_s, 0), false) AS strong,
            -- the instance evidence (ie above)
            ie.preempted AS ie_preempted, ie.churn_tokens AS ie_churn, ie.cap AS ie_cap, ie.alloc_hi_tokens AS ie_alloc_hi,
-           ie.removed_before AS ie_removed_before, ie.churn_tokens / CAST(ie.cap AS DOUBLE) AS churn_ratio
+           ie.removed_before AS ie_removed_before, ie.churn_tokens / CAST(ie.cap AS DOUBLE) AS churn_ratio,
+           -- the restart evidence (rs above)
+           coalesce(rw.restart, false) AS rs_restart, coalesce(rw.restart_possible, false) AS rs_possible,
+           rw.restart_ts_s AS rs_ts_s,
+           -- with the session's KV events: what c recomputed of what the instance had cached by t2(prev) (rs_kv)
+           CASE WHEN rw.restart_possible AND w.prev_kv_known
+                THEN least(greatest((w.prompt_tokens // w.block_size - coalesce(rk.new_blocks, 0)) * w.block_size
+                                    - w.cached_tokens, 0), w.shortfall_tokens) END AS rs_x_kv
     FROM w
     LEFT JOIN ev USING (rid)
     LEFT JOIN redo rd USING (rid)
     LEFT JOIN ie USING (rid)
+    LEFT JOIN rs_w rw USING (rid)
+    LEFT JOIN rs_kv rk USING (rid)
 ),
 v2 AS (
     SELECT v.*,
@@ -495,11 +594,17 @@ v2 AS (
                 WHEN prefix_caching = false THEN 'cache_off'
                 WHEN instance <> prev_instance THEN 'other_instance'
                 WHEN evict_ts_s < start_s + coalesce(queue_s, 0) + coalesce(ttft_s, 0) THEN 'kv_removal'
+                -- a restart certainly inside the gap: the whole cache was emptied, evidence like a removal (before the
+                -- tolerance). One that may be: with the session's KV events, c recomputing blocks the instance had
+                -- cached, of which no removal was published, shows the restart came after them (else "no removal"
+                -- holds); without them it rules out "never evicted"
+                WHEN rs_restart OR rs_x_kv > 0 THEN 'restart'
                 WHEN shortfall_tokens <= tolerance_tokens THEN 'tolerance'
                 WHEN prev_kv_known AND cached_tokens >= prior_tokens THEN 'kv_no_removal'
                 WHEN ie_preempted THEN 'preemption'
                 WHEN ie_churn >= ie_cap THEN 'churn'
-                WHEN ie_alloc_hi < ie_cap - block_size AND NOT coalesce(ie_removed_before, false) THEN 'no_churn'
+                WHEN ie_alloc_hi < ie_cap - block_size AND NOT coalesce(ie_removed_before, false) AND NOT rs_possible
+                    THEN 'no_churn'
                 ELSE 'none' END AS cause_evidence
     FROM v
 ),
@@ -508,12 +613,19 @@ u0 AS (
            -- a removal: what c reused up to where its prompt changed (edit_depth), less what it hit
            CASE WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
+                -- a restart, with the session's KV events: what c shared of the cache, up to its new blocks, less
+                -- what it hit (the rest of S was not shared: an edit, a re-rendered tail); without them all of S
+                WHEN cause_evidence = 'restart' AND prev_kv_known THEN rs_x_kv
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
-                                                                   'kv_removal', 'preemption', 'churn', 'none')
+                                                                   'kv_removal', 'restart', 'preemption', 'churn',
+                                                                   'none')
                 THEN shortfall_tokens ELSE 0 END AS x0,
            CASE WHEN cause_evidence = 'kv_removal' AND NOT strong THEN 0
                 WHEN cause_evidence = 'kv_removal' AND edit_depth IS NOT NULL
                 THEN greatest(least(reusable_tokens_eff, edit_depth * block_size) - cached_tokens, 0)
+                -- a restart makes the eviction certain; how much of S it cost only the KV events say (as instance
+                -- evidence: c's prompt may have changed within R)
+                WHEN cause_evidence = 'restart' AND prev_kv_known THEN rs_x_kv
                 -- instance evidence (preemption, churn) makes the eviction certain, not how much of S it cost: c's
                 -- prompt may have changed within R (an edit, a compaction), which only per-session KV events show
                 WHEN cause_evidence IS NULL OR cause_evidence IN ('block_hashes', 'cache_off', 'other_instance',
@@ -526,7 +638,7 @@ u0 AS (
                 WHEN cause_evidence IS NULL OR cause_evidence = 'block_hashes' THEN shortfall_tokens
                 -- vLLM caches the block decoding filled (the previous prompt's last partial block, completed by
                 -- its first output tokens): after an eviction it recomputes that block too (docs/metrics.md)
-                WHEN engine = 'vllm' AND cause_evidence IN ('kv_removal', 'preemption', 'churn')
+                WHEN engine = 'vllm' AND cause_evidence IN ('kv_removal', 'restart', 'preemption', 'churn')
                      AND prev_prompt_tokens % block_size > 0
                      AND prev_prompt_tokens % block_size + coalesce(prev_output_tokens, 0) >= block_size
                      AND reusable_tokens_eff + block_size <= ((prompt_tokens - 1) // block_size) * block_size
@@ -562,8 +674,8 @@ lab AS (
             WHEN w.cause_evidence = 'other_instance'
                  OR (w.cause_evidence = 'block_hashes' AND w.instance <> w.prev_instance) THEN 'routed_away'
             -- a removal, but c hit all it reused up to where its prompt changed: the shortfall is the edit
-            WHEN w.cause_evidence = 'kv_removal' AND w.reprefill_tokens = 0 THEN 'prompt_edit'
-            WHEN w.cause_evidence IN ('block_hashes', 'kv_removal', 'preemption', 'churn')
+            WHEN w.cause_evidence IN ('kv_removal', 'restart') AND w.reprefill_tokens = 0 THEN 'prompt_edit'
+            WHEN w.cause_evidence IN ('block_hashes', 'kv_removal', 'restart', 'preemption', 'churn')
                 THEN CASE WHEN w.cached_tokens = 0 THEN 'evicted_full' ELSE 'evicted_partial' END
             WHEN w.cause_evidence = 'tolerance' THEN NULL
             WHEN w.cause_evidence IN ('kv_no_removal', 'no_churn') THEN 'prompt_edit'
@@ -575,6 +687,8 @@ lab AS (
             WHEN w.hit_class IS NULL THEN 'unknown'
             -- a hit of all of R_eff, but the block beyond it (vLLM's decode-filled block) was evicted and recomputed
             WHEN w.redo_tokens > 0 AND w.cause_evidence IN ('block_hashes', 'kv_removal') THEN 'evicted'
+            -- the restart emptied the cache, whatever c recomputed of it
+            WHEN w.cause_evidence = 'restart' THEN 'evicted'
             WHEN w.hit_class = 'hit' THEN 'retained'
             WHEN w.cause_evidence = 'kv_removal' AND w.reprefill_tokens = 0 THEN 'retained'
             WHEN w.cause_evidence IN ('block_hashes', 'cache_off', 'kv_removal', 'preemption', 'churn') THEN 'evicted'
@@ -591,9 +705,21 @@ fin AS (
        w.is_retry, w.turn_no, w.is_last_attempt, w.is_last,
        w.kv_tokens_before, l.window_outcome,
        CASE WHEN w.prev_call_id IS NULL THEN NULL WHEN w.prev_kv_known THEN 'kv_events' ELSE 'estimate' END AS rent_mode,
-       w.evict_ts_s, w.evict_phase,
+       -- a window a restart ended (the restart rule, or an eviction in exact mode or by a removal with a restart
+       -- certainly in the gap too): the restart's time when the instance exposes it (process_start_time_seconds; a
+       -- removal before it, if any), else unknown — the dying process published no removal to date it
+       CASE WHEN w.cause_evidence = 'restart' OR (w.rs_restart AND l.window_outcome = 'evicted')
+            THEN CASE WHEN w.rs_ts_s IS NOT NULL THEN least(w.rs_ts_s, coalesce(w.evict_ts_s, w.rs_ts_s)) END
+            ELSE w.evict_ts_s END AS evict_ts_s,
+       CASE WHEN w.cause_evidence = 'restart' OR (w.rs_restart AND l.window_outcome = 'evicted')
+            THEN CASE WHEN w.rs_ts_s IS NOT NULL THEN 'idle' END
+            ELSE w.evict_phase END AS evict_phase,
        CASE WHEN l.window_outcome = 'retained' THEN w.kv_tokens_before * w.gap_before_s END AS rent_paid_token_s,
-       CASE WHEN l.window_outcome = 'evicted' AND w.prev_kv_known
+       CASE WHEN w.cause_evidence = 'restart' OR (w.rs_restart AND l.window_outcome = 'evicted')
+                THEN CASE WHEN w.rs_ts_s IS NOT NULL
+                          THEN w.kv_tokens_before * greatest(least(w.rs_ts_s, coalesce(w.evict_ts_s, w.rs_ts_s))
+                                                             - w.prev_end_s, 0) END
+            WHEN l.window_outcome = 'evicted' AND w.prev_kv_known
                 THEN w.kv_tokens_before * (least(coalesce(w.evict_ts_s, w.start_s), w.start_s) - w.prev_end_s)
             WHEN l.window_outcome = 'routed_away' AND w.prev_kv_known AND w.evict_ts_s IS NOT NULL
                 THEN w.kv_tokens_before * (w.evict_ts_s - w.prev_end_s)
@@ -602,13 +728,16 @@ fin AS (
             THEN coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0) END AS abandon_kv_tokens,
        CASE WHEN w.abandoned AND w.own_kv_known
             THEN (coalesce(w.prompt_tokens, 0) + coalesce(w.output_tokens, 0))
-                 * (coalesce(ab.abandon_evict_ts_s, ke.last_s) - w.end_s) END AS abandon_rent_token_s,
-       CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL END AS abandon_censored,
+                 * (coalesce(least(ab.abandon_evict_ts_s, ra.restart_s), ab.abandon_evict_ts_s, ra.restart_s,
+                             ke.last_s) - w.end_s) END AS abandon_rent_token_s,
+       CASE WHEN w.abandoned AND w.own_kv_known THEN ab.abandon_evict_ts_s IS NULL AND ra.restart_s IS NULL
+       END AS abandon_censored,
        w.abandoned,
        w.shortfall_tokens, w.reprefill_low_tokens, w.reprefill_high_tokens, w.cause_evidence, w.churn_ratio
     FROM u w
     JOIN lab l USING (rid)
     LEFT JOIN ab USING (rid)
+    LEFT JOIN rs_ab ra USING (rid)
     LEFT JOIN kv_end ke ON ke.instance = w.instance
 )
 -- final: the call columns joined back onto the computed ones (reuse.py cuts the body here for the narrow form)

@@ -41,6 +41,9 @@ COUNTER_METRICS = (
     "sglang:num_retracted_requests_total", "sglang:prompt_tokens_total", "sglang:cached_tokens_total",
     "sglang:generation_tokens_total", "sglang:evicted_tokens_total",
 )
+# the samples that say when an engine restarted (cnt_src too): the process start time, where the engine exposes it
+# (vLLM with one API server; ../shared/reference/vllm.md §1.1); a decrease of the counters above says it otherwise
+RESTART_METRICS = ("process_start_time_seconds",)
 
 
 def seconds_literal(value) -> str:
@@ -110,7 +113,7 @@ def reuse_sql(calls: str = "llm_calls", block_size: str | None = None, select: s
         f"act_src AS (SELECT {ACTIVITY_COLUMNS}, {'n' if activity_weighted else 'CAST(1 AS BIGINT) AS n'} "
         f"FROM {activity if activity is not None else 'calls_src'}),\n"
         "cnt_src AS (SELECT instance, ts, metric, labels, value FROM metric_samples\n"
-        f"    WHERE metric IN ({', '.join(repr(m) for m in COUNTER_METRICS)})),\n"
+        f"    WHERE metric IN ({', '.join(repr(m) for m in COUNTER_METRICS + RESTART_METRICS)})),\n"
         f"reuse_params AS (SELECT CAST({bs} AS INTEGER) AS default_block_size, CAST({ab} AS DOUBLE) AS abandoned_after_s,\n"
         f"    CAST({tol} AS INTEGER) AS hit_tolerance_blocks,\n"
         "    (SELECT max(end_ns) FROM spans) / 1e9 AS data_end_s)\n"

@@ -26,8 +26,9 @@ out-of-order call re-derives its session's tail with the rest of it:
 - **What crosses sessions** (checked every refresh, each by a digest kept beside the state):
   the instances' activity (the instance evidence of docs/metrics.md reads every call and the engine counters of
   the call's instance): a new or changed call on an instance re-derives the sessions with a call there that started
-  at or after it and whose instance evidence was computed (``churn_ratio`` not NULL); new counter samples of an
-  instance, those whose call started after its previous last sample (any, when older samples changed);
+  at or after it and whose instance evidence was computed (``churn_ratio`` not NULL); new counter samples (or process
+  start times: a restart) of an instance, those with an estimate-mode shortfall on it after their previous call there
+  that started after its previous last sample (any, when older samples changed);
   the KV-event index (agentobs.model.kvindex, per instance and session: a session whose removals or stored blocks
   changed is re-derived, and a changed last event time of an instance re-derives the sessions with abandoned calls
   on it); the engine config per instance (block size, prefix caching: the sessions with calls there); the end of
@@ -55,7 +56,14 @@ from ..store import segments
 from ..store.db import transaction
 from ..store.functions import ensure as functions
 from . import itl, kvindex, rollups, split_statements
-from .reuse import ACTIVITY_COLUMNS, CALL_COLUMNS, COUNTER_METRICS, reuse_sql, seconds_literal
+from .reuse import (
+    ACTIVITY_COLUMNS,
+    CALL_COLUMNS,
+    COUNTER_METRICS,
+    RESTART_METRICS,
+    reuse_sql,
+    seconds_literal,
+)
 
 TABLE = "model_calls"
 META = "model_state_meta"
@@ -97,8 +105,9 @@ SELECT instance, session_id, count(*) AS n, sum(h) AS h FROM (
 _KV_END_SQL = "SELECT instance, epoch_us(max(ts)) / 1e6 AS last_s FROM kv_events GROUP BY instance"
 _CFG_SQL = "SELECT instance, block_size, prefix_caching, kv_capacity_tokens FROM instance_config"
 # the engine counters call_reuse reads (its cnt_src), per instance: how many samples and the last one's time
+_CNT_METRICS = COUNTER_METRICS + RESTART_METRICS
 _CNT_SQL = ("SELECT instance, count(*) AS n, max(ts) AS last_ts FROM metric_samples WHERE metric IN ("
-            + ", ".join(repr(m) for m in COUNTER_METRICS) + ") GROUP BY instance")
+            + ", ".join(repr(m) for m in _CNT_METRICS) + ") GROUP BY instance")
 
 
 @cache
@@ -535,13 +544,17 @@ def _incremental(cur, settings: Settings, old: Marks, now: Marks, t0: float, ste
                     WHERE a.n IS DISTINCT FROM b.n OR a.last_ts IS DISTINCT FROM b.last_ts""").fetchall():
             kept = old_n is not None and cur.execute(
                 "SELECT count(*) FROM metric_samples WHERE instance = ? AND epoch_us(ts) / 1e6 <= ? "
-                "AND list_contains(?, metric)", [inst, old_last, list(COUNTER_METRICS)]).fetchall()[0][0] == old_n
+                "AND list_contains(?, metric)", [inst, old_last, list(_CNT_METRICS)]).fetchall()[0][0] == old_n
             insts.append(inst)
             since.append(old_last if kept else None)
         cur.execute("CREATE OR REPLACE TEMP TABLE inc_cnt AS SELECT unnest(?::VARCHAR[]) AS instance, "
                     "unnest(?::DOUBLE[]) AS t", [insts, since])
+        # (the calls whose evidence the samples can change: the estimate-mode shortfalls on their previous call's
+        # instance — a restart is evidence for them, pool size known or not; the instance evidence, churn_ratio not
+        # NULL, is for some of them)
         parts.append(f"""SELECT m.skey FROM {TABLE} m JOIN inc_cnt n ON n.instance = m.instance
-            WHERE m.churn_ratio IS NOT NULL AND (n.t IS NULL OR m.start_s > n.t)""")
+            WHERE m.mode = 'estimate' AND m.prev_instance = m.instance AND m.shortfall_tokens > 0
+              AND (n.t IS NULL OR m.start_s > n.t)""")
     if now.data_end_ns != old.data_end_ns and now.data_end_ns is not None:
         # the end of the data moved: the last calls whose abandoned flag it flips. Every stored flag is that of the
         # old end (each refresh re-derives the flips of its own), and the end only grows (older spans changed: a

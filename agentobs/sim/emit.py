@@ -189,6 +189,13 @@ class BundleSink:
             attrs["error.type"] = "503"
             status = {"code": 2, "message": "503 Service Unavailable: engine queue full"}
             end = call.t2
+        elif r.finish == "restart":  # the engine restarted while serving it: the connection dropped, no usage came
+            # back but the prompt the gateway counted itself
+            attrs.update({"error.type": "502", "gen_ai.usage.input_tokens": r.P})
+            if self.block_hashes:  # the client's hashes of its own prompt: there whatever the engine did
+                attrs["agentobs.prompt.block_hashes"] = list(r.chain[: r.nblk])
+            status = {"code": 2, "message": "502 Bad Gateway: upstream connection reset"}
+            end = call.t2
         else:
             cached = r.C if inst.spec.cache_report else None
             attrs.update({
@@ -211,7 +218,7 @@ class BundleSink:
             "traceId": trace, "spanId": call.span_id, "parentSpanId": root, "name": f"chat {model}", "kind": 3,
             "startTimeUnixNano": _ns_at(self._epoch, call.t0), "endTimeUnixNano": _ns_at(self._epoch, end), "status": status,
             "attributes": _attrs(attrs)})
-        if not call.rejected:
+        if not call.rejected and r.finish != "restart":  # the dying engine's exporter lost its span
             self._engine_span(fleet, call, trace, resp_id, model)
         self._truth(call, fleet)
 
@@ -277,14 +284,17 @@ class BundleSink:
         T = self.truth
         P = r.P
         reff = min(call.R, ((P - 1) // B) * B) if P > 0 else 0
+        dropped = r.finish == "restart"  # a restart dropped it: it measured nothing, its retry recomputes
         C = 0 if call.rejected else r.C
-        X = 0 if call.first or call.rejected else max(0, reff - C)
+        X = 0 if call.first or call.rejected or dropped else max(0, reff - C)
         kind = "first" if call.first else call.spec.kind
         shared = None
         if prev is not None and not prev.rejected and not call.rejected:
             shared = common_prefix(r.chain, r.nblk, prev.req.chain, prev.req.nblk) * B
         if call.rejected:
             cause = "rejected"
+        elif dropped:
+            cause = "error"
         elif call.first:
             cause = "prior_hit" if C >= B else "cold"  # blocks the session never stored (a prefix other sessions left)
         elif X == 0:
@@ -298,7 +308,7 @@ class BundleSink:
         else:
             cause = "evicted_partial"
         gap = K = ev = outcome = paid = wasted = when = None
-        if prev is not None and not prev.rejected and not call.rejected:
+        if prev is not None and not prev.rejected and not call.rejected and not dropped:
             gap = call.t0 - prev.t2
             K = prev.req.P + prev.req.O
             # the window ends with the first eviction of a block c would reuse (a block of prev's that c's prompt no
@@ -329,7 +339,8 @@ class BundleSink:
         if ev is not None:
             ev += E
         vals = (call.span_id, call.sess.sid, call.sess.task_id, call.sess.task_type, call.branch, call.attempt,
-                inst.spec.name, inst.spec.engine, P, None if call.rejected else C, r.O, E + call.t0, E + call.t2,
+                inst.spec.name, inst.spec.engine, P, None if call.rejected or dropped else C, r.O, E + call.t0,
+                E + call.t2,
                 call.first, call.R, reff, X, cause, prev.span_id if prev else None,
                 prev.req.inst.spec.name if prev is not None and prev.req.inst is not None else None, gap, K, ev, when,
                 outcome, paid, wasted, r.queue_s if r.t_admit is not None else None, r.preempted,

@@ -11,6 +11,10 @@ prompt's blocks must fit after evicting unused cached blocks; a waiting queue lo
 ``max_waiting`` rejects (HTTP 503). When a request moving to decode cannot get blocks for its
 output, the most recently admitted other request is preempted (its blocks freed, recomputed later),
 as vLLM does under KV pressure.
+
+Restart (``restart``): the engine process dies and a new one starts at once — the cache empty, the Prometheus
+counters back to 0, a new process start time; the requests in flight fail (their clients see the connection drop),
+and the dying process publishes no KV events for the blocks it held.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class InstanceSpec:
     model: str | None = None       # the model served; a session's calls go to replicas of one model (router.py).
                                    # None: undeclared (one pool of all undeclared replicas); names the preset's
                                    # model in the telemetry
+    process_metrics: bool = False  # /metrics has process_start_time_seconds (vLLM with one API server; not SGLang,
+                                   # not multi-process vLLM: ../shared/reference/vllm.md §1.1)
 
 
 class Req:
@@ -57,7 +63,7 @@ class Req:
         "cid", "sess", "branch", "attempt", "chain", "nblk", "P", "O", "fail", "t0", "inst", "C", "C_host",
         "t_arrive", "t_admit", "t_first", "t_end", "rem", "v_first", "v_end", "n_alloc", "n_cached",
         "preempted", "itl", "prefill_s", "queue_s", "status", "finish", "R", "prev", "evict_first",
-        "evicted_blocks", "call", "seq", "out_ids", "order", "ctx", "evict_log",
+        "evicted_blocks", "call", "seq", "out_ids", "order", "ctx", "evict_log", "prefilled",
     )
     # the slots' types (set by the fleet when the call is made, then by the engine as it runs)
     cid: str
@@ -98,6 +104,7 @@ class Req:
     order: int
     ctx: float
     evict_log: Any
+    prefilled: bool  # its prompt's blocks were computed and cached (a restart before that loses them uncomputed)
 
     def __init__(self):
         self.C = 0
@@ -112,6 +119,7 @@ class Req:
         self.out_ids = None
         self.prev = None
         self.t_admit = None
+        self.prefilled = False
 
 
 class Hist:
@@ -147,9 +155,14 @@ class Instance:
             host = int(self.capacity_blocks * spec.hicache_ratio)
         self.kv_events: list = []
         self.owner = RangeMap()  # block id ranges -> the request that last held them
-        self.cache = cache_cls(self.capacity_blocks, B, enabled=spec.prefix_caching, radix=spec.engine == "sglang",
-                             host_blocks=host, write_through=spec.hicache_write_policy == "write_through",
-                             on_event=self._kv_event if sink.wants_kv_events else None, on_evict=self._on_evict)
+        self._new_cache = lambda: cache_cls(
+            self.capacity_blocks, B, enabled=spec.prefix_caching, radix=spec.engine == "sglang", host_blocks=host,
+            write_through=spec.hicache_write_policy == "write_through",
+            on_event=self._kv_event if sink.wants_kv_events else None, on_evict=self._on_evict)
+        self.cache = self._new_cache()
+        self.epoch = 0.0          # unix seconds at simulated time 0 (the fleet sets it)
+        self.started_s = -60.0    # when the engine process started (simulated seconds): before the run, then restarts
+        self.restarts = 0
         self.waiting: deque[Req] = deque()
         self.prefill: deque[Req] = deque()
         self.decoding: list = []  # heap (v_end, seq, req)
@@ -188,6 +201,41 @@ class Instance:
             if r.evict_first is None:
                 r.evict_first = now
             r.evicted_blocks += n
+
+    def restart(self, t: float) -> list[Req]:
+        """The engine process dies at ``t`` and a new one starts: returns the requests it dropped (failed)."""
+        self.advance(t)
+        self.sink.kv_flush(self)  # what the old process published before it died
+        dropped = list(self.running.values()) + list(self.waiting)  # admitted (by admission order), then queued
+        for r in dropped:
+            r.status, r.finish = "error", "restart"
+            r.t_end = t
+            r.O = 0  # what it generated is lost with the stream
+            # its blocks (hit or computed) went with the process: the next call of the thread finds none
+            log = r.evict_log
+            if log is None:
+                r.evict_log = log = []
+            for a, b in r.chain.runs(0, r.nblk):
+                log.append((t, a, b))
+            if r.evict_first is None:
+                r.evict_first = t
+        # every cached block is gone (ground truth: the eviction of each request's blocks), with no KV event
+        if self.owner.ks:
+            self._on_evict([(self.owner.ks[0], max(e[0] for e in self.owner.iv.values()))])
+        self.kv_events.clear()
+        self.cache = self._new_cache()
+        self.waiting.clear()
+        self.prefill.clear()
+        self.decoding = []
+        self.running = {}
+        self.blocked = False
+        self.ctx_dec = 0.0
+        self.cur_sess = None
+        self.s = Stats(self.spec.engine)
+        self.started_s = t
+        self.restarts += 1
+        self._restep()
+        return dropped
 
     # -- load for routers ----------------------------------------------------------------------
     def load(self) -> int:
@@ -349,6 +397,7 @@ class Instance:
             cache.store(r.chain, r.n_cached, r.nblk)
             r.n_cached = r.nblk
         r.t_first = t
+        r.prefilled = True
         r.prefill_s = t - r.t_admit
         # output blocks
         total = -(-(r.P + r.O) // B)

@@ -19,7 +19,7 @@ from .presets import preset
 from .router import Router
 from .workload import CallSpec, IdAlloc, Session
 
-ARRIVE, ENGINE, WAKE, SNAP, RETRY = 0, 1, 2, 3, 4
+ARRIVE, ENGINE, WAKE, SNAP, RETRY, RESTART = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -33,6 +33,7 @@ class FleetSpec:
     seed: int = 1
     traceparent: bool = True      # the gateway forwards W3C traceparent to the engines (LiteLLM: no)
     cache_impl: str = "ranges"    # ranges (cache.py) | blocks (cache_ref.py: per-block reference, slow)
+    restarts: tuple[tuple[str, float], ...] = ()  # (instance name, simulated seconds): its engine restarts then
 
 
 CACHE_IMPLS = {"ranges": KVCache, "blocks": BlockKVCache}
@@ -99,6 +100,14 @@ class Fleet:
         cache_cls = CACHE_IMPLS[spec.cache_impl]
         self.instances = [Instance(s, preset(s.preset), i, self.sink, self.ids, cache_cls)
                           for i, s in enumerate(spec.instances)]
+        for inst in self.instances:
+            inst.epoch = spec.start_epoch
+        by_name = {i.spec.name: i for i in self.instances}
+        for name, _ in spec.restarts:
+            if name not in by_name:
+                from ..errors import ConfigError
+
+                raise ConfigError(f"restart of unknown instance {name!r}; the fleet's: {', '.join(by_name)}")
         self.router = Router(spec.router, self.instances, spec.cache_threshold)
         self.heap: list = []
         self.seq = 0
@@ -133,6 +142,9 @@ class Fleet:
             self._push(s.start_s, ARRIVE, st, None)
         if self.spec.snapshot_s > 0:
             self._push(0.0, SNAP, None, None)
+        by_name = {i.spec.name: i for i in self.instances}
+        for name, at in self.spec.restarts:
+            self._push(at, RESTART, by_name[name], None)
         self.open_sessions = len(sessions)
         heap = self.heap
         pop = heapq.heappop
@@ -172,6 +184,15 @@ class Fleet:
             elif kind == RETRY:
                 st, th, prevcall = obj, extra[0], extra[1]
                 self._issue_call(st, th, prevcall.spec, t, attempt=prevcall.attempt + 1, retry_of=prevcall)
+            elif kind == RESTART:
+                for r in obj.restart(t):
+                    if not r.prefilled:
+                        # ground truth: its new blocks were never computed (the process died first), so a later
+                        # call computing them is not recomputing them
+                        st0: _SessState = r.call._state
+                        for a, b in r.chain.runs(r.call.R // obj.spec.block_size, r.nblk):
+                            st0.seen.pop_range(a, b)
+                    self._done(r.call, t)
             elif kind == SNAP:
                 self.sink.snapshot(self, t)
                 if self.open_sessions > 0 or any(i.running or i.waiting for i in self.instances):

@@ -114,6 +114,9 @@ def vllm_families(inst: Instance):
                           labels=list(vllm_config_labels(inst)))
     f.add_metric(list(vllm_config_labels(inst).values()), 1.0)
     yield f
+    if inst.spec.process_metrics:  # single-process mode: prometheus_client's process collector (one family here)
+        yield GaugeMetricFamily("process_start_time_seconds",
+                                "Start time of the process since unix epoch in seconds.", value=inst.epoch + inst.started_s)
 
 
 def sglang_families(inst: Instance):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .emit import BundleSink
@@ -39,27 +39,40 @@ def _unit(key: str) -> float:
     return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big") / 2**64
 
 
-def fleet_spec(sc: Scenario, seed: int, cache_impl: str = "ranges") -> FleetSpec:
-    insts = [i if i.block_size == sc.block_size else _with_block(i, sc.block_size) for i in sc.instances]
+def fleet_spec(sc: Scenario, seed: int, cache_impl: str = "ranges", restarts=(), process_metrics: bool = False
+               ) -> FleetSpec:
+    """``restarts``: (instance name, simulated seconds) pairs, each an engine restart; ``process_metrics``: the vLLM
+    replicas expose ``process_start_time_seconds`` (one API server; SGLang never does)."""
+    insts = [i if i.block_size == sc.block_size else replace(i, block_size=sc.block_size) for i in sc.instances]
+    if process_metrics:
+        insts = [replace(i, process_metrics=True) if i.engine == "vllm" else i for i in insts]
     return FleetSpec(insts, router=sc.router, snapshot_s=sc.snapshot_s, seed=seed, cache_impl=cache_impl,
-                     traceparent=sc.traceparent)
+                     traceparent=sc.traceparent, restarts=tuple(restarts))
 
 
-def _with_block(i, b):
-    from dataclasses import replace
+def parse_restart(text: str) -> tuple[str, float]:
+    """``INSTANCE@SECONDS`` (the CLI's --restart) → (instance, simulated seconds)."""
+    from ..errors import ConfigError
 
-    return replace(i, block_size=b)
+    name, sep, at = text.rpartition("@")
+    try:
+        t = float(at)
+    except ValueError:
+        t = -1.0
+    if not sep or not name or not (t >= 0 and t != float("inf")):
+        raise ConfigError(f"--restart {text!r}: expected INSTANCE@SECONDS, e.g. 10.5.0.1:8000@600")
+    return name, t
 
 
 def simulate(sc: Scenario, seed: int = 1, out: str | Path | None = None, progress=None, prom_every: int = 1,
              gzip_prom: bool = False, kv_events: bool = True, block_hashes: bool = False, sink=None,
-             cache_impl: str = "ranges") -> Fleet:
+             cache_impl: str = "ranges", restarts=(), process_metrics: bool = False) -> Fleet:
     ids = IdAlloc(1)
     sessions = build_workload(sc, seed, ids)
     if sink is None:
         sink = BundleSink(out, kv_events=kv_events, prom_every=prom_every, gzip_prom=gzip_prom,
                           block_hashes=block_hashes, workload=sc.name, seed=seed) if out else NullSink()
-    fleet = Fleet(fleet_spec(sc, seed, cache_impl), sink, ids)
+    fleet = Fleet(fleet_spec(sc, seed, cache_impl, restarts, process_metrics), sink, ids)
     fleet.run(sessions, progress=progress)
     return fleet
 
