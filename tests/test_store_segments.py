@@ -229,6 +229,17 @@ def test_a_run_to_merge_again_is_adjacent_files_of_one_size_class(con):
     assert len(merged(con)) == 15 + 1 + 1 and len(rows(con)) == n == 8 * 9 + 8 + 8
 
 
+def test_merged_files_of_two_schemas_are_merged_again_with_nulls(con):
+    """The oldest merged file comes from a release without the ``name`` column: merged again with 7 newer ones, it
+    reads NULL there and the others keep theirs."""
+    publish_segment(con, span_rows([("t0", "s", 0)], "old").drop_columns(["name"]))
+    for k in range(1, 8):
+        publish_segment(con, span_rows([(f"t{k}", "s", k)], f"n{k}"))
+    _merge_each(con, 8)
+    assert segments.compact(con).remerged == 8
+    assert rows(con) == [("t0", "s", None)] + [(f"t{k}", "s", f"n{k}") for k in range(1, 8)]
+
+
 def test_a_merge_again_stopped_by_the_collector_leaves_the_files_listed(con):
     import threading
 

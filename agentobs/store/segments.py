@@ -365,6 +365,15 @@ def _int64s(a: np.ndarray) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), len(a), [None, pa.py_buffer(a)])
 
 
+def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``t`` in a merge's ``schema`` (the union of its inputs': a release may have added columns between them):
+    columns cast, the missing ones null."""
+    if t.schema == schema:
+        return t
+    return pa.table([t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+                     for f in schema], schema=schema)
+
+
 def merged_name(lo: int, hi: int) -> str:
     return f"merged-{lo:016d}-{hi:016d}{SUFFIX}"
 
@@ -440,10 +449,7 @@ def write_merge(plan: MergePlan) -> MergeFile:
             t = t.append_column("_seg", _int64s(np.full(t.num_rows, seq, np.int64)))
             if writer is None:
                 writer = pq.ParquetWriter(tmp, schema, **write_options(schema))
-            if t.schema != schema:
-                t = pa.table([t[f.name].cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
-                              for f in schema], schema=schema)
-            writer.write_table(t)
+            writer.write_table(_conform(t, schema))
             mm = pc.min_max(t["start_ns"])
             for v in (mm["min"].as_py(), mm["max"].as_py()):
                 if v is not None:
@@ -572,10 +578,7 @@ def write_remerge(plan: RemergePlan, stop: threading.Event | None = None) -> Mer
                     writer.close()
                     Path(tmp).unlink(missing_ok=True)
                     return MergeFile(None, 0, None, None)
-                t = pf.read_row_group(i, use_threads=False)
-                if t.schema != schema:
-                    t = pa.table([t[fl.name].cast(fl.type) if fl.name in t.column_names
-                                  else pa.nulls(t.num_rows, fl.type) for fl in schema], schema=schema)
+                t = _conform(pf.read_row_group(i, use_threads=False), schema)
                 pending.append(t)
                 n += t.num_rows
                 if sum(x.num_rows for x in pending) >= REMERGE_ROW_GROUP:
