@@ -481,11 +481,12 @@ rs_c AS (
     FROM w
     WHERE mode IN ('estimate', 'exact') AND instance = prev_instance AND shortfall_tokens > 0
 ),
+-- per series (metric and labels): a restart resets every series of a counter, while a series that stops (a label
+-- value gone) would lower a sum over them without any restart
 rs_k AS (
-    SELECT instance, metric, epoch_us(ts) / 1e6 AS ts_s, sum(value) AS v
+    SELECT instance, metric, labels, epoch_us(ts) / 1e6 AS ts_s, value AS v
     FROM cnt_src
     WHERE metric <> 'process_start_time_seconds' AND instance IN (SELECT instance FROM rs_c)
-    GROUP BY instance, metric, ts
 ),
 -- each restart: (lo_s, hi_s] holds it (exact: lo_s = hi_s = the process start time)
 rs AS (
@@ -495,7 +496,7 @@ rs AS (
     UNION ALL
     SELECT DISTINCT instance, prev_ts_s, ts_s, false
     FROM (SELECT instance, ts_s, v < lag(v) OVER k AS down, lag(ts_s) OVER k AS prev_ts_s
-          FROM rs_k WINDOW k AS (PARTITION BY instance, metric ORDER BY ts_s))
+          FROM rs_k WINDOW k AS (PARTITION BY instance, metric, labels ORDER BY ts_s))
     WHERE down AND instance NOT IN (SELECT instance FROM cnt_src WHERE metric = 'process_start_time_seconds')
 ),
 rs_w AS (
