@@ -125,6 +125,18 @@ def test_sglang_retraction_and_evicted_tokens(tmp_path):
     assert _c2(tmp_path / "n", config=SGLANG_POOL, samples=samples)[:2] == ("no_churn", "prompt_edit")
 
 
+def _equals_rebuild(con, s) -> bool:
+    """The maintained state (after its refreshes) equals a rebuild from scratch, every column but the hashes."""
+    from agentobs.model import state
+
+    cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall() if c[0] != "block_hashes"]
+    con.execute("CREATE OR REPLACE TEMP TABLE inc AS SELECT * FROM model_calls")
+    state.rebuild(con, s)
+    sel = ", ".join(cols)
+    return con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM inc EXCEPT SELECT {sel} FROM model_calls)"
+                       ).fetchall()[0][0] == 0
+
+
 def test_maintained_state_follows_other_sessions_and_counters(tmp_path):
     """The maintained session model (agentobs.model.state): another session's call in the gap, and engine counters
     arriving later, change c2's evidence although nothing of s1 changed; each incremental refresh equals a rebuild."""
@@ -143,14 +155,6 @@ def test_maintained_state_follows_other_sessions_and_counters(tmp_path):
         return con.sql("SELECT cause_evidence, reprefill_tokens, churn_ratio FROM model_calls WHERE call_id = 'c2'"
                        ).fetchall()[0]
 
-    def equals_rebuild():
-        cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall() if c[0] != "block_hashes"]
-        con.execute("CREATE OR REPLACE TEMP TABLE inc AS SELECT * FROM model_calls")
-        state.rebuild(con, s)
-        sel = ", ".join(cols)
-        return con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM inc EXCEPT SELECT {sel} FROM model_calls)"
-                           ).fetchall()[0][0] == 0
-
     assert c2() == ("no_churn", 0, 0.0)   # the young instance (test_young_instance_from_spans_is_a_prompt_edit)
     d = [call("d1", "s2", 10, 20, 1000, 0, 100, task="t2"), call("d2", "s2", 30, 40, 600, 100, 0, task="t2")]
     with Writer(con, flush_s=0.01) as w:
@@ -158,7 +162,7 @@ def test_maintained_state_follows_other_sessions_and_counters(tmp_path):
     r = state.refresh(con, s)
     assert r.mode == "incremental" and r.sessions == 2   # s2's new calls, and s1 for its gap on A
     assert c2() == ("churn", 400, 1.0)                   # 1,600 tokens allocated in the gap
-    assert equals_rebuild()
+    assert _equals_rebuild(con, s)
     # counters arrive: a preemption inside the gap; only the counters changed (status says so)
     con.execute("DELETE FROM spans_part WHERE span_id IN ('d1', 'd2')")
     assert state.refresh(con, s).mode == "rebuild"        # spans already read changed: rebuilt
@@ -174,7 +178,7 @@ def test_maintained_state_follows_other_sessions_and_counters(tmp_path):
     assert "engine counters" in state.status(con, s)
     r = state.refresh(con, s)
     assert r.mode == "incremental" and r.sessions == 1 and c2()[:2] == ("preemption", 400)
-    assert equals_rebuild()
+    assert _equals_rebuild(con, s)
     con.close()
 
 
@@ -260,26 +264,18 @@ def test_maintained_state_follows_a_restart_seen_later(tmp_path):
                 "labels_key": [",".join(f"{k}={v}" for k, v in sorted(x[3].items())) for x in rows],
                 "value": [float(x[4]) for x in rows], "engine": [None] * len(rows)}))
 
-    def equals_rebuild():
-        cols = [c[0] for c in con.execute("DESCRIBE model_calls").fetchall() if c[0] != "block_hashes"]
-        con.execute("CREATE OR REPLACE TEMP TABLE inc AS SELECT * FROM model_calls")
-        state.rebuild(con, s)
-        sel = ", ".join(cols)
-        return con.execute(f"SELECT count(*) FROM (SELECT {sel} FROM inc EXCEPT SELECT {sel} FROM model_calls)"
-                           ).fetchall()[0][0] == 0
-
     assert c2() == ("none", "unexplained", 400, "unknown", None, None)
     # a reset between the scrapes at 10 and 20, both inside the gap (2, 100]: a restart there, its time unknown
     write(_vllm(10, prompt=400, gen=100) + _vllm(20))
     r = state.refresh(con, s)
     assert r.mode == "incremental" and r.sessions == 1
     assert c2() == ("restart", "evicted_full", 400, "evicted", None, None)
-    assert equals_rebuild()
+    assert _equals_rebuild(con, s)
     # later scrapes with A's process start time: T0 + 15; the window's wasted rent runs from c1's end (2) to it:
     # K = 400 + 100 tokens × 13 s = 6,500 token-s
     write([(A, t, "process_start_time_seconds", {}, T0 + 15) for t in (30, 40)])
     r = state.refresh(con, s)
     assert r.mode == "incremental" and r.sessions == 1
     assert c2() == ("restart", "evicted_full", 400, "evicted", T0 + 15, 6500.0)
-    assert equals_rebuild()
+    assert _equals_rebuild(con, s)
     con.close()

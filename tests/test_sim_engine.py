@@ -90,12 +90,17 @@ def test_engine_timing_single_request():
     assert r.C == 0
 
 
+def _two_turns(ids: IdAlloc) -> Session:
+    """Turn 1: 330 tokens = 20 full blocks (of 16) + 10; turn 2, 3 s after it: 600 tokens sharing turn 1's 20 full
+    blocks."""
+    chain = ids.take(40)
+    calls = [CallSpec(chain, 20, 330, 5, 0.0), CallSpec(chain, 37, 600, 5, 3.0)]
+    return Session("s", "t", "coding", "x", "a", 0.0, [Segment("seq", [("main", calls)])], 2)
+
+
 def test_second_turn_hits_previous_prompt_blocks():
     ids = IdAlloc(1)
-    chain = ids.take(40)
-    # turn 1: 330 tokens = 20 full blocks + 10; turn 2: 600 tokens sharing turn 1's 20 full blocks
-    calls = [CallSpec(chain, 20, 330, 5, 0.0), CallSpec(chain, 37, 600, 5, 3.0)]
-    s = Session("s", "t", "coding", "x", "a", 0.0, [Segment("seq", [("main", calls)])], 2)
+    s = _two_turns(ids)
     sink = CollectSink()
     fl = Fleet(FleetSpec([InstanceSpec("h:1", preset="tiny-test")], snapshot_s=0), sink, ids)
     fl.run([s])
@@ -125,9 +130,7 @@ def test_restart_between_turns_empties_the_cache_silently():
     from agentobs.sim import promexp
 
     ids = IdAlloc(1)
-    chain = ids.take(40)
-    calls = [CallSpec(chain, 20, 330, 5, 0.0), CallSpec(chain, 37, 600, 5, 3.0)]
-    s = Session("s", "t", "coding", "x", "a", 0.0, [Segment("seq", [("main", calls)])], 2)
+    s = _two_turns(ids)
     sink = _KVSink()
     fl = Fleet(FleetSpec([InstanceSpec("h:1", preset="tiny-test", process_metrics=True)], snapshot_s=0,
                          restarts=(("h:1", 2.0),)), sink, ids)

@@ -248,7 +248,7 @@ class Loader:
         self.compact_after = max(1, int(settings.segment_compact_after))
         self.retire_grace_s = retire_grace_s  # merged small files are deleted this long after (snapshots list them)
         self.compacted_segments = 0
-        self.merged_files = 0  # listed in span_merged (segments layout; read at start)
+        self.merged_files = 0  # listed in span_merged (segments layout; read at start and after each merge commit)
         self.remerged_files = 0  # merged files merged again
         self._merged_gen = 0  # merged files added by this loader: a run to merge again is looked for when it moves
         self._remerge_looked = -1  # the _merged_gen at which plan_remerge last found no run
@@ -433,7 +433,6 @@ class Loader:
                         if out.tmp is None:  # given up at a stop
                             return
                         segments.commit_remerge(self.cur, plan, out)  # (its file is deleted if the commit fails)
-                        self.merged_files -= len(plan.rows) - 1
                         self.remerged_files += len(plan.rows)
                         self._merged_gen += 1  # (a new file of the next level: maybe a run of its own)
                         self.health.span_merges.labels("again").inc()
@@ -443,12 +442,12 @@ class Loader:
                         self.tail -= len(plan.rows)
                         self.compacted_segments += len(plan.rows)
                         if out.tmp is not None:
-                            self.merged_files += 1
                             self._merged_gen += 1
                         self.health.span_merges.labels("segments").inc()
                         log.debug("span segments %d..%d merged (%d rows), %d left", plan.first, plan.last, out.rows,
                                   self.tail)
                     segments.sweep(self.cur, self.retire_grace_s)
+                    self.merged_files = segments.merged_count(self.cur)  # (the catalog's, read once per commit)
                     self._gauge_files()
                 finally:
                     self._merge = None
