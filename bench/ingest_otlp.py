@@ -11,7 +11,8 @@ spool (acknowledged once fsync'd) → loader (``--processes`` decoder processes,
 the store in the layout ``--span-store`` names (``table``: the loader thread inserts into DuckDB;
 ``segments``: the decoders write Parquet segments, the loader thread commits their catalog rows and merges
 the oldest half into one large Parquet file every ``--compact-after`` segments; default: the setting ``span_store``). The clients run in separate processes, each with a keep-alive connection, posting pre-built
-payloads and waiting for each 200 before the next export (like an OTLP exporter).
+payloads and waiting for each 200 before the next export (like an OTLP exporter); a round's clock starts once
+every client has built its payloads.
 
 End to end = from the first request until the loader has committed every acknowledged span to the
 store (what `agentobs sql` then reads; the count is checked with a query). Decode-only = the loader's
@@ -69,9 +70,10 @@ from agentobs.store import segments  # noqa: E402
 from agentobs.store.db import set_memory_limit  # noqa: E402
 
 
-def _client(port, seeds, spans, start, q):
+def _client(port, seeds, spans, ready, start, q):
     bodies = [payload(spans, seed) for seed in seeds]  # built here: the receiver process holds no payloads
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    ready.put(os.getpid())  # built: the round's clock starts once every client is (their build is not timed)
     start.wait()
     codes = {}
     for b in bodies:
@@ -290,11 +292,13 @@ def main() -> None:
             dec_rate, dec_cpu = decode_only(dec_items[r])
             py_rate, py_cpu = decode_only(dec_items[r], "python") if a.python_decode else (0.0, 0.0)
             per = [round_seeds[i::a.clients] for i in range(a.clients)]
-            start, q = ctx.Event(), ctx.Queue()
-            clients = [ctx.Process(target=_client, args=(srv.port, b, a.spans, start, q)) for b in per]
+            start, ready, q = ctx.Event(), ctx.Queue(), ctx.Queue()
+            clients = [ctx.Process(target=_client, args=(srv.port, b, a.spans, ready, start, q)) for b in per]
             for p in clients:
                 p.start()
-            time.sleep(1.0)  # the clients build their payloads
+            for _ in clients:  # the clients build their payloads
+                ready.get()
+            time.sleep(0.2)
             kids = [p.pid for p in loader.pool._processes.values()] if loader.pool else []
             c_self0, c_kids0 = time.process_time() - sampler.cpu, sum(_cpu(k) for k in kids)
             c_loader0 = _thread_cpu(loader._thread.native_id)
