@@ -150,13 +150,14 @@ def span_rows(ids: list[tuple[str, str, int]], name: str = "a") -> pa.Table:
     return pa.table(cols, schema=SPAN_SCHEMA)
 
 
-def publish_segment(con, table: pa.Table, spool: tuple[int, int] = (1, 0)) -> str:
+def publish_segment(con, table: pa.Table, spool: tuple[int, int] = (1, 0), with_seq: bool = False) -> str:
     """What the collector's loader does with a decoder's segment (span_store = segments): the Parquet file written
     beside the store ``con`` has open and renamed to its sequence number, then its catalog row and the spans view
-    in one transaction. Returns the file's path."""
+    in one transaction. ``with_seq``: written with its column ``_seg``, as the loader writes it (a release before
+    wrote none). Returns the file's path."""
     db = con.sql("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchall()[0][0]
-    seg = segments.write_segment(table, segments.segments_dir(db))
     seq = segments.next_seq(con)
+    seg = segments.write_segment(table, segments.segments_dir(db), seq if with_seq else None)
     f = segments.publish_file(seg, seq)
     with transaction(con):
         segments.add(con, seq, f, seg, spool)

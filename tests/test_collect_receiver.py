@@ -7,6 +7,7 @@ import gzip
 import http.client
 import json
 import math
+import os
 import threading
 
 import grpc
@@ -944,6 +945,49 @@ def test_the_loader_stores_batches_while_a_merge_is_written(tmp_path, monkeypatc
         assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (100, 100)
     finally:
         gate.set()
+        p.close()
+
+
+def test_the_loader_lists_large_segments_as_merged_files_without_rewriting_them(tmp_path, monkeypatch):
+    """span_store = segments: each segment the loader publishes says its seq in column _seg, so a large one with no
+    copy (PROMOTE_MIN_ROWS: 20 here, one 20-span request a batch) is listed as a merged file as it is when the tail
+    is merged: no merged file is written and no segment retired. A request repeating stored spans makes its
+    segment one to rewrite (its copies dropped)."""
+    from agentobs.store import segments
+
+    monkeypatch.setattr(segments, "PROMOTE_MIN_ROWS", 20)
+    written = []
+    real = segments.write_merge
+
+    def counted(plan):
+        written.append([r[3] for r in plan.rows])
+        return real(plan)
+
+    monkeypatch.setattr(segments, "write_merge", counted)
+    settings = load_settings(env={"AGENTOBS_SPAN_STORE": "segments", "AGENTOBS_SEGMENT_COMPACT_AFTER": "2"})
+    p = Pipeline(tmp_path)
+    p.loader = Loader(p.spool, p.con, settings, p.health, processes=0, batch_bytes=1)
+    for seed in range(5):
+        assert p.spool.append(_payload(20, seed), "protobuf", "http")
+    assert p.spool.append(_payload(21, 0), "protobuf", "http")  # request 0's 20 spans again, and one more
+    assert p.spool.append(_payload(20, 9), "protobuf", "http")
+    p.start()
+    p.settle()
+    con = p.con
+    try:
+        cat = con.execute("SELECT file, min_seq, max_seq FROM span_merged ORDER BY min_seq").fetchall()
+        cat += con.execute("SELECT file, seq, seq FROM span_segments ORDER BY seq").fetchall()
+        for file, lo, hi in cat:  # every file's rows say the segment(s) they came from
+            got = con.execute(f"SELECT min(_seg), max(_seg) FROM read_parquet('{file}')").fetchone()
+            assert got == (lo, hi), file
+        # segments 1-5 promoted under their own names; 6 (20 copies + 1) rewritten; the tail keeps 2 // 2 = 1
+        assert [(lo, hi) for _f, lo, hi in cat] == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6), (7, 7)]
+        assert [os.path.basename(f) for f, _lo, _hi in cat[:5]] == [segments.seg_name(k) for k in range(1, 6)]
+        assert written == [[6]] and p.loader.promoted_segments == 5
+        assert con.execute("SELECT rows FROM span_merged WHERE min_seq = 6").fetchone() == (1,)
+        assert p.health.value("agentobs_span_merges_total", {"kind": "promoted"}) >= 1
+        assert con.execute("SELECT count(*), count(DISTINCT (trace_id, span_id)) FROM spans").fetchone() == (121, 121)
+    finally:
         p.close()
 
 

@@ -103,6 +103,77 @@ def test_rows_since_a_segment_come_from_the_tail_and_the_merged_files(con):
     assert segments.since_sql(con, "trace_id", 4) is None
 
 
+def test_large_segments_with_no_copy_are_listed_as_merged_files_as_they_are(con, monkeypatch):
+    """A merge's rewrite is for the files' count: a segment of PROMOTE_MIN_ROWS rows or more (3 here) whose rows the
+    plan keeps all, written with its _seg column, is listed in span_merged under its own name, nothing rewritten. A
+    small segment, one holding a copy, or one of a release without _seg is merged into a new file as before."""
+    monkeypatch.setattr(segments, "PROMOTE_MIN_ROWS", 3)
+    a = publish_segment(con, span_rows([("t1", "a1", 10), ("t1", "a2", 11), ("t1", "a3", 12)], "A"), with_seq=True)
+    publish_segment(con, span_rows([("t2", "b1", 20)], "B"), with_seq=True)  # small
+    c = publish_segment(con, span_rows([("t3", "c1", 30), ("t3", "c2", 31), ("t3", "c3", 32)], "C"), with_seq=True)
+    # a copy of A's a2 (a re-batched export): D's rows are not all kept
+    publish_segment(con, span_rows([("t1", "a2", 11), ("t4", "d1", 40), ("t4", "d2", 41)], "D"), with_seq=True)
+    publish_segment(con, span_rows([("t5", "e1", 50), ("t5", "e2", 51), ("t5", "e3", 52)], "E"))  # no _seg
+    before = rows(con)
+    assert len(before) == 12  # 13 rows, the copy of a2 read once, from A
+    stat_a = os.stat(a)
+    out = segments.compact(con, group=16)
+    # plans: A promoted (B after it is not) | B merged alone (C after it is promotable) | C promoted | D + E merged
+    assert (out.segments, out.promoted, out.files, out.rows, out.left) == (5, 2, 2, 6, 0)
+    assert merged(con) == [(3, 10, 12, 1, 1), (1, 20, 20, 2, 2), (3, 30, 32, 3, 3), (5, 40, 52, 4, 5)]
+    files = [r[0] for r in con.sql("SELECT file FROM span_merged ORDER BY min_seq").fetchall()]
+    assert files[0] == a and files[2] == c  # listed as they are: same name, same bytes
+    assert (os.stat(a).st_mtime_ns, os.stat(a).st_size) == (stat_a.st_mtime_ns, stat_a.st_size)
+    assert os.path.basename(files[3]) == "merged-0000000000000004-0000000000000005.parquet"
+    assert con.sql(f"SELECT DISTINCT _seg FROM read_parquet('{a}')").fetchall() == [(1,)]
+    assert rows(con) == before
+    # only the rewritten segments are retired: the promoted files stay where they are
+    retired = {r[0] for r in con.sql("SELECT file FROM span_segments_retired").fetchall()}
+    assert len(retired) == 3 and a not in retired and c not in retired
+    assert segments.sweep(con) == 3 and os.path.exists(a) and os.path.exists(c)
+    assert rows(con) == before
+    # the model's marks: rows of segments after 2 are C's, D's two kept and E's
+    assert len(con.sql(segments.since_sql(con, "span_id", 2)).fetchall()) == 8
+    assert con.sql("SELECT max_seq, segments, rows FROM span_compactions ORDER BY max_seq").fetchall() == [
+        (1, 1, 3), (2, 1, 1), (3, 1, 3), (5, 2, 5)]
+    # merged again with the others later: the promoted files are merged files like any
+    assert segments.plan_remerge(con, fanout=2) is not None
+
+
+def test_a_kill_after_segments_are_listed_as_merged_files_loses_nothing(tmp_path):
+    """The promotion is one transaction and moves no file: killed right after it, the next start finds every file
+    listed once (recover() deletes none of them) and the rows the same."""
+    import subprocess
+    import sys
+
+    db = tmp_path / "s.duckdb"
+    c = connect(db)
+    for k in range(3):
+        publish_segment(c, span_rows([(f"t{k}", f"s{j}", 10 * k + j) for j in range(3)], f"x{k}"), with_seq=True)
+    want = rows(c)
+    c.close()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = _CRASH.replace("segments.compact(con, group=2)", "segments.PROMOTE_MIN_ROWS = 3\nsegments.compact(con)")
+    r = subprocess.run([sys.executable, "-c", script, str(db), "committed"], cwd=root, capture_output=True,
+                       text=True, env={**os.environ, "PYTHONPATH": root}, timeout=120)
+    assert r.returncode == 9, r.stderr
+    c = connect(db)
+    try:
+        d = segments.segments_dir(db)
+        assert segments.recover(c, d) == 0
+        assert merged(c) == [(3, 0, 2, 1, 1), (3, 10, 12, 2, 2), (3, 20, 22, 3, 3)]  # one commit: all three
+        assert c.sql("SELECT count(*) FROM span_segments").fetchall() == [(0,)]
+        assert len(os.listdir(d)) == 3 and rows(c) == want
+    finally:
+        c.close()
+
+
+def test_a_segment_published_under_another_seq_than_its_rows_say_is_refused(con, tmp_path):
+    seg = segments.write_segment(span_rows([("t1", "s1", 10)]), str(tmp_path / "segs"), 7)
+    with pytest.raises(StoreError, match="written for seq 7, published as 8"):
+        segments.publish_file(seg, 8)
+
+
 def test_a_segment_from_an_older_schema_reads_and_merges_with_nulls(con):
     """A release added a span column between two segments (here: the older file lacks ``name``): the tail reads
     both by column name, the missing value is NULL, and the merged file has every column."""

@@ -57,7 +57,8 @@ class Health:
         self.span_files = Gauge("agentobs_span_files", "span_store = segments: Parquet span files listed, by kind "
                                 "(segment: the unmerged tail, read deduplicated; merged).", ["kind"], registry=r)
         self.span_merges = Counter("agentobs_span_merges", "Merges of span files committed, by kind (segments: tail "
-                                   "segments into a merged file; again: merged files merged again).", ["kind"],
+                                   "segments into a merged file; again: merged files merged again; promoted: large tail segments "
+                                   "listed as merged files as they are, nothing rewritten).", ["kind"],
                                    registry=r)
         self.snapshot_seconds = Gauge("agentobs_snapshot_seconds", "Duration of the last read snapshot.", registry=r)
         self.snapshot_ts = Gauge("agentobs_snapshot_timestamp_seconds", "When the last read snapshot was published.",

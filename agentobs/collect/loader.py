@@ -75,9 +75,10 @@ class Batch:
 
 
 def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: Settings | None = None,
-                   segment_dir: str | None = None) -> Batch:
+                   segment_dir: str | None = None, seq: int | None = None) -> Batch:
     """Decode spooled requests: ``items`` are (segment path, offset, length, format, transport, seq). With
-    ``segment_dir`` the spans are written there as a Parquet segment (``Batch.segment``), else returned as IPC.
+    ``segment_dir`` the spans are written there as a Parquet segment (``Batch.segment``; with ``seq``, the seq the
+    loader will publish it as, in its column ``_seg``), else returned as IPC.
 
     Protobuf bodies go through the native decoder (``otlp_native``: one Arrow pass over the whole batch)
     when ``loader_decoder`` is ``native``; the requests it leaves (rare shapes) and JSON bodies through
@@ -141,7 +142,7 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
         table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
         table = first_of_each_span(table)
         if segment_dir is not None:
-            seg = segments.write_segment(table, segment_dir)
+            seg = segments.write_segment(table, segment_dir, seq)
         else:
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, table.schema) as w:
@@ -250,6 +251,7 @@ class Loader:
         self.compacted_segments = 0
         self.merged_files = 0  # listed in span_merged (segments layout; read at start and after each merge commit)
         self.remerged_files = 0  # merged files merged again
+        self.promoted_segments = 0  # segments listed as merged files as they are (segments.promotable)
         self._merged_gen = 0  # merged files added by this loader: a run to merge again is looked for when it moves
         self._remerge_looked = -1  # the _merged_gen at which plan_remerge last found no run
         self.seq = self.tail = 0  # (segments layout: the next segment's seq and the unmerged segments, at start)
@@ -298,13 +300,13 @@ class Loader:
         self._thread.start()
         return self
 
-    def _submit(self, recs: list[Record]) -> Future:
+    def _submit(self, recs: list[Record], seq: int) -> Future:
         items = [(str(self.spool.path(r.seq)), r.offset, r.length, r.fmt, r.transport, r.seq) for r in recs]
         if self.pool is not None:
-            return self.pool.submit(decode_records, items, None, self.segment_dir)
+            return self.pool.submit(decode_records, items, None, self.segment_dir, seq)
         fut: Future = Future()
         try:
-            fut.set_result(decode_records(items, self.settings, self.segment_dir))
+            fut.set_result(decode_records(items, self.settings, self.segment_dir, seq))
         except BaseException as e:  # noqa: BLE001 - re-raised by fut.result()
             fut.set_exception(e)
         return fut
@@ -312,6 +314,9 @@ class Loader:
     def _run(self) -> None:
         inflight: deque[tuple[list[Record], Future]] = deque()
         read_pos = self.position
+        # the seq of the next batch submitted (segments layout: its file is published as that seq and its rows say
+        # so in column _seg; a batch without spans leaves its seq unused)
+        next_seq = self.seq
         while True:
             stopping = self._stop.is_set()
             if self.segment_dir is not None:
@@ -321,7 +326,8 @@ class Loader:
                                             wait_s=0 if inflight else 0.05)
                 if not recs:
                     break
-                inflight.append((recs, self._submit(recs)))
+                inflight.append((recs, self._submit(recs, next_seq)))
+                next_seq += 1
                 read_pos = (recs[-1].seq, recs[-1].end)
             if stopping and inflight:
                 # batches not yet picked up by a decoder stay in the spool; the ones being decoded are stored
@@ -358,6 +364,7 @@ class Loader:
                         _drop(f.result())
                 inflight.clear()
                 read_pos = self.position
+                next_seq = self.seq
                 if self._stop.wait(1.0):
                     return
 
@@ -369,19 +376,21 @@ class Loader:
         t0 = time.perf_counter()
         cur = self.cur
         published: list[str | None] = []
-        n_files = 0
+        seqs: list[int] = []
         inserted = 0
         try:
             for _recs, b in group:
-                published.append(segments.publish_file(b.segment, self.seq + n_files)
-                                 if b.segment is not None else None)
-                n_files += b.segment is not None
+                if b.segment is not None:  # (its seq given at submission)
+                    seqs.append(b.segment.seq if b.segment.seq is not None else self.seq + len(seqs))
+                    published.append(segments.publish_file(b.segment, seqs[-1]))
+                else:
+                    published.append(None)
             with transaction(cur):
-                seq = self.seq
+                k = 0
                 for (recs, b), file in zip(group, published, strict=True):
                     if file is not None and b.segment is not None:
-                        segments.add(cur, seq, file, b.segment, (recs[-1].seq, recs[-1].end), view=False)
-                        seq += 1
+                        segments.add(cur, seqs[k], file, b.segment, (recs[-1].seq, recs[-1].end), view=False)
+                        k += 1
                         inserted += b.segment.rows  # spans in the file (a copy of a stored span: readers drop it)
                     elif b.ipc is not None:
                         inserted += insert_spans(cur, _read_ipc(b.ipc), unique=True)
@@ -394,7 +403,9 @@ class Loader:
             for k, (_recs, b) in enumerate(group):
                 _drop(b, published[k] if k < len(published) else None)
             raise
-        self.seq += n_files
+        n_files = len(seqs)
+        if seqs:
+            self.seq = max(self.seq, seqs[-1] + 1)
         self.tail += n_files
         if n_files:
             self.health.span_files.labels("segment").set(self.tail)
@@ -469,6 +480,18 @@ class Loader:
             if nxt is None:
                 self.tail = int(self.cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
                 return
+            k = segments.promotable(self.cur, nxt)
+            if k > 0:  # large segments with no copy to drop: listed as merged files as they are, nothing rewritten
+                segments.commit_promote(self.cur, nxt, k)
+                self.tail -= k
+                self.compacted_segments += k
+                self.promoted_segments += k
+                self._merged_gen += 1
+                self.health.span_merges.labels("promoted").inc()
+                self.merged_files = segments.merged_count(self.cur)
+                self._gauge_files()
+                return
+            nxt = nxt.head(-k)  # (the promotable segments after these: the next plan's)
             assert self._merger is not None
             self._merge = (nxt, self._merger.submit(segments.write_merge, nxt))
         except Exception as e:  # noqa: BLE001 - the segments stay in the tail; merged again later

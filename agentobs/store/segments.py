@@ -84,12 +84,17 @@ class SegmentFile:
     rows: int
     min_start_ns: int | None
     max_start_ns: int | None
+    seq: int | None = None  # the seq it must be published as (its column ``_seg``); None: no such column
 
 
-def write_segment(table: pa.Table, directory: str) -> SegmentFile:
-    """Write ``table`` to ``directory/.tmp-<pid>-<uuid>.parquet`` and fsync it (a decoder process does this)."""
+def write_segment(table: pa.Table, directory: str, seq: int | None = None) -> SegmentFile:
+    """Write ``table`` to ``directory/.tmp-<pid>-<uuid>.parquet`` and fsync it (a decoder process does this). With
+    ``seq`` (the seq the loader will publish it as) the file gets column ``_seg`` = ``seq`` last, as a merged file
+    has it, so the file can later be listed as a merged file as it is (:func:`promotable`)."""
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
+    if seq is not None:
+        table = table.append_column("_seg", _int64s(np.full(table.num_rows, seq, np.int64)))
     pq.write_table(table, tmp, **write_options(table.schema))
     fd = os.open(tmp, os.O_RDONLY)
     try:
@@ -98,7 +103,7 @@ def write_segment(table: pa.Table, directory: str) -> SegmentFile:
         os.close(fd)
     mm = pc.min_max(table["start_ns"])
     lo, hi = mm["min"].as_py(), mm["max"].as_py()
-    return SegmentFile(tmp, table.num_rows, lo, hi)
+    return SegmentFile(tmp, table.num_rows, lo, hi, seq)
 
 
 def fsync_path(path: str | os.PathLike) -> None:
@@ -117,6 +122,8 @@ def seg_name(seq: int) -> str:
 def publish_file(seg: SegmentFile, seq: int) -> str:
     """Rename the decoder's file to its final name ``<seq>.parquet`` (fsync'd directory); returns the path. The
     caller then commits :func:`add` in its transaction, and deletes the file if that fails."""
+    if seg.seq is not None and seg.seq != seq:  # its rows say _seg = seg.seq
+        raise StoreError(f"span segment {seg.tmp} was written for seq {seg.seq}, published as {seq}")
     final = os.path.join(os.path.dirname(seg.tmp), seg_name(seq))
     os.rename(seg.tmp, final)
     fsync_path(os.path.dirname(final))
@@ -352,6 +359,7 @@ class Compacted:
     left: int = 0  # segments still in the tail
     files: int = 0  # merged files written
     remerged: int = 0  # merged files merged again (plan_remerge)
+    promoted: int = 0  # segments listed as merged files as they are (commit_promote; in ``segments`` too)
 
 
 def _crash_point(step: str) -> None:
@@ -374,6 +382,11 @@ def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
                      for f in schema], schema=schema)
 
 
+def _without_seg(schema: pa.Schema) -> pa.Schema:
+    i = schema.get_field_index("_seg")
+    return schema if i < 0 else schema.remove(i)
+
+
 def merged_name(lo: int, hi: int) -> str:
     return f"merged-{lo:016d}-{hi:016d}{SUFFIX}"
 
@@ -382,13 +395,19 @@ def merged_name(lo: int, hi: int) -> str:
 class MergePlan:
     """A group of tail segments to merge (:func:`plan_merge`) and the rows of it to keep."""
 
-    rows: list[tuple]  # catalog rows (file, min_start_ns, max_start_ns, seq), in seq order
+    rows: list[tuple]  # catalog rows (file, min_start_ns, max_start_ns, seq, rows), in seq order
     keep: np.ndarray  # the rows kept, as ``_ORD`` (seq << 32 | row in its file), ascending
     directory: str
 
     @property
     def first(self) -> int:
         return int(self.rows[0][3])
+
+    def head(self, n: int) -> MergePlan:
+        """The plan of its first ``n`` segments (the rows it keeps of them are the same)."""
+        if n >= len(self.rows):
+            return self
+        return MergePlan(self.rows[:n], self.keep[(self.keep >> 32) <= int(self.rows[n - 1][3])], self.directory)
 
     @property
     def last(self) -> int:
@@ -411,7 +430,7 @@ def plan_merge(cur: duckdb.DuckDBPyConnection, group: int, keep: int = 0) -> Mer
     n = int(cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
     if n <= keep:
         return None
-    rows = cur.execute("SELECT file, min_start_ns, max_start_ns, seq FROM span_segments ORDER BY seq LIMIT ?",
+    rows = cur.execute("SELECT file, min_start_ns, max_start_ns, seq, rows FROM span_segments ORDER BY seq LIMIT ?",
                        [min(max(1, group), n - keep)]).fetchall()
     files = [r[0] for r in rows]
     res = cur.execute(f"SELECT o FROM ({_keep_sql(rows, _merged_rows(cur), _columns_of(cur, files)[1])}) "
@@ -433,17 +452,20 @@ def write_merge(plan: MergePlan) -> MergeFile:
     seqs, rownums = o >> 32, o & 0xFFFFFFFF
     tmp = os.path.join(plan.directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
     # the group's columns (a release may have added some between its segments): the union, missing ones null
-    schema = pa.unify_schemas([pq.read_schema(f) for f in files]).append(pa.field("_seg", pa.int64()))
+    # (a segment the loader wrote has column _seg already: its seq, the value it gets here)
+    schema = pa.unify_schemas([_without_seg(pq.read_schema(f)) for f in files]).append(pa.field("_seg", pa.int64()))
     writer: pq.ParquetWriter | None = None
     lo = hi = None
     try:
-        for file, _lo, _hi, seq in rows:
+        for file, _lo, _hi, seq, _n in rows:
             take = rownums[seqs == seq]
             if not len(take):
                 continue
             # (not pq.read_table: its dataset layer costs more; without threads: Arrow's pool costs more CPU than
             # this thread reading one segment — docs/collectors.md, part G)
             t = pq.ParquetFile(file).read(use_threads=False)
+            if "_seg" in t.column_names:
+                t = t.drop_columns(["_seg"])
             if len(take) < t.num_rows:  # copies dropped (the usual segment has none: no copy of its rows)
                 t = t.take(_int64s(take))
             t = t.append_column("_seg", _int64s(np.full(t.num_rows, seq, np.int64)))
@@ -493,6 +515,49 @@ def commit_merge(cur: duckdb.DuckDBPyConnection, plan: MergePlan, out: MergeFile
         raise
     _crash_point("committed")
     return final
+
+
+# -- segments listed as merged files as they are -------------------------------------------------------------
+# A merge has two jobs: each span once (the dedupe) and few files. The dedupe needs only the key columns
+# (plan_merge reads them); the rewrite is for the files' count. A segment of PROMOTE_MIN_ROWS rows or more is a
+# file worth keeping as it is: when the plan keeps every one of its rows and the loader wrote it with its _seg
+# column, it is listed in span_merged under its own name (min_seq = max_seq = its seq) instead of being copied
+# into a new file; small ones are merged again later with the others (plan_remerge). Figures: docs/collectors.md
+# part J.
+PROMOTE_MIN_ROWS = 8192
+
+
+def promotable(cur: duckdb.DuckDBPyConnection, plan: MergePlan) -> int:
+    """How the plan starts: ``n > 0``, its first ``n`` segments can be listed as merged files as they are
+    (:func:`commit_promote`); ``n < 0``, its first ``-n`` cannot, and are the ones to merge into a new file (the
+    promotable ones after them are left for the next plan). A segment can when it has ``PROMOTE_MIN_ROWS`` rows
+    or more, the plan keeps every one of them (no copy of a stored span, no span repeated from an earlier
+    segment), and it has column ``_seg`` last (:func:`write_segment` with its seq)."""
+    seqs, counts = np.unique(plan.keep >> 32, return_counts=True)
+    kept = dict(zip(seqs.tolist(), counts.tolist(), strict=True))
+    run = 0
+    for file, _lo, _hi, seq, rows in plan.rows:
+        ok = (rows >= PROMOTE_MIN_ROWS and kept.get(int(seq), 0) == rows
+              and _schema(cur, file)[-1] == ("_seg", "BIGINT"))
+        if run and ok != (run > 0):
+            break
+        run += 1 if ok else -1
+    return run
+
+
+def commit_promote(cur: duckdb.DuckDBPyConnection, plan: MergePlan, n: int) -> None:
+    """One transaction: the plan's first ``n`` segments (:func:`promotable`) listed in ``span_merged`` under their own
+    names and out of the tail, a ``span_compactions`` row, the ``spans`` view re-made. No file is written, renamed
+    or retired: a crash leaves them in one catalog or the other."""
+    rows = plan.rows[:n]
+    with transaction(cur):
+        cur.executemany("INSERT INTO span_merged VALUES (?, ?, ?, ?, ?, ?, now()::TIMESTAMP)",
+                        [[f, int(k), lo, hi, int(q), int(q)] for f, lo, hi, q, k in rows])
+        cur.execute("INSERT INTO span_compactions VALUES (?, ?, NULL, NULL, ?, now()::TIMESTAMP)",
+                    [int(rows[-1][3]), n, sum(int(r[4]) for r in rows)])
+        cur.execute("DELETE FROM span_segments WHERE seq <= ?", [int(rows[-1][3])])
+        ensure_view(cur)
+    _crash_point("committed")
 
 
 # -- merged files merged again -------------------------------------------------------------------------------
@@ -652,6 +717,13 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
                     continue
                 out.left = int(cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
                 break
+            k = promotable(cur, plan)
+            if k > 0:
+                commit_promote(cur, plan, k)
+                out.segments += k
+                out.promoted += k
+                continue
+            plan = plan.head(-k)
             written = write_merge(plan)
             _crash_point("written")
             final = commit_merge(cur, plan, written)
