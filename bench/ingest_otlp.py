@@ -17,7 +17,7 @@ every client has built its payloads.
 End to end = from the first request until the loader has committed every acknowledged span to the
 store (what `agentobs sql` then reads; the count is checked with a query). Decode-only = the loader's
 own decode of the same bodies (``decode_records``: spool read → the ``--decoder`` (default native:
-otlp_native.py) → Arrow table → IPC) in one process, alternated with the end-to-end rounds so both see
+otlp_native.py) → Arrow table → IPC, in batches of ``loader_batch_mb`` as the loader's) in one process, alternated with the end-to-end rounds so both see
 the same machine load; ``--python-decode`` also times otlp.py's decode of them (the reference). ``--prefill`` stores N spans first (copies of
 round 1 under new trace ids and earlier times; segments layout: published as segments and merged into
 Parquet files of ``--prefill-merge`` rounds each, as the collector's compaction stores them), to see the rate at
@@ -189,9 +189,18 @@ def _decode_only(items, decoder: str, total: int):
     """Decode-only of ``items`` in this (separate) process: spans/s and µs CPU/span."""
     s = load_settings(env={"AGENTOBS_LOADER_DECODER": decoder})
     decode_records(items[:1], s)  # warm-up (imports, first Arrow table)
+    # batches of up to loader_batch_mb, as the loader reads them from a spool with requests waiting
+    cap, batches, cur, size = int(s.loader_batch_mb * 1024 * 1024), [], [], 0
+    for it in items:
+        if cur and size + it[2] > cap:
+            batches.append(cur)
+            cur, size = [], 0
+        cur.append(it)
+        size += it[2]
+    batches += [cur] if cur else []
     t0, c0 = time.perf_counter(), time.process_time()
-    for k in range(0, len(items), 8):  # the loader's batches hold several requests
-        b = decode_records(items[k:k + 8], s)
+    for batch in batches:
+        b = decode_records(batch, s)
         assert b.rejected == 0
     return total / (time.perf_counter() - t0), (time.process_time() - c0) / total * 1e6
 

@@ -51,6 +51,9 @@ from .spool import Record, Spool
 REMERGE_FORCE_FILES = 512
 log = logging.getLogger(__name__)
 MAX_NOTES = 5
+# segments layout: a batch is decoded and written this many body bytes at a time, a row group each, into its one
+# file: a decoder then peaks as with 4 MiB batches, not with the whole batch's columns (docs/collectors.md part J)
+DECODE_CHUNK_BYTES = 4 << 20
 
 _settings: Settings | None = None
 
@@ -80,10 +83,59 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
     ``segment_dir`` the spans are written there as a Parquet segment (``Batch.segment``; with ``seq``, the seq the
     loader will publish it as, in its column ``_seg``), else returned as IPC.
 
-    Protobuf bodies go through the native decoder (``otlp_native``: one Arrow pass over the whole batch)
+    Protobuf bodies go through the native decoder (``otlp_native``: one Arrow pass over each ``DECODE_CHUNK_BYTES``)
     when ``loader_decoder`` is ``native``; the requests it leaves (rare shapes) and JSON bodies through
     ``otlp.py``. A batch ptars cannot parse is decoded by ``otlp.py`` request by request."""
     settings = settings or _settings or load_settings()
+    tables: list[pa.Table] = []
+    acc = rej = bad = 0
+    notes: list[str] = []
+    reasons: dict[str, int] = {}
+    # segments: each DECODE_CHUNK_BYTES of the batch is one row group of its file, written once decoded (a span
+    # repeated in two of them is in the file twice, as in two segments: readers and the merge keep the first)
+    writer = segments.SegmentWriter(segment_dir, seq) if segment_dir is not None else None
+    try:
+        for lo, hi in _chunks(items, DECODE_CHUNK_BYTES if writer is not None else 1 << 62):
+            t, a, r, m, n, why = _decode_part(items[lo:hi], settings)
+            acc, rej, bad = acc + a, rej + r, bad + m
+            notes.extend(n[:MAX_NOTES - len(notes)])
+            for k, v in why.items():
+                reasons[k] = reasons.get(k, 0) + v
+            if writer is not None and t:
+                writer.write(first_of_each_span(pa.concat_tables(t).combine_chunks() if len(t) > 1 else t[0]))
+            else:
+                tables += t
+        seg = writer.close() if writer is not None else None
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
+    ipc = None
+    if tables:
+        table = first_of_each_span(pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as w:
+            w.write_table(table)
+        ipc = sink.getvalue().to_pybytes()
+    return Batch(ipc, len(items), acc, rej, bad, notes, reasons, seg)
+
+
+def _chunks(items: list[tuple[str, int, int, str, str, int]], size: int) -> list[tuple[int, int]]:
+    """``items`` cut into runs of at most ``size`` body bytes (a request larger than that alone): (start, end)."""
+    out, lo, acc = [], 0, 0
+    for k, it in enumerate(items):
+        if k > lo and acc + it[2] > size:
+            out.append((lo, k))
+            lo, acc = k, 0
+        acc += it[2]
+    if lo < len(items):
+        out.append((lo, len(items)))
+    return out
+
+
+def _decode_part(items: list[tuple[str, int, int, str, str, int]], settings: Settings
+                 ) -> tuple[list[pa.Table], int, int, int, list[str], dict[str, int]]:
+    """Decode ``items`` (:func:`decode_records`): tables, accepted, rejected, malformed, notes, rejected by reason."""
     tables, acc, rej, bad = [], 0, 0, 0
     notes: list[str] = []
     reasons: dict[str, int] = {}
@@ -136,19 +188,7 @@ def decode_records(items: list[tuple[str, int, int, str, str, int]], settings: S
         for r, v in dec.reasons.items():
             reasons[r] = reasons.get(r, 0) + v
         notes.extend(dec.errors[:MAX_NOTES - len(notes)])
-    ipc = None
-    seg = None
-    if tables:
-        table = pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0]
-        table = first_of_each_span(table)
-        if segment_dir is not None:
-            seg = segments.write_segment(table, segment_dir, seq)
-        else:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, table.schema) as w:
-                w.write_table(table)
-            ipc = sink.getvalue().to_pybytes()
-    return Batch(ipc, len(items), acc, rej, bad, notes, reasons, seg)
+    return tables, acc, rej, bad, notes, reasons
 
 
 def first_of_each_span(table: pa.Table) -> pa.Table:

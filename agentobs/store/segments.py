@@ -87,23 +87,62 @@ class SegmentFile:
     seq: int | None = None  # the seq it must be published as (its column ``_seg``); None: no such column
 
 
+class SegmentWriter:
+    """A segment written a table at a time, each a row group (a decoder writes a batch as it decodes it, so it never
+    holds the whole batch's columns): ``write`` the tables, then ``close`` (fsync'd; the :class:`SegmentFile`, None
+    when no row was written) or ``abort`` (the file deleted). With ``seq`` (the seq the loader will publish it as)
+    every row gets column ``_seg`` = ``seq``, last, as a merged file has it, so the file can later be listed as a
+    merged file as it is (:func:`promotable`)."""
+
+    def __init__(self, directory: str, seq: int | None = None):
+        os.makedirs(directory, exist_ok=True)
+        self.tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
+        self.seq = seq
+        self.rows = 0
+        self.lo: int | None = None
+        self.hi: int | None = None
+        self._w: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        if self.seq is not None:
+            table = table.append_column("_seg", _int64s(np.full(table.num_rows, self.seq, np.int64)))
+        if self._w is None:
+            self._w = pq.ParquetWriter(self.tmp, table.schema, **write_options(table.schema))
+        self._w.write_table(_conform(table, self._w.schema))
+        self.rows += table.num_rows
+        mm = pc.min_max(table["start_ns"])
+        for v in (mm["min"].as_py(), mm["max"].as_py()):
+            if v is not None:
+                self.lo, self.hi = (v if self.lo is None else min(self.lo, v)), (v if self.hi is None else max(self.hi, v))
+
+    def close(self) -> SegmentFile | None:
+        if self._w is None:
+            return None
+        self._w.close()
+        fsync_path(self.tmp)
+        return SegmentFile(self.tmp, self.rows, self.lo, self.hi, self.seq)
+
+    def abort(self) -> None:
+        if self._w is not None:
+            self._w.close()
+        Path(self.tmp).unlink(missing_ok=True)
+
+
 def write_segment(table: pa.Table, directory: str, seq: int | None = None) -> SegmentFile:
-    """Write ``table`` to ``directory/.tmp-<pid>-<uuid>.parquet`` and fsync it (a decoder process does this). With
-    ``seq`` (the seq the loader will publish it as) the file gets column ``_seg`` = ``seq`` last, as a merged file
-    has it, so the file can later be listed as a merged file as it is (:func:`promotable`)."""
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex}{SUFFIX}")
-    if seq is not None:
-        table = table.append_column("_seg", _int64s(np.full(table.num_rows, seq, np.int64)))
-    pq.write_table(table, tmp, **write_options(table.schema))
-    fd = os.open(tmp, os.O_RDONLY)
+    """Write ``table`` as one segment file (:class:`SegmentWriter`) and fsync it (a decoder process does this)."""
+    if not table.num_rows:
+        raise ValueError("a span segment needs at least one row")
+    w = SegmentWriter(directory, seq)
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    mm = pc.min_max(table["start_ns"])
-    lo, hi = mm["min"].as_py(), mm["max"].as_py()
-    return SegmentFile(tmp, table.num_rows, lo, hi, seq)
+        w.write(table)
+        out = w.close()
+    except BaseException:
+        w.abort()
+        raise
+    assert out is not None
+    return out
 
 
 def fsync_path(path: str | os.PathLike) -> None:
