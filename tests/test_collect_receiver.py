@@ -991,14 +991,17 @@ def test_the_loader_lists_large_segments_as_merged_files_without_rewriting_them(
         p.close()
 
 
-def test_an_idle_loader_merges_its_small_merged_files_again(tmp_path):
+def test_an_idle_loader_merges_its_small_merged_files_again(tmp_path, monkeypatch):
     """A quiet collector: one 3-span request per batch and a merge every 2 segments leave merged files of a few
-    spans each. Once the loader is idle it merges them again (adjacent files of one size class, 8 at a time:
-    segments.plan_remerge) until no run is left; every span is still read once, and the loader's count of merged
-    files is the catalog's."""
+    spans each. Once the loader is idle (no batch read for REMERGE_IDLE_S: 0.2 s here) it merges them again
+    (adjacent files of one size class, 8 at a time: segments.plan_remerge) until no run is left; every span is
+    still read once, and the loader's count of merged files is the catalog's."""
     import time
 
+    from agentobs.collect import loader as loader_mod
     from agentobs.store import segments
+
+    monkeypatch.setattr(loader_mod, "REMERGE_IDLE_S", 0.2)
 
     settings = load_settings(env={"AGENTOBS_SPAN_STORE": "segments", "AGENTOBS_SEGMENT_COMPACT_AFTER": "2"})
     p = Pipeline(tmp_path)

@@ -49,6 +49,9 @@ from .spool import Record, Spool
 # merged span files listed beyond which they are merged again even while batches keep coming (else only when the
 # loader is idle: docs/collectors.md, part I)
 REMERGE_FORCE_FILES = 512
+# idle, for merging merged files again: no batch read from the spool for this long (a moment between two batches
+# under load is not: the merge would then compete with ingest for the cores, part J)
+REMERGE_IDLE_S = 5.0
 log = logging.getLogger(__name__)
 MAX_NOTES = 5
 # segments layout: a batch is decoded and written this many body bytes at a time, a row group each, into its one
@@ -357,17 +360,22 @@ class Loader:
         # the seq of the next batch submitted (segments layout: its file is published as that seq and its rows say
         # so in column _seg; a batch without spans leaves its seq unused)
         next_seq = self.seq
+        last_read = 0.0  # (time.monotonic() of the last batch read: a loader just started is idle)
         while True:
             stopping = self._stop.is_set()
             if self.segment_dir is not None:
-                self._merge_step(stopping, idle=not inflight)
-            while not stopping and len(inflight) < self.depth:
+                self._merge_step(stopping, idle=not inflight and time.monotonic() - last_read > REMERGE_IDLE_S)
+            # a batch is read once a decoder is free for it, not queued behind busy ones: under load the requests
+            # arriving meanwhile join it (batches up to loader_batch_mb, large segments: part J); idle, at once
+            while (not stopping and len(inflight) < self.depth
+                   and sum(1 for _r, f in inflight if not f.done()) < max(1, self.processes)):
                 recs = self.spool.read_from(*read_pos, max_records=100_000, max_bytes=self.batch_bytes,
                                             wait_s=0 if inflight else 0.05)
                 if not recs:
                     break
                 inflight.append((recs, self._submit(recs, next_seq)))
                 next_seq += 1
+                last_read = time.monotonic()
                 read_pos = (recs[-1].seq, recs[-1].end)
             if stopping and inflight:
                 # batches not yet picked up by a decoder stay in the spool; the ones being decoded are stored
@@ -469,10 +477,11 @@ class Loader:
     def _merge_step(self, stopping: bool, wait: bool = False, idle: bool = False) -> None:
         """Commit the merge whose file is written (``wait``: wait for it), then start the next one when
         ``segment_compact_after`` segments are unmerged: its rows picked here, its file written by the merge thread
-        (the oldest segments down to half the threshold, in one file). Else, when the loader is ``idle`` (no batch
-        being decoded) or more than ``REMERGE_FORCE_FILES`` merged files are listed, merged files are merged again
-        (``segments.plan_remerge``), written by the same thread. A failure is logged and retried a second
-        later (the segments stay in the tail, the merged files listed: nothing is lost)."""
+        (the oldest segments down to half the threshold; large ones listed as they are, ``segments.promotable``).
+        Else, when the loader is ``idle`` (no batch being decoded, none read for ``REMERGE_IDLE_S``) or more than
+        ``REMERGE_FORCE_FILES`` merged files are listed, merged files are merged again (``segments.plan_remerge``),
+        written by the same thread. A failure is logged and retried a second later (the segments stay in the tail,
+        the merged files listed: nothing is lost)."""
         try:
             if self._merge is not None:
                 plan, fut = self._merge
