@@ -18,10 +18,11 @@ End to end = from the first request until the loader has committed every acknowl
 store (what `agentobs sql` then reads; the count is checked with a query). Decode-only = the loader's
 own decode of the same bodies (``decode_records``: spool read → the ``--decoder`` (default native:
 otlp_native.py) → Arrow table → IPC, in batches of ``loader_batch_mb`` as the loader's) in one process, alternated with the end-to-end rounds so both see
-the same machine load; ``--python-decode`` also times otlp.py's decode of them (the reference). ``--prefill`` stores N spans first (copies of
-round 1 under new trace ids and earlier times; segments layout: published as segments and merged into
-Parquet files of ``--prefill-merge`` rounds each, as the collector's compaction stores them), to see the rate at
-a large stored count.
+the same machine load; ``--python-decode`` also times otlp.py's decode of them (the reference). ``--prefill`` stores N spans first, in a process of its
+own (copies of round 1 under new trace ids and earlier times, older than the rounds' spans; segments layout:
+published as segments and merged into Parquet files of ``--prefill-merge`` rounds each, as the collector's
+compaction stores them), to see the rate at a large stored count: the collector then opens the store as it would
+after a restart.
 
 CPU per span of the end-to-end rounds is split into this process (HTTP handlers, spool, loader thread, merge
 thread and DuckDB's and Arrow's threads; the loader thread's own share in parentheses, and a line per kind of
@@ -29,11 +30,10 @@ thread; the bench's own memory sampler's CPU left out) and the decoder processes
 count check (whose CPU is printed beside each round). The store
 connection gets ``collect_memory_limit`` as ``agentobs collect`` does.
 
-Memory (from the first round on: the prefill's own peak is reset), per process of the collector — this process (receivers, spool, loader thread, DuckDB), the
+Memory (from the first round on), per process of the collector — this process (receivers, spool, loader thread, DuckDB), the
 forkserver the decoders are forked from, each decoder — as ``agentobs collect`` would hold it: the clients
 build their own payloads and the decode-only rounds run in a separate process, so none of the bench's own
-data is in these figures (except the prefill's rows in DuckDB's buffer pool, as a long-running collector's
-would be). Peak RSS (VmHWM) of each, and the peak of their summed PSS sampled every 0.25 s (RSS counts the
+data is in these figures. Peak RSS (VmHWM) of each, and the peak of their summed PSS sampled every 0.25 s (RSS counts the
 shared libraries' pages — numpy, pyarrow, DuckDB — once per process; PSS splits them between the processes
 sharing them, so the summed PSS is the collector's real footprint).
 
@@ -186,6 +186,37 @@ def _prefill_segment(con, db, table) -> None:
     con.execute("COMMIT")
 
 
+def _prefill(db: str, items, batches: int, n: int, merge_every: int, env: dict) -> None:
+    """Store ``n`` spans in ``db`` first: copies of round 1 (decoded as the loader does) under new trace ids and
+    earlier times (each copy 10,000 s before the last, so none overlaps the rounds' spans, 1 ms apart: the stored
+    spans are older than the new ones, as a collector's are), in the layout the settings name (segments: published
+    as segments and merged into Parquet files of ``merge_every`` copies each, as the collector's compaction stores
+    them). Run in a separate process, so that the collector measured after it holds none of this work's memory."""
+    import pyarrow as pa
+
+    from agentobs.collect.loader import _read_ipc
+
+    settings = load_settings(env=env)
+    con = connect(db)
+    one = pa.concat_tables(_read_ipc(decode_records(items[k:k + 8], settings).ipc) for k in range(0, batches, 8))
+    con.register("_round", one)
+    for k in range(-(-n // one.num_rows)):
+        shifted = (f"SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
+                   f"start_ns - {(k + 1) * 10**13} AS start_ns) FROM _round")
+        if settings.span_store == "segments":
+            _prefill_segment(con, db, con.sql(shifted).to_arrow_table())
+            if (k + 1) % merge_every == 0:
+                segments.compact(con)
+        else:
+            con.execute(f"INSERT INTO spans_part BY NAME {shifted}")
+    con.unregister("_round")
+    if settings.span_store == "segments":
+        segments.compact(con)
+        segments.sweep(con)
+    con.execute("CHECKPOINT")
+    con.close()
+
+
 def _decode_only(items, decoder: str, total: int):
     """Decode-only of ``items`` in this (separate) process: spans/s and µs CPU/span."""
     s = load_settings(env={"AGENTOBS_LOADER_DECODER": decoder})
@@ -254,32 +285,12 @@ def main() -> None:
             return dec_pool.submit(_decode_only, items, decoder, total).result()
 
         db = Path(d) / "bench.duckdb"
+        if a.prefill:  # in a process of its own: the collector below starts on the stored spans as a restart would
+            with ProcessPoolExecutor(1, mp_context=mp.get_context("forkserver")) as once:
+                once.submit(_prefill, str(db), dec_items[0], a.batches, a.prefill, a.prefill_merge, env).result()
         con = connect(db)
         if settings.collect_memory_limit:
             set_memory_limit(con, settings.collect_memory_limit)
-        if a.prefill:
-            import pyarrow as pa
-
-            from agentobs.collect.loader import _read_ipc
-
-            one = pa.concat_tables(_read_ipc(decode_records(dec_items[0][k:k + 8], settings).ipc)
-                                   for k in range(0, a.batches, 8))  # (freed below: only its rows stay, in DuckDB)
-            con.register("_round", one)
-            for k in range(-(-a.prefill // one.num_rows)):
-                shifted = (f"SELECT * REPLACE (md5(trace_id || 'prefill{k}') AS trace_id, "
-                           f"start_ns - {(k + 1) * 10**12} AS start_ns) FROM _round")
-                if settings.span_store == "segments":  # as the collector stores them: segments, merged into Parquet
-                    _prefill_segment(con, db, con.sql(shifted).to_arrow_table())
-                    if (k + 1) % a.prefill_merge == 0:
-                        segments.compact(con)
-                else:
-                    con.execute(f"INSERT INTO spans_part BY NAME {shifted}")
-            con.unregister("_round")
-            del one
-            if settings.span_store == "segments":
-                segments.compact(con)
-                segments.sweep(con)
-            con.execute("CHECKPOINT")
         prefilled = con.execute("SELECT count(*) FROM spans").fetchone()[0]
         try:  # the peak RSS from here on: the collector running, not the prefill's own work
             with open("/proc/self/clear_refs", "w") as f:
