@@ -428,17 +428,16 @@ class Loader:
         inserted = 0
         try:
             for _recs, b in group:
-                if b.segment is not None:  # (its seq given at submission)
-                    seqs.append(b.segment.seq if b.segment.seq is not None else self.seq + len(seqs))
-                    published.append(segments.publish_file(b.segment, seqs[-1]))
+                if b.segment is not None:
+                    assert b.segment.seq is not None  # (given at submission: _run)
+                    seqs.append(b.segment.seq)
+                    published.append(segments.publish_file(b.segment, b.segment.seq))
                 else:
                     published.append(None)
             with transaction(cur):
-                k = 0
                 for (recs, b), file in zip(group, published, strict=True):
-                    if file is not None and b.segment is not None:
-                        segments.add(cur, seqs[k], file, b.segment, (recs[-1].seq, recs[-1].end), view=False)
-                        k += 1
+                    if file is not None and b.segment is not None and b.segment.seq is not None:
+                        segments.add(cur, b.segment.seq, file, b.segment, (recs[-1].seq, recs[-1].end), view=False)
                         inserted += b.segment.rows  # spans in the file (a copy of a stored span: readers drop it)
                     elif b.ipc is not None:
                         inserted += insert_spans(cur, _read_ipc(b.ipc), unique=True)
