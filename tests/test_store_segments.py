@@ -403,7 +403,7 @@ def test_model_compact_command_merges_and_deletes(con, tmp_path):
     # 2 segments merged into one file; 3 distinct spans written; both small files deleted at once (no collector's
     # snapshots to wait for)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 merged into 1 file(s) (3 spans written" in r.stdout and "0 left; 0 merged file(s) merged again; 2 files deleted" in r.stdout
+    assert "2 merged into 1 file(s) (3 spans written" in r.stdout and "0 large segment(s) listed as they are), 0 left; 0 merged file(s) merged again; 2 files deleted" in r.stdout
     assert not os.path.exists(f1) and not os.path.exists(f2)
     c = connect(tmp_path / "s.duckdb")
     assert rows(c) == [("t1", "s1", "a"), ("t1", "s2", "a"), ("t1", "s3", "a")]

@@ -77,7 +77,8 @@ def model_compact_cmd(ctx: Ctx, max_seconds):
         out = segments.compact(con, max_seconds=max_seconds)
         gone = segments.sweep(con, 0.0)
         click.echo(f"span segments: {out.segments:,} merged into {out.files:,} file(s) ({out.rows:,} spans written, "
-                   f"copies of stored spans skipped), {out.left:,} left; {out.remerged:,} merged file(s) merged again; "
+                   f"copies of stored spans skipped; {out.promoted:,} large segment(s) listed as they are), {out.left:,} left; "
+                   f"{out.remerged:,} merged file(s) merged again; "
                    f"{gone:,} files deleted ({out.seconds:.2f} s)")
     finally:
         con.close()
