@@ -9,8 +9,9 @@ Payloads: batches of 512 realistic GenAI chat spans (bench/_spans.py: 20 attribu
 attributes), protobuf. The receiver runs in this process as `agentobs collect` runs it: HTTP server →
 spool (acknowledged once fsync'd) → loader (``--processes`` decoder processes, default one per core) →
 the store in the layout ``--span-store`` names (``table``: the loader thread inserts into DuckDB;
-``segments``: the decoders write Parquet segments, the loader thread commits their catalog rows and merges
-the oldest half into one large Parquet file every ``--compact-after`` segments; default: the setting ``span_store``). The clients run in separate processes, each with a keep-alive connection, posting pre-built
+``segments``: the decoders write Parquet segments, the loader thread commits their catalog rows and, every
+``--compact-after`` segments, lists the oldest half as merged files (large ones as they are, small ones merged into
+one Parquet file); default: the setting ``span_store``). The clients run in separate processes, each with a keep-alive connection, posting pre-built
 payloads and waiting for each 200 before the next export (like an OTLP exporter); a round's clock starts once
 every client has built its payloads.
 

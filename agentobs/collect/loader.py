@@ -195,9 +195,9 @@ def _decode_part(items: list[tuple[str, int, int, str, str, int]], settings: Set
 
 
 def first_of_each_span(table: pa.Table) -> pa.Table:
-    """``table`` without a span (trace_id, span_id) repeated in it, first occurrence kept, order kept: the
-    loader stores batches with ``insert_spans(unique=True)``, whose in-batch check in SQL costs about as much
-    as the rest of the insert (docs/collectors.md)."""
+    """``table`` without a span (trace_id, span_id) repeated in it, first occurrence kept, order kept (a segment's
+    row group; the ``table`` layout's batch, which the loader stores with ``insert_spans(unique=True)``, whose
+    in-batch check in SQL costs about as much as the rest of the insert: docs/collectors.md)."""
     n = table.num_rows
     if n < 2:
         return table
@@ -506,8 +506,7 @@ class Loader:
                         log.debug("span segments %d..%d merged (%d rows), %d left", plan.first, plan.last, out.rows,
                                   self.tail)
                     segments.sweep(self.cur, self.retire_grace_s)
-                    self.merged_files = segments.merged_count(self.cur)  # (the catalog's, read once per commit)
-                    self._gauge_files()
+                    self._recount_files()
                 finally:
                     self._merge = None
             if stopping or time.monotonic() < self._merge_after:
@@ -528,25 +527,29 @@ class Loader:
             if nxt is None:
                 self.tail = int(self.cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
                 return
-            k = segments.promotable(self.cur, nxt)
-            if k > 0:  # large segments with no copy to drop: listed as merged files as they are, nothing rewritten
-                segments.commit_promote(self.cur, nxt, k)
+            # large segments with no copy to drop are listed as merged files as they are (nothing rewritten); else
+            # the ones before the next such segment are written into a new file by the merge thread
+            k, rest = segments.promote_or_head(self.cur, nxt)
+            if rest is None:
                 self.tail -= k
                 self.compacted_segments += k
                 self.promoted_segments += k
                 self._merged_gen += 1
                 self.health.span_merges.labels("promoted").inc()
-                self.merged_files = segments.merged_count(self.cur)
-                self._gauge_files()
+                self._recount_files()
                 return
-            nxt = nxt.head(-k)  # (the promotable segments after these: the next plan's)
             assert self._merger is not None
-            self._merge = (nxt, self._merger.submit(segments.write_merge, nxt))
+            self._merge = (rest, self._merger.submit(segments.write_merge, rest))
         except Exception as e:  # noqa: BLE001 - the segments stay in the tail; merged again later
             self.errors += 1
             self.health.write_errors.labels("loader").inc()
             self._merge_after = time.monotonic() + 1.0
             log.warning("merging span segments failed (%s: %s); retrying", type(e).__name__, e)
+
+    def _recount_files(self) -> None:
+        """After a commit that changed span_merged: its count from the catalog (read once per commit), the gauges."""
+        self.merged_files = segments.merged_count(self.cur)
+        self._gauge_files()
 
     def _gauge_files(self) -> None:
         self.health.span_files.labels("segment").set(self.tail)

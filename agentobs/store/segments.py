@@ -599,6 +599,17 @@ def commit_promote(cur: duckdb.DuckDBPyConnection, plan: MergePlan, n: int) -> N
     _crash_point("committed")
 
 
+def promote_or_head(cur: duckdb.DuckDBPyConnection, plan: MergePlan) -> tuple[int, MergePlan | None]:
+    """What a merge does with ``plan`` first (the collector's loader and :func:`compact` alike): its leading
+    promotable segments listed as they are (:func:`commit_promote`) → (how many, None); else (0, the plan of its
+    leading segments that are not, to write with :func:`write_merge` and :func:`commit_merge`)."""
+    k = promotable(cur, plan)
+    if k > 0:
+        commit_promote(cur, plan, k)
+        return k, None
+    return 0, plan.head(-k)
+
+
 # -- merged files merged again -------------------------------------------------------------------------------
 # A merged file holds the spans of one tail merge: ~compact_after/2 segments, so its size follows the traffic (a
 # quiet collector's batches are a request or two: files of a few hundred spans). Left alone they pile up — every
@@ -756,13 +767,12 @@ def compact(con: duckdb.DuckDBPyConnection, max_seconds: float | None = None, gr
                     continue
                 out.left = int(cur.execute("SELECT count(*) FROM span_segments").fetchall()[0][0])
                 break
-            k = promotable(cur, plan)
-            if k > 0:
-                commit_promote(cur, plan, k)
+            k, rest = promote_or_head(cur, plan)
+            if rest is None:
                 out.segments += k
                 out.promoted += k
                 continue
-            plan = plan.head(-k)
+            plan = rest
             written = write_merge(plan)
             _crash_point("written")
             final = commit_merge(cur, plan, written)
